@@ -1,0 +1,124 @@
+"""One commit's actions, grouped and checked against the protocol's duplicate rules.
+
+Protocol, "Writer Requirements": "A single log entry MUST NOT include more than
+one action that reconciles with each other": add/remove actions with the same
+``(path, DV)`` tuple, more than one metaData, more than one protocol, more than
+one txn with the same appId. And, "Reconciliation": "for simplicity it is
+required that there is at most one file action of the same type for any path
+(regardless of dvId)" — so a path may appear at most once among a commit's adds
+and at most once among its removes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from state.actions import (
+    Action,
+    Add,
+    AddCDCFile,
+    CheckpointMetadata,
+    CommitInfo,
+    DomainMetadata,
+    Metadata,
+    Protocol,
+    Remove,
+    Sidecar,
+    Txn,
+)
+from state.errors import DuplicateActionError
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """The actions of one table version (or of a compacted range ending at ``version``)."""
+
+    version: int
+    protocol: Protocol | None
+    metadata: Metadata | None
+    adds: tuple[Add, ...]
+    removes: tuple[Remove, ...]
+    cdcs: tuple[AddCDCFile, ...]
+    txns: tuple[Txn, ...]
+    domain_metadata: tuple[DomainMetadata, ...]
+    commit_info: CommitInfo | None
+
+    @property
+    def in_commit_timestamp(self) -> int | None:
+        """``commitInfo.inCommitTimestamp`` (epoch ms), if the commit carries one."""
+        return None if self.commit_info is None else self.commit_info.in_commit_timestamp
+
+    @staticmethod
+    def from_actions(version: int, actions: Iterable[Action], *, check_duplicates: bool = True) -> Commit:
+        """Group parsed actions; ``sidecar`` and ``checkpointMetadata`` are checkpoint-only and ignored here.
+
+        Args:
+            version: the commit's version.
+            actions: its actions in file order.
+            check_duplicates: apply the single-commit duplicate rules (off for
+                log compaction files, which hold already reconciled actions).
+
+        Raises:
+            DuplicateActionError: if the commit breaks a duplicate-action rule;
+                the message names the path, appId or action kind.
+        """
+        protocol: Protocol | None = None
+        metadata: Metadata | None = None
+        adds: list[Add] = []
+        removes: list[Remove] = []
+        cdcs: list[AddCDCFile] = []
+        txns: dict[str, Txn] = {}
+        domains: list[DomainMetadata] = []
+        commit_info: CommitInfo | None = None
+        for action in actions:
+            match action:
+                case Add():
+                    adds.append(action)
+                case Remove():
+                    removes.append(action)
+                case AddCDCFile():
+                    cdcs.append(action)
+                case Protocol():
+                    if protocol is not None and check_duplicates:
+                        raise DuplicateActionError("commit holds more than one protocol action", version=version)
+                    protocol = action
+                case Metadata():
+                    if metadata is not None and check_duplicates:
+                        raise DuplicateActionError("commit holds more than one metaData action", version=version)
+                    metadata = action
+                case Txn():
+                    if action.app_id in txns and check_duplicates:
+                        raise DuplicateActionError(
+                            f"commit holds two txn actions for appId {action.app_id!r}", version=version
+                        )
+                    txns[action.app_id] = action
+                case DomainMetadata():
+                    domains.append(action)
+                case CommitInfo():
+                    commit_info = action
+                case Sidecar() | CheckpointMetadata():
+                    pass
+        if check_duplicates:
+            _check_unique_paths("add", (a.path for a in adds), version)
+            _check_unique_paths("remove", (r.path for r in removes), version)
+            _check_unique_paths("domainMetadata", (d.domain for d in domains), version)
+        return Commit(
+            version=version,
+            protocol=protocol,
+            metadata=metadata,
+            adds=tuple(adds),
+            removes=tuple(removes),
+            cdcs=tuple(cdcs),
+            txns=tuple(txns.values()),
+            domain_metadata=tuple(domains),
+            commit_info=commit_info,
+        )
+
+
+def _check_unique_paths(kind: str, names: Iterable[str], version: int) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise DuplicateActionError(f"commit holds two {kind} actions for {name!r}", version=version)
+        seen.add(name)

@@ -1,0 +1,60 @@
+"""Positions in a change feed.
+
+A :class:`Position` points at one change row: the commit ``version`` and the
+row's ``index`` among that version's change rows (in the deterministic order
+the change planner emits them). Rows of an initial snapshot are positions with
+``snapshot=True`` at the snapshot's version; they sort before that version's
+own (non-snapshot) rows, which never exist, since the initial snapshot *is*
+that version. A cursor is the position of the *next* row to deliver, so
+resuming is "deliver everything at or after the cursor" — no off-by-one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from state.errors import StateError
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Position:
+    """A row's place in the feed; ordered by ``(version, not snapshot, index)``."""
+
+    version: int
+    snapshot_rank: int  # 0 for initial-snapshot rows, 1 for change rows; orders snapshot rows first
+    index: int
+
+    @staticmethod
+    def change(version: int, index: int) -> Position:
+        """The position of change row ``index`` of commit ``version``."""
+        return Position(version, 1, index)
+
+    @staticmethod
+    def in_snapshot(version: int, index: int) -> Position:
+        """The position of row ``index`` of the initial snapshot taken at ``version``."""
+        return Position(version, 0, index)
+
+    @property
+    def snapshot(self) -> bool:
+        """Whether the row belongs to an initial snapshot."""
+        return self.snapshot_rank == 0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: ``{"version", "index", "snapshot"}``."""
+        return {"version": self.version, "index": self.index, "snapshot": self.snapshot}
+
+    @staticmethod
+    def from_json(raw: Any) -> Position:
+        """Parse :meth:`to_json` output.
+
+        Raises:
+            StateError: if ``raw`` is not such a dict.
+        """
+        try:
+            version, index, snap = raw["version"], raw["index"], raw["snapshot"]
+            if not (isinstance(version, int) and isinstance(index, int) and isinstance(snap, bool)):
+                raise TypeError("version and index must be integers, snapshot a boolean")
+        except (KeyError, TypeError) as e:
+            raise StateError(f"invalid position {raw!r}: {e}") from e
+        return Position(version, 0 if snap else 1, index)

@@ -1,0 +1,117 @@
+"""The one exception hierarchy of deltatail.
+
+Every error deltatail raises on purpose is a :class:`DeltaTailError`. Messages
+name the table, the version and the file involved wherever they are known, so
+that a user can find the offending object without a debugger.
+
+Third-party errors (JSON parsers, pyarrow, the file system) are wrapped with
+``raise ... from e`` at the edge where they happen.
+"""
+
+from __future__ import annotations
+
+
+class DeltaTailError(Exception):
+    """Root of every deltatail error.
+
+    Args:
+        message: what went wrong, in words a user can act on.
+        table: the table root (path or URI) involved, if known.
+        version: the table version involved, if known.
+        file: the file (log file, data file, DV file, state file) involved, if known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        table: str | None = None,
+        version: int | None = None,
+        file: str | None = None,
+    ) -> None:
+        self.message = message
+        self.table = table
+        self.version = version
+        self.file = file
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = []
+        if self.table is not None:
+            where.append(f"table {self.table}")
+        if self.version is not None:
+            where.append(f"version {self.version}")
+        if self.file is not None:
+            where.append(f"file {self.file}")
+        return f"{self.message} [{', '.join(where)}]" if where else self.message
+
+    def at(self, *, table: str | None = None, version: int | None = None, file: str | None = None) -> DeltaTailError:
+        """Fill in context that the raiser did not know; returns ``self`` for ``raise e.at(...)``."""
+        if table is not None and self.table is None:
+            self.table = table
+        if version is not None and self.version is None:
+            self.version = version
+        if file is not None and self.file is None:
+            self.file = file
+        self.args = (self._render(),)
+        return self
+
+
+class InvalidLogError(DeltaTailError):
+    """The log breaks a rule of the protocol (bad JSON, duplicate actions, missing fields)."""
+
+
+class DuplicateActionError(InvalidLogError):
+    """A commit holds two actions that reconcile with each other."""
+
+
+class VersionGapError(InvalidLogError):
+    """Commit versions are not contiguous, or the log was cleaned up past a needed version."""
+
+
+class IncompleteCheckpointError(InvalidLogError):
+    """A checkpoint part or sidecar is missing or unreadable."""
+
+
+class MissingFileError(DeltaTailError):
+    """A file the log refers to (data, DV, cdc, checkpoint part) does not exist."""
+
+
+class TableNotFoundError(DeltaTailError):
+    """The path holds no Delta table (no ``_delta_log`` or no commits)."""
+
+
+class UnsupportedFeatureError(DeltaTailError):
+    """The table needs a reader feature or protocol version deltatail does not support."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        features: frozenset[str] = frozenset(),
+        table: str | None = None,
+        version: int | None = None,
+        file: str | None = None,
+    ) -> None:
+        self.features = features
+        super().__init__(message, table=table, version=version, file=file)
+
+
+class DeletionVectorError(DeltaTailError):
+    """A deletion vector cannot be decoded: bad magic, bad checksum, truncated data."""
+
+
+class SchemaChangeError(DeltaTailError):
+    """A non-additive schema change appeared inside a range being read."""
+
+
+class StateError(DeltaTailError):
+    """deltatail's own state (cursor, saved snapshot, lock) is unusable."""
+
+
+class SinkError(DeltaTailError):
+    """A sink could not accept, flush or recover change rows."""
+
+
+class ConfigError(DeltaTailError):
+    """A command-line flag, environment variable, URI or config file is invalid."""

@@ -1,0 +1,235 @@
+"""Columnar stores of logical files: the live ``add`` set and the ``remove`` tombstones.
+
+Protocol, "Action Reconciliation": "Logical files in a table are identified by
+their ``(path, deletionVector.uniqueId)`` primary key ... To replay the log,
+scan all file actions and keep only the newest reference for each logical
+file." A :class:`FileTable` holds one side of that reconciliation.
+
+Memory is the design constraint: a table may have millions of files, and one
+Python object per file costs several times the budget (under 400 bytes per
+live file). So a file is a *slot* across parallel columns (``array``s of
+machine integers, a list of path strings, interned partition-value maps) and
+the index maps a key to its slot. The key is the path string itself when the
+file has no DV (the common case, and no extra object), or a ``(path, dv_id)``
+tuple when it has one; a string never equals a tuple, so the two cannot clash.
+Fields most files lack (DV descriptors, tags, row-tracking ids) live in sparse
+dicts keyed by slot. Statistics are not kept: nothing deltatail does reads them.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from state.actions import Add, DeletionVector, Remove
+
+IndexKey = str | tuple[str, str]
+
+_NONE = -1
+
+
+@dataclass(frozen=True, slots=True)
+class FileKey:
+    """A logical file's identity: its decoded path and its DV's unique id (``None`` without a DV)."""
+
+    path: str
+    dv_id: str | None = None
+
+    def index_key(self) -> IndexKey:
+        """The compact key used inside :class:`FileTable`."""
+        return self.path if self.dv_id is None else (self.path, self.dv_id)
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """A materialised view of one stored file (live add, or tombstone).
+
+    For tombstones ``timestamp`` is the ``deletionTimestamp`` and ``size``/
+    ``partition_values`` may be ``None`` (remove actions may omit them); for
+    live files ``timestamp`` is the ``modificationTime``.
+    """
+
+    path: str
+    deletion_vector: DeletionVector | None
+    size: int | None
+    timestamp: int | None
+    partition_values: dict[str, str | None] | None
+    tags: dict[str, str | None] | None = None
+    base_row_id: int | None = None
+    default_row_commit_version: int | None = None
+
+    @property
+    def key(self) -> FileKey:
+        """The logical file key."""
+        dv = self.deletion_vector
+        return FileKey(self.path, None if dv is None else dv.unique_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _Extras:
+    tags: dict[str, str | None] | None
+    base_row_id: int | None
+    default_row_commit_version: int | None
+
+
+class PartitionValuesPool:
+    """Interns partition-value maps: files of one partition share one dict.
+
+    Id 0 is reserved for "absent" (a remove without ``partitionValues``).
+    """
+
+    __slots__ = ("_ids", "_values")
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[tuple[str, str | None], ...], int] = {}
+        self._values: list[dict[str, str | None] | None] = [None]
+
+    def intern(self, values: dict[str, str | None] | None) -> int:
+        """The id of ``values`` (0 for ``None``)."""
+        if values is None:
+            return 0
+        key = tuple(sorted(values.items()))
+        found = self._ids.get(key)
+        if found is None:
+            found = len(self._values)
+            self._ids[key] = found
+            self._values.append(dict(values))
+        return found
+
+    def get(self, pid: int) -> dict[str, str | None] | None:
+        """The map interned as ``pid``."""
+        return self._values[pid]
+
+
+class FileTable:
+    """A mutable set of logical files keyed by ``(path, dv_id)``, stored in columns.
+
+    Not thread-safe. Snapshots hand their tables on when they apply a commit
+    (see :meth:`state.snapshot.Snapshot.apply`) rather than copying them.
+    """
+
+    __slots__ = ("_index", "_paths", "_sizes", "_times", "_pids", "_dvs", "_extras", "_free", "pool")
+
+    def __init__(self, pool: PartitionValuesPool | None = None) -> None:
+        self._index: dict[IndexKey, int] = {}
+        self._paths: list[str | None] = []
+        self._sizes = array("q")
+        self._times = array("q")
+        self._pids = array("l")
+        self._dvs: dict[int, DeletionVector] = {}
+        self._extras: dict[int, _Extras] = {}
+        self._free: list[int] = []
+        self.pool = pool if pool is not None else PartitionValuesPool()
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: FileKey) -> bool:
+        return key.index_key() in self._index
+
+    def put(
+        self,
+        path: str,
+        dv: DeletionVector | None,
+        size: int | None,
+        timestamp: int | None,
+        partition_values: dict[str, str | None] | None,
+        tags: dict[str, str | None] | None = None,
+        base_row_id: int | None = None,
+        default_row_commit_version: int | None = None,
+    ) -> None:
+        """Insert or replace the logical file ``(path, dv)``."""
+        key: IndexKey = path if dv is None else (path, dv.unique_id)
+        slot = self._index.get(key)
+        if slot is None:
+            if self._free:
+                slot = self._free.pop()
+                self._paths[slot] = path
+            else:
+                slot = len(self._paths)
+                self._paths.append(path)
+                self._sizes.append(0)
+                self._times.append(0)
+                self._pids.append(0)
+            self._index[key] = slot
+        self._sizes[slot] = _NONE if size is None else size
+        self._times[slot] = _NONE if timestamp is None else timestamp
+        self._pids[slot] = self.pool.intern(partition_values)
+        if dv is None:
+            self._dvs.pop(slot, None)
+        else:
+            self._dvs[slot] = dv
+        if tags or base_row_id is not None or default_row_commit_version is not None:
+            self._extras[slot] = _Extras(tags, base_row_id, default_row_commit_version)
+        else:
+            self._extras.pop(slot, None)
+
+    def put_add(self, add: Add) -> None:
+        """Store an ``add`` action as a live file."""
+        self.put(
+            add.path,
+            add.deletion_vector,
+            add.size,
+            add.modification_time,
+            add.partition_values,
+            add.tags,
+            add.base_row_id,
+            add.default_row_commit_version,
+        )
+
+    def put_remove(self, remove: Remove) -> None:
+        """Store a ``remove`` action as a tombstone."""
+        self.put(
+            remove.path,
+            remove.deletion_vector,
+            remove.size,
+            remove.deletion_timestamp,
+            remove.partition_values,
+            remove.tags,
+            remove.base_row_id,
+            remove.default_row_commit_version,
+        )
+
+    def discard(self, path: str, dv_id: str | None) -> bool:
+        """Drop the logical file ``(path, dv_id)``; returns whether it was present."""
+        key: IndexKey = path if dv_id is None else (path, dv_id)
+        slot = self._index.pop(key, None)
+        if slot is None:
+            return False
+        self._paths[slot] = None
+        self._dvs.pop(slot, None)
+        self._extras.pop(slot, None)
+        self._free.append(slot)
+        return True
+
+    def get(self, key: FileKey) -> FileEntry | None:
+        """The stored file for ``key``, or ``None``."""
+        slot = self._index.get(key.index_key())
+        return None if slot is None else self._entry(slot)
+
+    def _entry(self, slot: int) -> FileEntry:
+        path = self._paths[slot]
+        assert path is not None
+        size = self._sizes[slot]
+        ts = self._times[slot]
+        extras = self._extras.get(slot)
+        return FileEntry(
+            path=path,
+            deletion_vector=self._dvs.get(slot),
+            size=None if size == _NONE else size,
+            timestamp=None if ts == _NONE else ts,
+            partition_values=self.pool.get(self._pids[slot]),
+            tags=None if extras is None else extras.tags,
+            base_row_id=None if extras is None else extras.base_row_id,
+            default_row_commit_version=None if extras is None else extras.default_row_commit_version,
+        )
+
+    def keys(self) -> Iterator[FileKey]:
+        """Every logical file key, in no particular order."""
+        for key in self._index:
+            yield FileKey(key) if isinstance(key, str) else FileKey(key[0], key[1])
+
+    def __iter__(self) -> Iterator[FileEntry]:
+        for slot in self._index.values():
+            yield self._entry(slot)

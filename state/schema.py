@@ -1,0 +1,212 @@
+"""The table schema: parsed from ``metaData.schemaString``, converted to Arrow.
+
+Protocol, "Schema Serialization Format": a schema is a ``struct`` of fields,
+each with ``name``, ``type``, ``nullable`` and ``metadata``; types are primitive
+names (``string``, ``long``, ``integer``, ``short``, ``byte``, ``float``,
+``double``, ``boolean``, ``binary``, ``date``, ``timestamp``, ``timestamp_ntz``,
+``decimal(p,s)``) or nested ``struct``, ``array`` (``elementType``,
+``containsNull``) and ``map`` (``keyType``, ``valueType``,
+``valueContainsNull``). Column mapping keeps each field's physical name and id
+in its metadata (``delta.columnMapping.physicalName``, ``delta.columnMapping.id``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from state.errors import InvalidLogError
+
+PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
+FIELD_ID_KEY = "delta.columnMapping.id"
+PARQUET_FIELD_ID = b"PARQUET:field_id"
+
+_DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+
+_PRIMITIVES: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "integer": pa.int32(),
+    "short": pa.int16(),
+    "byte": pa.int8(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "binary": pa.binary(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PrimitiveType:
+    """A primitive Delta type such as ``long`` or ``timestamp_ntz``."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecimalType:
+    """``decimal(precision, scale)``."""
+
+    precision: int
+    scale: int
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayType:
+    """``array`` of ``element_type``."""
+
+    element_type: DataType
+    contains_null: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MapType:
+    """``map`` from ``key_type`` to ``value_type``."""
+
+    key_type: DataType
+    value_type: DataType
+    value_contains_null: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StructField:
+    """One named field; ``metadata`` is kept whole (column mapping lives there)."""
+
+    name: str
+    type: DataType
+    nullable: bool = True
+    metadata: dict[str, Any] = field(default_factory=dict, compare=True, hash=False)
+
+    def physical_name(self, mode: str) -> str:
+        """The name of this field inside data files under column-mapping ``mode``."""
+        if mode in ("name", "id"):
+            name = self.metadata.get(PHYSICAL_NAME_KEY)
+            if isinstance(name, str):
+                return name
+        return self.name
+
+    @property
+    def field_id(self) -> int | None:
+        """The column-mapping field id, if the field has one."""
+        value = self.metadata.get(FIELD_ID_KEY)
+        return value if isinstance(value, int) else None
+
+
+@dataclass(frozen=True, slots=True)
+class StructType:
+    """A struct; the table schema is one."""
+
+    fields: tuple[StructField, ...]
+
+    def field(self, name: str) -> StructField:
+        """The field named ``name``; raises ``KeyError`` if absent."""
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        """Field names in order."""
+        return [f.name for f in self.fields]
+
+    def to_arrow(self) -> pa.Schema:
+        """The Arrow schema with logical names (what deltatail emits)."""
+        return pa.schema([to_arrow_field(f, "none", logical=True) for f in self.fields])
+
+    def to_physical_arrow(self, mode: str) -> pa.Schema:
+        """The Arrow schema as stored in data files under column-mapping ``mode``.
+
+        In ``id`` mode each field carries its Parquet field id in the field
+        metadata (``PARQUET:field_id``), so readers can match columns by id.
+        """
+        return pa.schema([to_arrow_field(f, mode, logical=False) for f in self.fields])
+
+
+DataType = PrimitiveType | DecimalType | ArrayType | MapType | StructType
+
+
+def to_arrow_type(dtype: DataType, mode: str = "none", logical: bool = True) -> pa.DataType:
+    """Convert a Delta type to Arrow; ``logical=False`` uses physical names for nested fields."""
+    if isinstance(dtype, PrimitiveType):
+        return _PRIMITIVES[dtype.name]
+    if isinstance(dtype, DecimalType):
+        return pa.decimal128(dtype.precision, dtype.scale)
+    if isinstance(dtype, ArrayType):
+        return pa.list_(pa.field("element", to_arrow_type(dtype.element_type, mode, logical), dtype.contains_null))
+    if isinstance(dtype, MapType):
+        return pa.map_(
+            pa.field("key", to_arrow_type(dtype.key_type, mode, logical), False),
+            pa.field("value", to_arrow_type(dtype.value_type, mode, logical), dtype.value_contains_null),
+        )
+    return pa.struct([to_arrow_field(f, mode, logical) for f in dtype.fields])
+
+
+def to_arrow_field(f: StructField, mode: str, logical: bool) -> pa.Field:
+    """Convert one field; physical fields carry their Parquet field id in ``id`` mode."""
+    name = f.name if logical else f.physical_name(mode)
+    metadata = None
+    if not logical and mode == "id" and f.field_id is not None:
+        metadata = {PARQUET_FIELD_ID: str(f.field_id).encode()}
+    return pa.field(name, to_arrow_type(f.type, mode, logical), f.nullable, metadata)
+
+
+def _parse_type(raw: Any) -> DataType:
+    if isinstance(raw, str):
+        if raw in _PRIMITIVES:
+            return PrimitiveType(raw)
+        m = _DECIMAL.match(raw)
+        if m:
+            return DecimalType(int(m.group(1)), int(m.group(2)))
+        if raw == "decimal":
+            return DecimalType(10, 0)
+        raise InvalidLogError(f"unknown schema type {raw!r}")
+    if isinstance(raw, dict):
+        kind = raw.get("type")
+        if kind == "struct":
+            return _parse_struct(raw)
+        if kind == "array":
+            return ArrayType(_parse_type(raw["elementType"]), bool(raw.get("containsNull", True)))
+        if kind == "map":
+            return MapType(
+                _parse_type(raw["keyType"]),
+                _parse_type(raw["valueType"]),
+                bool(raw.get("valueContainsNull", True)),
+            )
+    raise InvalidLogError(f"unknown schema type {raw!r}")
+
+
+def _parse_struct(raw: dict[str, Any]) -> StructType:
+    fields = []
+    for f in raw.get("fields", []):
+        fields.append(
+            StructField(
+                name=f["name"],
+                type=_parse_type(f["type"]),
+                nullable=bool(f.get("nullable", True)),
+                metadata=dict(f.get("metadata") or {}),
+            )
+        )
+    return StructType(tuple(fields))
+
+
+def parse_schema(schema_string: str) -> StructType:
+    """Parse ``metaData.schemaString``.
+
+    Raises:
+        InvalidLogError: if the string is not JSON or holds an unknown type.
+    """
+    try:
+        raw = orjson.loads(schema_string)
+        if not isinstance(raw, dict) or raw.get("type") != "struct":
+            raise InvalidLogError("schemaString is not a struct type")
+        return _parse_struct(raw)
+    except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+        raise InvalidLogError(f"invalid schemaString: {e}") from e
