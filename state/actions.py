@@ -126,7 +126,7 @@ class Metadata:
     """
 
     id: str
-    schema_string: str
+    schema_string: str | None
     partition_columns: tuple[str, ...]
     configuration: dict[str, str] = field(default_factory=dict, hash=False)
     name: str | None = None
@@ -135,7 +135,13 @@ class Metadata:
     created_time: int | None = None
 
     def schema(self) -> StructType:
-        """The parsed schema. Raises ``InvalidLogError`` if it does not parse."""
+        """The parsed schema.
+
+        Raises:
+            InvalidLogError: if ``schemaString`` is absent or does not parse.
+        """
+        if self.schema_string is None:
+            raise InvalidLogError("metaData has no schemaString")
         return parse_schema(self.schema_string)
 
     @property
@@ -319,7 +325,7 @@ def parse_metadata(m: dict[str, Any]) -> Metadata:
     fmt = m.get("format") or {}
     return Metadata(
         id=m["id"],
-        schema_string=m["schemaString"],
+        schema_string=m.get("schemaString"),
         partition_columns=tuple(m.get("partitionColumns") or ()),
         configuration=dict(m.get("configuration") or {}),
         name=m.get("name"),

@@ -77,6 +77,10 @@ class MissingFileError(DeltaTailError):
     """A file the log refers to (data, DV, cdc, checkpoint part) does not exist."""
 
 
+class VersionNotFoundError(DeltaTailError):
+    """The requested version (or timestamp) is not in the table's log: in the future, or cleaned up."""
+
+
 class TableNotFoundError(DeltaTailError):
     """The path holds no Delta table (no ``_delta_log`` or no commits)."""
 

@@ -12,8 +12,9 @@ machine integers, a list of path strings, interned partition-value maps) and
 the index maps a key to its slot. The key is the path string itself when the
 file has no DV (the common case, and no extra object), or a ``(path, dv_id)``
 tuple when it has one; a string never equals a tuple, so the two cannot clash.
-Fields most files lack (DV descriptors, tags, row-tracking ids) live in sparse
-dicts keyed by slot. Statistics are not kept: nothing deltatail does reads them.
+Fields most files lack (DV descriptors, row-tracking ids) live in sparse
+dicts keyed by slot. Statistics and tags are not kept: nothing deltatail does reads
+them, and Delta Spark writes tags on every file.
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ class FileEntry:
     size: int | None
     timestamp: int | None
     partition_values: dict[str, str | None] | None
-    tags: dict[str, str | None] | None = None
     base_row_id: int | None = None
     default_row_commit_version: int | None = None
 
@@ -68,7 +68,6 @@ class FileEntry:
 
 @dataclass(frozen=True, slots=True)
 class _Extras:
-    tags: dict[str, str | None] | None
     base_row_id: int | None
     default_row_commit_version: int | None
 
@@ -135,7 +134,6 @@ class FileTable:
         size: int | None,
         timestamp: int | None,
         partition_values: dict[str, str | None] | None,
-        tags: dict[str, str | None] | None = None,
         base_row_id: int | None = None,
         default_row_commit_version: int | None = None,
     ) -> None:
@@ -160,8 +158,8 @@ class FileTable:
             self._dvs.pop(slot, None)
         else:
             self._dvs[slot] = dv
-        if tags or base_row_id is not None or default_row_commit_version is not None:
-            self._extras[slot] = _Extras(tags, base_row_id, default_row_commit_version)
+        if base_row_id is not None or default_row_commit_version is not None:
+            self._extras[slot] = _Extras(base_row_id, default_row_commit_version)
         else:
             self._extras.pop(slot, None)
 
@@ -173,7 +171,6 @@ class FileTable:
             add.size,
             add.modification_time,
             add.partition_values,
-            add.tags,
             add.base_row_id,
             add.default_row_commit_version,
         )
@@ -186,7 +183,6 @@ class FileTable:
             remove.size,
             remove.deletion_timestamp,
             remove.partition_values,
-            remove.tags,
             remove.base_row_id,
             remove.default_row_commit_version,
         )
@@ -220,7 +216,6 @@ class FileTable:
             size=None if size == _NONE else size,
             timestamp=None if ts == _NONE else ts,
             partition_values=self.pool.get(self._pids[slot]),
-            tags=None if extras is None else extras.tags,
             base_row_id=None if extras is None else extras.base_row_id,
             default_row_commit_version=None if extras is None else extras.default_row_commit_version,
         )

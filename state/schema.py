@@ -40,6 +40,7 @@ _PRIMITIVES: dict[str, pa.DataType] = {
     "date": pa.date32(),
     "timestamp": pa.timestamp("us", tz="UTC"),
     "timestamp_ntz": pa.timestamp("us"),
+    "void": pa.null(),
 }
 
 

@@ -15,7 +15,7 @@ How :meth:`Snapshot.apply` moves from version ``v`` to ``v + 1``:
 commit holds           effect on the new snapshot
 =====================  ============================================================
 ``protocol``           replaces the protocol, after the reader-feature gate passes
-``metaData``           replaces the metadata; the schema is parsed again
+``metaData``           replaces the metadata; the schema is parsed again on next use
 ``txn``                sets ``txns[appId]`` to its version
 ``domainMetadata``     sets the domain, or drops it when ``removed``
 ``remove``             drops the live file with the same key; records the tombstone
@@ -67,7 +67,7 @@ class Snapshot:
         "version",
         "protocol",
         "metadata",
-        "schema",
+        "_schema",
         "txns",
         "domains",
         "last_commit_timestamp",
@@ -92,7 +92,7 @@ class Snapshot:
         self.version = version
         self.protocol = protocol
         self.metadata = metadata
-        self.schema = schema
+        self._schema = schema
         self.txns = txns
         self.domains = domains
         self.last_commit_timestamp = last_commit_timestamp
@@ -121,17 +121,28 @@ class Snapshot:
         Raises:
             InvalidLogError: if the checkpoint lacks the protocol or the metadata.
             UnsupportedFeatureError: if the protocol needs unsupported reader features.
-            InvalidLogError: if the schema does not parse.
         """
         if protocol is None:
             raise InvalidLogError("checkpoint holds no protocol action", table=table, version=version)
         if metadata is None:
             raise InvalidLogError("checkpoint holds no metaData action", table=table, version=version)
         check_reader_support(protocol, table=table, version=version)
-        schema = _parse_schema(metadata, table, version)
-        return Snapshot(table, version, protocol, metadata, schema, txns, domains, files, tombstones)
+        return Snapshot(table, version, protocol, metadata, None, txns, domains, files, tombstones)
 
     # -- views ---------------------------------------------------------------------------------
+
+    @property
+    def schema(self) -> StructType:
+        """The table schema, parsed once per metadata change (on first use).
+
+        Raises:
+            InvalidLogError: if there is no metadata, or its ``schemaString`` is absent or invalid.
+        """
+        if self._schema is None:
+            if self.metadata is None:
+                raise InvalidLogError("no metaData action found in the log", table=self.table, version=self.version)
+            self._schema = _parse_schema(self.metadata, self.table, self.version)
+        return self._schema
 
     @property
     def files(self) -> FileTable:
@@ -194,7 +205,6 @@ class Snapshot:
         Raises:
             VersionGapError: if the commit does not follow this snapshot's version.
             UnsupportedFeatureError: if the commit's protocol needs unsupported reader features.
-            InvalidLogError: if the commit's schema does not parse.
             StateError: if this snapshot was already applied (its files moved on).
         """
         start = commit.version if first_version is None else first_version
@@ -203,13 +213,13 @@ class Snapshot:
                 f"commit {start} does not follow version {self.version}", table=self.table, version=start
             )
         files, tombstones = self.files, self.tombstones
-        protocol, metadata, schema = self.protocol, self.metadata, self.schema
+        protocol, metadata, schema = self.protocol, self.metadata, self._schema
         if commit.protocol is not None:
             check_reader_support(commit.protocol, table=self.table, version=commit.version)
             protocol = commit.protocol
         if commit.metadata is not None:
             metadata = commit.metadata
-            schema = _parse_schema(metadata, self.table, commit.version)
+            schema = None
         txns = self.txns
         if commit.txns:
             txns = dict(txns)

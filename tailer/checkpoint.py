@@ -1,0 +1,257 @@
+"""Reading checkpoints: classic, multi-part and V2 (JSON or Parquet, with sidecars).
+
+Protocol, "Checkpoints": a checkpoint holds "the complete replay of all
+actions up until this version, with invalid actions removed" — protocol,
+metadata, txns, live ``add`` files and unexpired ``remove`` tombstones. The
+newer revision's V2 checkpoints hold the non-file actions plus ``sidecar``
+actions naming files in ``_delta_log/_sidecars`` that hold the file actions;
+"readers MUST read all sidecar files" for a complete state.
+
+Parquet is read with pyarrow, projecting only the action fields a snapshot
+keeps (``stats`` and ``tags`` are never read), and ``add``/``remove`` rows go
+straight from Arrow columns into the snapshot's columnar file tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from state.actions import (
+    Action,
+    Add,
+    DeletionVector,
+    DomainMetadata,
+    Metadata,
+    Protocol,
+    Remove,
+    Sidecar,
+    Txn,
+    parse_action,
+    parse_json_actions,
+)
+from state.errors import DeltaTailError, IncompleteCheckpointError, InvalidLogError
+from state.files import FileTable, PartitionValuesPool
+from state.snapshot import Snapshot
+from tailer.storage import Storage, to_local_path
+
+_ADD_FIELDS = (
+    "path",
+    "partitionValues",
+    "size",
+    "modificationTime",
+    "deletionVector",
+    "baseRowId",
+    "defaultRowCommitVersion",
+)
+_REMOVE_FIELDS = (
+    "path",
+    "deletionTimestamp",
+    "partitionValues",
+    "size",
+    "deletionVector",
+    "baseRowId",
+    "defaultRowCommitVersion",
+)
+_OTHER_ACTIONS = ("protocol", "metaData", "txn", "domainMetadata", "sidecar", "checkpointMetadata")
+
+
+@dataclass
+class CheckpointState:
+    """What a checkpoint (and its sidecars) held, accumulated part by part."""
+
+    protocol: Protocol | None = None
+    metadata: Metadata | None = None
+    txns: dict[str, int] = field(default_factory=dict)
+    domains: dict[str, DomainMetadata] = field(default_factory=dict)
+    sidecars: list[Sidecar] = field(default_factory=list)
+    pool: PartitionValuesPool = field(default_factory=PartitionValuesPool)
+    files: FileTable = field(init=False)
+    tombstones: FileTable = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.files = FileTable(self.pool)
+        self.tombstones = FileTable(self.pool)
+
+    def add_actions(self, actions: Iterable[Action]) -> None:
+        """Fold parsed actions in (JSON checkpoints, sidecars, non-file Parquet rows)."""
+        for action in actions:
+            match action:
+                case Add():
+                    self.files.put_add(action)
+                case Remove():
+                    self.tombstones.put_remove(action)
+                case Protocol():
+                    self.protocol = action
+                case Metadata():
+                    self.metadata = action
+                case Txn():
+                    self.txns[action.app_id] = action.version
+                case DomainMetadata():
+                    if not action.removed:
+                        self.domains[action.domain] = action
+                case Sidecar():
+                    self.sidecars.append(action)
+                case _:
+                    pass
+
+    def to_snapshot(self, table: str, version: int) -> Snapshot:
+        """The snapshot at ``version``. Raises as :meth:`Snapshot.from_checkpoint`."""
+        return Snapshot.from_checkpoint(
+            table, version, self.protocol, self.metadata, self.txns, self.domains, self.files, self.tombstones
+        )
+
+
+def read_json_checkpoint_file(storage: Storage, path: str, into: CheckpointState) -> None:
+    """Read a JSON checkpoint or sidecar (newline-delimited actions) into ``into``.
+
+    Raises:
+        MissingFileError: if the file is absent.
+        InvalidLogError: if a line is not valid JSON or not a valid action.
+    """
+    into.add_actions(parse_json_actions(storage.read(path)))
+
+
+def read_parquet_checkpoint_file(path: str, into: CheckpointState) -> None:
+    """Read a Parquet checkpoint part or sidecar into ``into``, projecting only needed fields.
+
+    Raises:
+        IncompleteCheckpointError: if the file is missing or is not readable Parquet.
+        InvalidLogError: if an action in it is malformed.
+    """
+    try:
+        pf = pq.ParquetFile(to_local_path(path))
+        schema = pf.schema_arrow
+        columns = _projection(schema)
+        table = pf.read(columns=columns) if columns else None
+    except (OSError, pa.ArrowException) as e:
+        raise IncompleteCheckpointError(f"checkpoint file is missing or unreadable: {e}", file=path) from e
+    if table is None:
+        return
+    names = set(table.column_names)
+    if "add" in names:
+        _load_file_rows(table.column("add").combine_chunks(), into.files, is_add=True)
+    if "remove" in names:
+        _load_file_rows(table.column("remove").combine_chunks(), into.tombstones, is_add=False)
+    for name in _OTHER_ACTIONS:
+        if name not in names:
+            continue
+        column = table.column(name)
+        present = column.filter(pc.is_valid(column))
+        for value in present.to_pylist(maps_as_pydicts="lossy"):
+            action = parse_action({name: value})
+            if action is not None:
+                into.add_actions([action])
+
+
+def _projection(schema: pa.Schema) -> list[str]:
+    columns: list[str] = []
+    for action, wanted in (("add", _ADD_FIELDS), ("remove", _REMOVE_FIELDS)):
+        if action in schema.names:
+            present = {f.name for f in schema.field(action).type}
+            columns += [f"{action}.{name}" for name in wanted if name in present]
+    columns += [name for name in _OTHER_ACTIONS if name in schema.names]
+    return columns
+
+
+def _column(struct: pa.StructArray, name: str) -> list[Any]:
+    index = struct.type.get_field_index(name)
+    if index < 0:
+        return [None] * len(struct)
+    child = struct.field(index)
+    if pa.types.is_map(child.type):
+        return list(child.to_pylist(maps_as_pydicts="lossy"))
+    return list(child.to_pylist())
+
+
+def _load_file_rows(struct: pa.StructArray, table: FileTable, *, is_add: bool) -> None:
+    """Move the non-null rows of an ``add`` or ``remove`` struct column into ``table``."""
+    path_index = struct.type.get_field_index("path")
+    if path_index < 0:
+        return
+    struct = struct.filter(pc.is_valid(struct.field(path_index)))
+    if len(struct) == 0:
+        return
+    paths = _column(struct, "path")
+    pvs = _column(struct, "partitionValues")
+    sizes = _column(struct, "size")
+    times = _column(struct, "modificationTime" if is_add else "deletionTimestamp")
+    row_ids = _column(struct, "baseRowId")
+    row_versions = _column(struct, "defaultRowCommitVersion")
+    dv_index = struct.type.get_field_index("deletionVector")
+    dvs: list[Any] = [None] * len(struct)
+    if dv_index >= 0:
+        dv_col = struct.field(dv_index)
+        if dv_col.null_count < len(dv_col):
+            dvs = dv_col.to_pylist()
+    for i, raw_path in enumerate(paths):
+        path = unquote(raw_path) if "%" in raw_path else raw_path
+        table.put(
+            path,
+            DeletionVector.parse(dvs[i]),
+            sizes[i],
+            times[i],
+            pvs[i] if is_add or pvs[i] is not None else None,
+            row_ids[i],
+            row_versions[i],
+        )
+
+
+def load_checkpoint(
+    storage: Storage,
+    log_dir: str,
+    names: list[str],
+    fmt: str,
+    *,
+    table: str,
+    version: int,
+) -> Snapshot:
+    """Build the snapshot at ``version`` from a checkpoint's files (all parts, then any sidecars).
+
+    Args:
+        storage: where the files are.
+        log_dir: the ``_delta_log`` directory.
+        names: the checkpoint's file names (every part of a multi-part checkpoint).
+        fmt: ``parquet`` or ``json``.
+        table: the table root, for messages.
+        version: the checkpoint's version.
+
+    Raises:
+        IncompleteCheckpointError: if a part or a sidecar is missing or unreadable.
+        InvalidLogError: if the checkpoint holds malformed actions or lacks protocol or metadata.
+        UnsupportedFeatureError: if the checkpoint's protocol needs unsupported reader features.
+    """
+    state = CheckpointState()
+    for name in names:
+        path = f"{log_dir}/{name}"
+        try:
+            if fmt == "json":
+                read_json_checkpoint_file(storage, path, state)
+            else:
+                read_parquet_checkpoint_file(path, state)
+        except DeltaTailError as e:
+            if not isinstance(e, InvalidLogError):
+                e = IncompleteCheckpointError(f"checkpoint part is missing or unreadable: {e.message}")
+            raise e.at(table=table, version=version, file=path) from None
+    for sidecar in state.sidecars:
+        path = sidecar.path if "/" in sidecar.path else f"{log_dir}/_sidecars/{sidecar.path}"
+        path = to_local_path(unquote(path))
+        if not storage.exists(path):
+            raise IncompleteCheckpointError("checkpoint sidecar is missing", table=table, version=version, file=path)
+        try:
+            if path.endswith(".json"):
+                read_json_checkpoint_file(storage, path, state)
+            else:
+                read_parquet_checkpoint_file(path, state)
+        except DeltaTailError as e:
+            raise e.at(table=table, version=version, file=path) from None
+    try:
+        return state.to_snapshot(table, version)
+    except DeltaTailError as e:
+        raise e.at(file=f"{log_dir}/{names[0]}") from None
