@@ -175,7 +175,8 @@ def _load_file_rows(struct: pa.StructArray, table: FileTable, *, is_add: bool) -
     path_index = struct.type.get_field_index("path")
     if path_index < 0:
         return
-    struct = struct.filter(pc.is_valid(struct.field(path_index)))
+    # A child of a struct array ignores the parent's nulls: filter on both.
+    struct = struct.filter(pc.and_(pc.is_valid(struct), pc.is_valid(struct.field(path_index))))
     if len(struct) == 0:
         return
     paths = _column(struct, "path")
