@@ -163,6 +163,68 @@ class FileTable:
         else:
             self._extras.pop(slot, None)
 
+    def extend(
+        self,
+        paths: list[str],
+        sizes: list[int],
+        timestamps: list[int],
+        partition_ids: list[int],
+        dvs: list[DeletionVector | None] | None = None,
+        row_ids: list[int | None] | None = None,
+        row_versions: list[int | None] | None = None,
+    ) -> None:
+        """Insert many files at once (checkpoint loading); ``-1`` in ``sizes``/``timestamps`` means absent.
+
+        ``partition_ids`` are ids from this table's :attr:`pool`. Equivalent to
+        calling :meth:`put` for each row in order, but builds the columns in bulk
+        when the rows are new keys.
+        """
+        n = len(paths)
+        keys: list[IndexKey] = list(paths)
+        if dvs is not None:
+            for i, dv in enumerate(dvs):
+                if dv is not None:
+                    keys[i] = (paths[i], dv.unique_id)
+        fresh = not self._free and self._index.keys().isdisjoint(keys) and len(set(keys)) == n
+        if not fresh:
+            for i in range(n):
+                self._put_row(i, paths, sizes, timestamps, partition_ids, dvs, row_ids, row_versions)
+            return
+        start = len(self._paths)
+        self._paths.extend(paths)
+        self._sizes.extend(sizes)
+        self._times.extend(timestamps)
+        self._pids.extend(partition_ids)
+        self._index.update(zip(keys, range(start, start + n), strict=True))
+        if dvs is not None:
+            self._dvs.update((start + i, dv) for i, dv in enumerate(dvs) if dv is not None)
+        for i in range(n):
+            rid = None if row_ids is None else row_ids[i]
+            rver = None if row_versions is None else row_versions[i]
+            if rid is not None or rver is not None:
+                self._extras[start + i] = _Extras(rid, rver)
+
+    def _put_row(
+        self,
+        i: int,
+        paths: list[str],
+        sizes: list[int],
+        timestamps: list[int],
+        partition_ids: list[int],
+        dvs: list[DeletionVector | None] | None,
+        row_ids: list[int | None] | None,
+        row_versions: list[int | None] | None,
+    ) -> None:
+        self.put(
+            paths[i],
+            None if dvs is None else dvs[i],
+            None if sizes[i] == _NONE else sizes[i],
+            None if timestamps[i] == _NONE else timestamps[i],
+            self.pool.get(partition_ids[i]),
+            None if row_ids is None else row_ids[i],
+            None if row_versions is None else row_versions[i],
+        )
+
     def put_add(self, add: Add) -> None:
         """Store an ``add`` action as a live file."""
         self.put(

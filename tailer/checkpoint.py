@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -160,14 +159,49 @@ def _projection(schema: pa.Schema) -> list[str]:
     return columns
 
 
-def _column(struct: pa.StructArray, name: str) -> list[Any]:
+def _field(struct: pa.StructArray, name: str) -> pa.Array | None:
     index = struct.type.get_field_index(name)
-    if index < 0:
-        return [None] * len(struct)
-    child = struct.field(index)
-    if pa.types.is_map(child.type):
-        return list(child.to_pylist(maps_as_pydicts="lossy"))
+    return None if index < 0 else struct.field(index)
+
+
+def _ints(struct: pa.StructArray, name: str) -> list[int]:
+    """An integer field as a list, absent values as ``-1`` (the file tables' marker)."""
+    child = _field(struct, name)
+    if child is None:
+        return [-1] * len(struct)
+    return list(pc.fill_null(child.cast(pa.int64()), -1).to_pylist())
+
+
+def _optional_ints(struct: pa.StructArray, name: str) -> list[int | None] | None:
+    child = _field(struct, name)
+    if child is None or child.null_count == len(child):
+        return None
     return list(child.to_pylist())
+
+
+def _partition_ids(struct: pa.StructArray, pool: PartitionValuesPool, *, is_add: bool) -> list[int]:
+    """Intern each row's ``partitionValues`` map, decoding each distinct map only once."""
+    child = _field(struct, "partitionValues")
+    n = len(struct)
+    if child is None:
+        return [pool.intern({} if is_add else None)] * n
+    if not is_add and child.null_count == n:
+        return [0] * n
+    # One string per row that identifies its map; distinct strings are decoded once.
+    keys = pc.fill_null(child.keys, "")
+    items = pc.fill_null(pc.binary_join_element_wise(pc.cast(child.items, pa.string()), "\x02", "\x03"), "\x03")
+    pairs = pc.binary_join_element_wise(keys, items, "\x01")
+    rows = pa.ListArray.from_arrays(child.offsets, pairs)
+    encoded = pc.dictionary_encode(pc.binary_join(rows, "\x00"))
+    indices = encoded.indices.to_pylist()
+    first_row: dict[int, int] = {}
+    for row, idx in enumerate(indices):
+        first_row.setdefault(idx, row)
+    ids_by_index: dict[int, int] = {}
+    for idx, row in first_row.items():
+        value = child[row].as_py(maps_as_pydicts="lossy") if child[row].is_valid else None
+        ids_by_index[idx] = pool.intern(dict(value) if value is not None else ({} if is_add else None))
+    return [ids_by_index[i] for i in indices]
 
 
 def _load_file_rows(struct: pa.StructArray, table: FileTable, *, is_add: bool) -> None:
@@ -179,29 +213,25 @@ def _load_file_rows(struct: pa.StructArray, table: FileTable, *, is_add: bool) -
     struct = struct.filter(pc.and_(pc.is_valid(struct), pc.is_valid(struct.field(path_index))))
     if len(struct) == 0:
         return
-    paths = _column(struct, "path")
-    pvs = _column(struct, "partitionValues")
-    sizes = _column(struct, "size")
-    times = _column(struct, "modificationTime" if is_add else "deletionTimestamp")
-    row_ids = _column(struct, "baseRowId")
-    row_versions = _column(struct, "defaultRowCommitVersion")
-    dv_index = struct.type.get_field_index("deletionVector")
-    dvs: list[Any] = [None] * len(struct)
-    if dv_index >= 0:
-        dv_col = struct.field(dv_index)
-        if dv_col.null_count < len(dv_col):
-            dvs = dv_col.to_pylist()
-    for i, raw_path in enumerate(paths):
-        path = unquote(raw_path) if "%" in raw_path else raw_path
-        table.put(
-            path,
-            DeletionVector.parse(dvs[i]),
-            sizes[i],
-            times[i],
-            pvs[i] if is_add or pvs[i] is not None else None,
-            row_ids[i],
-            row_versions[i],
-        )
+    path_array = struct.field(path_index)
+    paths: list[str] = path_array.to_pylist()
+    encoded = pc.match_substring(path_array, "%")
+    if encoded.true_count:
+        for i in pc.indices_nonzero(encoded).to_pylist():
+            paths[i] = unquote(paths[i])
+    dvs: list[DeletionVector | None] | None = None
+    dv_col = _field(struct, "deletionVector")
+    if dv_col is not None and dv_col.null_count < len(dv_col):
+        dvs = [DeletionVector.parse(raw) for raw in dv_col.to_pylist()]
+    table.extend(
+        paths,
+        _ints(struct, "size"),
+        _ints(struct, "modificationTime" if is_add else "deletionTimestamp"),
+        _partition_ids(struct, table.pool, is_add=is_add),
+        dvs,
+        _optional_ints(struct, "baseRowId"),
+        _optional_ints(struct, "defaultRowCommitVersion"),
+    )
 
 
 def load_checkpoint(
