@@ -1,0 +1,91 @@
+"""Net changes: cancel rewrite noise in commits without change data files.
+
+Without cdc files, a copy-on-write rewrite emits every row of the removed file
+as ``delete`` and every row of the rewritten file as ``insert``, even rows that
+did not change. Net changes removes that noise within one commit:
+
+1. A ``delete`` row and an ``insert`` row with identical values in every table
+   column cancel out (as multisets: two identical deletes and one identical
+   insert leave one delete).
+2. With key columns, a remaining ``delete`` and ``insert`` of the same key
+   become ``update_preimage`` and ``update_postimage``, provided the key occurs
+   once among the deletes and once among the inserts (otherwise the pairing
+   would be a guess, and the rows stay as they are).
+
+Output order: update pairs (pre-image then post-image), then remaining
+deletes, then remaining inserts, each in input order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from state.errors import ConfigError
+
+_CHANGE = ("_change_type", "_commit_version", "_commit_timestamp")
+
+
+def _row_keys(table: pa.Table, columns: list[str]) -> list[bytes]:
+    """A canonical byte key per row over ``columns`` (values of any type, nested included)."""
+    values = [table.column(c).to_pylist() for c in columns]
+    return [
+        orjson.dumps(row, default=_encode, option=orjson.OPT_PASSTHROUGH_DATETIME) for row in zip(*values, strict=True)
+    ]
+
+
+def _encode(value: Any) -> Any:
+    return repr(value)
+
+
+def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
+    """Apply the net-change rules of the module docstring to one commit's change rows.
+
+    Raises:
+        ConfigError: if a key column is not a column of the table.
+    """
+    missing = [k for k in key_columns if k not in table.column_names]
+    if missing:
+        raise ConfigError(f"net-changes key columns not in the table: {', '.join(missing)}")
+    data_columns = [c for c in table.column_names if c not in _CHANGE]
+    kinds = table.column("_change_type").to_pylist()
+    full = _row_keys(table, data_columns)
+    deletes = Counter(full[i] for i, k in enumerate(kinds) if k == "delete")
+    inserts = Counter(full[i] for i, k in enumerate(kinds) if k == "insert")
+    cancel = deletes & inserts
+    keep: list[int] = []
+    budget_d, budget_i = Counter(cancel), Counter(cancel)
+    for i, kind in enumerate(kinds):
+        budget = budget_d if kind == "delete" else budget_i if kind == "insert" else None
+        if budget is not None and budget[full[i]] > 0:
+            budget[full[i]] -= 1
+            continue
+        keep.append(i)
+    if not key_columns:
+        return table.take(pa.array(keep, pa.int64()))
+    return _pair_updates(table, keep, kinds, list(key_columns))
+
+
+def _pair_updates(table: pa.Table, keep: list[int], kinds: list[str], key_columns: list[str]) -> pa.Table:
+    keys = _row_keys(table, key_columns)
+    by_key: dict[bytes, dict[str, list[int]]] = defaultdict(lambda: {"delete": [], "insert": []})
+    for i in keep:
+        if kinds[i] in ("delete", "insert"):
+            by_key[keys[i]][kinds[i]].append(i)
+    pairs: list[tuple[int, int]] = []
+    paired: set[int] = set()
+    for groups in by_key.values():
+        if len(groups["delete"]) == 1 and len(groups["insert"]) == 1:
+            pairs.append((groups["delete"][0], groups["insert"][0]))
+            paired.update((groups["delete"][0], groups["insert"][0]))
+    pairs.sort()
+    order = [i for pair in pairs for i in pair]
+    order += [i for i in keep if i not in paired and kinds[i] != "insert"]
+    order += [i for i in keep if i not in paired and kinds[i] == "insert"]
+    result = table.take(pa.array(order, pa.int64()))
+    types = ["update_preimage", "update_postimage"] * len(pairs) + [kinds[i] for i in order[2 * len(pairs) :]]
+    index = result.column_names.index("_change_type")
+    return result.set_column(index, "_change_type", pa.array(types, pa.string()))
