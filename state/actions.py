@@ -21,6 +21,22 @@ from state.schema import StructType, parse_schema
 from state.z85 import z85_decode
 
 
+def decode_path(raw: str) -> str:
+    """Decode a file action's path: percent-decoding, and ``file:`` URIs of local files made plain paths.
+
+    Protocol: the path "is a URI as specified by RFC 2396 URI Generic Syntax,
+    which needs to be decoded to get the data file path". Delta Spark qualifies
+    paths before reconciling, so ``file:/x``, ``file:///x`` and ``/x`` name one
+    file; deltatail canonicalizes the ``file:`` forms to ``/x`` here.
+    """
+    path = unquote(raw)
+    if path.startswith("file://"):
+        return path[len("file://") :]
+    if path.startswith("file:/"):
+        return path[len("file:") :]
+    return path
+
+
 def _str_map(raw: Any) -> dict[str, str | None]:
     return dict(raw) if isinstance(raw, dict) else {}
 
@@ -288,7 +304,7 @@ def _opt_int(raw: Any) -> int | None:
 def parse_add(a: dict[str, Any]) -> Add:
     """Parse the body of an ``add`` action."""
     return Add(
-        path=unquote(a["path"]),
+        path=decode_path(a["path"]),
         partition_values=_str_map(a.get("partitionValues")),
         size=int(a.get("size") or 0),
         modification_time=int(a.get("modificationTime") or 0),
@@ -306,7 +322,7 @@ def parse_remove(r: dict[str, Any]) -> Remove:
     """Parse the body of a ``remove`` action."""
     pv = r.get("partitionValues")
     return Remove(
-        path=unquote(r["path"]),
+        path=decode_path(r["path"]),
         deletion_timestamp=_opt_int(r.get("deletionTimestamp")),
         data_change=bool(r.get("dataChange", True)),
         extended_file_metadata=r.get("extendedFileMetadata"),
@@ -347,7 +363,7 @@ def parse_protocol(p: dict[str, Any]) -> Protocol:
 
 def _parse_cdc(c: dict[str, Any]) -> AddCDCFile:
     return AddCDCFile(
-        path=unquote(c["path"]),
+        path=decode_path(c["path"]),
         partition_values=_str_map(c.get("partitionValues")),
         size=int(c.get("size") or 0),
         data_change=bool(c.get("dataChange", False)),

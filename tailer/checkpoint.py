@@ -32,6 +32,7 @@ from state.actions import (
     Remove,
     Sidecar,
     Txn,
+    decode_path,
     parse_action,
     parse_json_actions,
 )
@@ -215,10 +216,10 @@ def _load_file_rows(struct: pa.StructArray, table: FileTable, *, is_add: bool) -
         return
     path_array = struct.field(path_index)
     paths: list[str] = path_array.to_pylist()
-    encoded = pc.match_substring(path_array, "%")
+    encoded = pc.or_(pc.match_substring(path_array, "%"), pc.starts_with(path_array, "file:"))
     if encoded.true_count:
         for i in pc.indices_nonzero(encoded).to_pylist():
-            paths[i] = unquote(paths[i])
+            paths[i] = decode_path(paths[i])
     dvs: list[DeletionVector | None] | None = None
     dv_col = _field(struct, "deletionVector")
     if dv_col is not None and dv_col.null_count < len(dv_col):
