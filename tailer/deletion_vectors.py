@@ -89,7 +89,8 @@ def read_deletion_vector(
                 f"deletion vector of {data_file} holds {len(bitmap)} rows, its descriptor says {dv.cardinality}"
             )
     except (DeletionVectorError, MissingFileError) as e:
-        raise e.at(table=table_root, version=version, file=data_file) from None
+        e.at(table=table_root, version=version, file=data_file)
+        raise
     except InvalidLogError as e:
         raise DeletionVectorError(e.message, table=table_root, version=version, file=data_file) from e
     return bitmap

@@ -1,0 +1,464 @@
+"""Reading the rows of one logical file: a Parquet data file or a cdc file.
+
+The output is always in the table's logical shape: the schema's columns (or a
+requested subset) in schema order, under their logical names, with the Arrow
+types of :meth:`state.schema.StructType.to_arrow`. Three protocol rules shape
+how the physical file is mapped onto that:
+
+* Column Mapping: "In ``none`` mode, readers must read the parquet files by
+  using the display names"; "In ``name`` mode, readers must resolve columns in
+  the data files by their physical names"; "In ``id`` mode, readers must
+  resolve columns by using the ``field_id`` in the parquet metadata" (here
+  falling back to the physical name for files written without ids). "For
+  columns that are not found in the files, nulls need to be returned."
+* Partition Value Serialization: "Partition values are stored as strings ...
+  An empty string for any type translates to a null partition value." Under
+  column mapping, "Partition values ... must be resolved by their physical
+  names".
+* Deletion Vectors: "If a snapshot contains logical files with records that are
+  invalidated by a DV, then these records must not be returned in the output";
+  row indexes are "the position (index) of a row in a parquet file starting from
+  zero".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyroaring import BitMap64
+
+from state.errors import ConfigError, DeletionVectorError, DeltaTailError, InvalidLogError, MissingFileError
+from state.schema import (
+    PARQUET_FIELD_ID,
+    ArrayType,
+    DataType,
+    DecimalType,
+    MapType,
+    PrimitiveType,
+    StructField,
+    StructType,
+    to_arrow_type,
+)
+from tailer.storage import Storage, to_local_path
+
+CHANGE_TYPE_COLUMN = "_change_type"
+"""The column a cdc file carries with ``insert``, ``delete``, ``update_preimage`` or ``update_postimage``."""
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
+
+
+@dataclass(frozen=True, slots=True)
+class RowFilter:
+    """A set of row indexes (0-based positions in the file) and what to do with them.
+
+    Attributes:
+        rows: the row indexes.
+        keep: ``False`` drops exactly these rows (a deletion vector); ``True``
+            emits only these rows (e.g. the rows a new DV adds to an old one).
+    """
+
+    rows: BitMap64
+    keep: bool
+
+
+def output_schema(
+    schema: StructType, *, columns: Sequence[str] | None = None, keep_change_type: bool = False
+) -> pa.Schema:
+    """The Arrow schema of the batches :func:`read_file_rows` yields.
+
+    Args:
+        schema: the table schema.
+        columns: logical top-level columns to keep (in schema order); ``None`` for all.
+        keep_change_type: append a ``_change_type`` string column.
+
+    Raises:
+        ConfigError: if ``columns`` names a column the schema does not have.
+    """
+    arrow = schema.to_arrow()
+    fields = [arrow.field(f.name) for f in _selected_fields(schema, columns)]
+    if keep_change_type:
+        fields.append(pa.field(CHANGE_TYPE_COLUMN, pa.string()))
+    return pa.schema(fields)
+
+
+def resolve_data_path(table_root: str, path: str) -> str:
+    """The location of a data or cdc file: ``path`` itself if absolute (a URI or ``/...``), else under the root.
+
+    ``path`` is already percent-decoded (see :mod:`state.actions`).
+    """
+    if path.startswith("/") or _SCHEME.match(path):
+        return path
+    return f"{table_root.rstrip('/')}/{path}"
+
+
+def read_file_rows(
+    storage: Storage,
+    table_root: str,
+    path: str,
+    *,
+    schema: StructType,
+    partition_columns: tuple[str, ...],
+    partition_values: dict[str, str | None],
+    column_mapping_mode: str,
+    row_filter: RowFilter | None = None,
+    keep_change_type: bool = False,
+    columns: list[str] | None = None,
+    batch_size: int = 65536,
+    table: str | None = None,
+    version: int | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Stream the rows of one logical file in the table's logical shape.
+
+    The file is read batch by batch (never whole), projecting only the physical
+    columns needed. Batches left empty by the row filter are not yielded; use
+    :func:`output_schema` for the schema of an empty result. Being a generator,
+    it raises its errors once iteration starts, not when called.
+
+    Args:
+        storage: where the file lives (only local storages are supported: Parquet is opened by local path).
+        table_root: the table root; relative paths resolve against it.
+        path: the ``add``/``remove``/``cdc`` path, percent-decoded; relative or an absolute URI.
+        schema: the table schema in effect for the file.
+        partition_columns: the logical names of the partition columns.
+        partition_values: the action's ``partitionValues`` (keys are physical names under
+            column mapping ``name``/``id``, logical names otherwise).
+        column_mapping_mode: ``none``, ``name`` or ``id``.
+        row_filter: rows to drop (``keep=False``) or to emit exclusively (``keep=True``); ``None`` emits all.
+        keep_change_type: append the file's ``_change_type`` column (cdc files); otherwise it is ignored.
+        columns: logical top-level columns to emit, in schema order; ``None`` for all.
+        batch_size: the largest number of file rows read per batch.
+        table: the table named in errors (defaults to ``table_root``).
+        version: the table version named in errors.
+
+    Yields:
+        Record batches with the schema ``output_schema(schema, columns=..., keep_change_type=...)``.
+
+    Raises:
+        MissingFileError: if the file does not exist.
+        InvalidLogError: if a partition value is missing or does not parse as its column's type, a file
+            column cannot be converted to the schema's type, or ``_change_type`` is requested but absent.
+        DeletionVectorError: if the row filter names a row index beyond the end of the file.
+        ConfigError: if ``columns`` names a column the schema does not have.
+        DeltaTailError: if the file is not readable Parquet.
+    """
+    location = resolve_data_path(table_root, path)
+    table_name = table if table is not None else table_root
+    try:
+        out = output_schema(schema, columns=columns, keep_change_type=keep_change_type)
+        parquet = _open_parquet(storage, location)
+    except DeltaTailError as e:
+        e.at(table=table_name, version=version, file=location)
+        raise
+    try:
+        plan = _plan(
+            parquet.schema_arrow,
+            _selected_fields(schema, columns),
+            frozenset(partition_columns),
+            partition_values,
+            column_mapping_mode,
+            keep_change_type,
+        )
+        if row_filter is not None:
+            _check_filter(row_filter, parquet.metadata.num_rows)
+        yield from _batches(parquet, plan, out, row_filter, batch_size)
+    except DeltaTailError as e:
+        e.at(table=table_name, version=version, file=location)
+        raise
+    except (pa.ArrowException, OSError) as e:
+        raise DeltaTailError(f"cannot read Parquet data: {e}", table=table_name, version=version, file=location) from e
+    finally:
+        parquet.close()
+
+
+def _open_parquet(storage: Storage, location: str) -> pq.ParquetFile:
+    """Open a Parquet file. The one place that assumes a local file system (pyarrow reads the path itself).
+
+    INT96 timestamps are read at microsecond precision, Delta's timestamp precision.
+    """
+    if not storage.exists(location):
+        raise MissingFileError("data file does not exist", file=location)
+    try:
+        return pq.ParquetFile(to_local_path(location), coerce_int96_timestamp_unit="us")
+    except FileNotFoundError as e:
+        raise MissingFileError("data file does not exist", file=location) from e
+    except (pa.ArrowException, OSError) as e:
+        raise DeltaTailError(f"cannot read Parquet data: {e}", file=location) from e
+
+
+def _selected_fields(schema: StructType, columns: Sequence[str] | None) -> list[StructField]:
+    if columns is None:
+        return list(schema.fields)
+    unknown = sorted(set(columns) - set(schema.names))
+    if unknown:
+        raise ConfigError(f"unknown columns {unknown}; the table has {schema.names}")
+    wanted = set(columns)
+    return [f for f in schema.fields if f.name in wanted]
+
+
+# ---------------------------------------------------------------- the read plan
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How each output column is produced from a file batch.
+
+    ``sources[i]`` is the top-level file column name for ``fields[i]``, a constant
+    scalar (a partition value), or ``None`` (absent from the file: nulls).
+    """
+
+    fields: tuple[StructField, ...]
+    sources: tuple[str | pa.Scalar | None, ...]
+    file_columns: tuple[str, ...]
+    mode: str
+    change_type: bool
+
+
+def _plan(
+    file_schema: pa.Schema,
+    fields: list[StructField],
+    partition_columns: frozenset[str],
+    partition_values: dict[str, str | None],
+    mode: str,
+    keep_change_type: bool,
+) -> _Plan:
+    file_fields = list(file_schema)
+    sources: list[str | pa.Scalar | None] = []
+    for field in fields:
+        index = _match_field(file_fields, field, mode)
+        if field.name in partition_columns:
+            sources.append(_partition_source(field, partition_values, mode, index, file_fields))
+        else:
+            sources.append(None if index is None else file_fields[index].name)
+    file_columns = [s for s in sources if isinstance(s, str)]
+    if keep_change_type:
+        if file_schema.get_field_index(CHANGE_TYPE_COLUMN) < 0:
+            raise InvalidLogError(f"change data file has no {CHANGE_TYPE_COLUMN} column")
+        file_columns.append(CHANGE_TYPE_COLUMN)
+    return _Plan(tuple(fields), tuple(sources), tuple(file_columns), mode, keep_change_type)
+
+
+def _partition_source(
+    field: StructField,
+    partition_values: dict[str, str | None],
+    mode: str,
+    index: int | None,
+    file_fields: list[pa.Field],
+) -> str | pa.Scalar:
+    """The value of a partition column: from ``partitionValues`` (physical name, then logical), else the file."""
+    for key in (field.physical_name(mode), field.name):
+        if key in partition_values:
+            return parse_partition_value(partition_values[key], field)
+    if index is not None:
+        name: str = file_fields[index].name
+        return name
+    raise InvalidLogError(f"partitionValues has no value for partition column {field.name!r}")
+
+
+def _match_field(file_fields: Sequence[pa.Field], field: StructField, mode: str) -> int | None:
+    """The position of ``field`` among ``file_fields``: by Parquet field id (``id`` mode), then by name.
+
+    The name is the physical name under ``name``/``id`` mode and the logical name under ``none``.
+    """
+    if mode == "id" and field.field_id is not None:
+        wanted = str(field.field_id).encode()
+        for i, f in enumerate(file_fields):
+            if f.metadata is not None and f.metadata.get(PARQUET_FIELD_ID) == wanted:
+                return i
+    name = field.physical_name(mode)
+    for i, f in enumerate(file_fields):
+        if f.name == name:
+            return i
+    return None
+
+
+# ---------------------------------------------------------------- partition values
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered not in ("true", "false"):
+        raise ValueError(f"{raw!r} is not 'true' or 'false'")
+    return lowered == "true"
+
+
+def _parse_timestamp(raw: str) -> datetime:
+    """``{year}-{month}-{day} {hour}:{minute}:{second}[.fraction]`` or ISO 8601; a zone-less value is UTC."""
+    value = datetime.fromisoformat(raw)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _parse_timestamp_ntz(raw: str) -> datetime:
+    """A wall-clock timestamp; a value carrying a zone is taken at UTC."""
+    return _parse_timestamp(raw).replace(tzinfo=None)
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "string": str,
+    "long": int,
+    "integer": int,
+    "short": int,
+    "byte": int,
+    "float": float,
+    "double": float,
+    "boolean": _parse_bool,
+    "date": date.fromisoformat,
+    "timestamp": _parse_timestamp,
+    "timestamp_ntz": _parse_timestamp_ntz,
+    "binary": lambda raw: raw.encode("utf-8"),
+}
+
+
+def parse_partition_value(raw: str | None, field: StructField) -> pa.Scalar:
+    """Parse one serialized partition value into an Arrow scalar of the column's type.
+
+    Protocol, "Partition Value Serialization": "An empty string for any type
+    translates to a null partition value"; numbers are "the string
+    representation of the number"; date is ``{year}-{month}-{day}``; timestamp is
+    ``{year}-{month}-{day} {hour}:{minute}:{second}`` (ISO 8601 forms with ``T``,
+    fractions and ``Z`` are accepted too; ``timestamp`` values without a zone are
+    UTC); boolean is ``"true"`` or ``"false"``; binary is the string's UTF-8 bytes.
+
+    Args:
+        raw: the serialized value; ``None`` or ``""`` is null.
+        field: the partition column.
+
+    Raises:
+        InvalidLogError: if the column's type cannot be a partition column or the value does not parse.
+    """
+    target = to_arrow_type(field.type)
+    if raw is None or raw == "":
+        return pa.scalar(None, target)
+    try:
+        return pa.scalar(_parse_value(raw, field.type), target)
+    except (ValueError, OverflowError, InvalidOperation, pa.ArrowException) as e:
+        raise InvalidLogError(f"partition value {raw!r} of column {field.name!r} is not a valid {target}: {e}") from e
+
+
+def _parse_value(raw: str, dtype: DataType) -> Any:
+    if isinstance(dtype, DecimalType):
+        return Decimal(raw)
+    if isinstance(dtype, PrimitiveType) and dtype.name in _PARSERS:
+        return _PARSERS[dtype.name](raw)
+    raise ValueError(f"type {dtype} cannot be a partition column")
+
+
+# ---------------------------------------------------------------- batches
+
+
+def _check_filter(row_filter: RowFilter, num_rows: int) -> None:
+    if row_filter.rows and row_filter.rows.max() >= num_rows:
+        raise DeletionVectorError(f"row index {row_filter.rows.max()} is beyond the file's {num_rows} rows")
+
+
+def _batches(
+    parquet: pq.ParquetFile, plan: _Plan, out: pa.Schema, row_filter: RowFilter | None, batch_size: int
+) -> Iterator[pa.RecordBatch]:
+    """Read, filter and convert the file batch by batch, tracking each batch's first row index."""
+    start = 0
+    for batch in parquet.iter_batches(batch_size=batch_size, columns=list(plan.file_columns)):
+        length = batch.num_rows
+        if row_filter is not None:
+            batch = _filter(batch, row_filter, start)
+        start += length
+        if batch.num_rows:
+            yield _assemble(batch, plan, out)
+
+
+def _filter(batch: pa.RecordBatch, row_filter: RowFilter, start: int) -> pa.RecordBatch:
+    """Keep the batch rows the filter selects; ``start`` is the file row index of the batch's first row."""
+    window = BitMap64()
+    window.add_range(start, start + batch.num_rows)
+    hits = row_filter.rows & window
+    chosen = hits if row_filter.keep else window - hits
+    if len(chosen) == batch.num_rows:
+        return batch
+    positions = pa.Array.from_buffers(pa.uint64(), len(chosen), [None, pa.py_buffer(chosen.to_array())])
+    return batch.take(pc.subtract(positions, pa.scalar(start, pa.uint64())))
+
+
+def _assemble(batch: pa.RecordBatch, plan: _Plan, out: pa.Schema) -> pa.RecordBatch:
+    n = batch.num_rows
+    arrays = []
+    for field, source in zip(plan.fields, plan.sources, strict=True):
+        if source is None:
+            arrays.append(pa.nulls(n, to_arrow_type(field.type)))
+        elif isinstance(source, str):
+            arrays.append(_conform(batch.column(source), field.type, plan.mode, field.name))
+        else:
+            arrays.append(pa.repeat(source, n))
+    if plan.change_type:
+        arrays.append(_cast(batch.column(CHANGE_TYPE_COLUMN), pa.string(), CHANGE_TYPE_COLUMN))
+    return pa.RecordBatch.from_arrays(arrays, schema=out)
+
+
+# ---------------------------------------------------------------- type conversion
+
+
+def _conform(array: pa.Array, dtype: DataType, mode: str, name: str) -> pa.Array:
+    """Convert a file array to the logical Arrow type of ``dtype``, renaming nested fields to logical names."""
+    if isinstance(dtype, StructType):
+        return _conform_struct(array, dtype, mode, name)
+    if isinstance(dtype, ArrayType):
+        return _conform_list(array, dtype, mode, name)
+    if isinstance(dtype, MapType):
+        return _conform_map(array, dtype, mode, name)
+    return _cast(array, to_arrow_type(dtype), name)
+
+
+def _null_mask(array: pa.Array) -> pa.Array | None:
+    return array.is_null() if array.null_count else None
+
+
+def _conform_struct(array: pa.Array, dtype: StructType, mode: str, name: str) -> pa.Array:
+    if not pa.types.is_struct(array.type):
+        raise InvalidLogError(f"column {name!r} is {array.type} in the data file, the schema says struct")
+    file_fields = list(array.type)
+    children = []
+    for field in dtype.fields:
+        index = _match_field(file_fields, field, mode)
+        if index is None:
+            children.append(pa.nulls(len(array), to_arrow_type(field.type)))
+        else:
+            children.append(_conform(array.field(index), field.type, mode, f"{name}.{field.name}"))
+    logical = list(to_arrow_type(dtype))
+    return pa.StructArray.from_arrays(children, fields=logical, mask=_null_mask(array))
+
+
+def _conform_list(array: pa.Array, dtype: ArrayType, mode: str, name: str) -> pa.Array:
+    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
+        raise InvalidLogError(f"column {name!r} is {array.type} in the data file, the schema says array")
+    values = _conform(array.values, dtype.element_type, mode, f"{name}.element")
+    offsets = array.offsets.cast(pa.int32())
+    return pa.ListArray.from_arrays(offsets, values, type=to_arrow_type(dtype), mask=_null_mask(array))
+
+
+def _conform_map(array: pa.Array, dtype: MapType, mode: str, name: str) -> pa.Array:
+    if not pa.types.is_map(array.type):
+        raise InvalidLogError(f"column {name!r} is {array.type} in the data file, the schema says map")
+    keys = _conform(array.keys, dtype.key_type, mode, f"{name}.key")
+    items = _conform(array.items, dtype.value_type, mode, f"{name}.value")
+    return pa.MapArray.from_arrays(array.offsets, keys, items, type=to_arrow_type(dtype), mask=_null_mask(array))
+
+
+def _cast(array: pa.Array, target: pa.DataType, name: str) -> pa.Array:
+    """Cast a primitive file array (type widening, string/binary variants, timestamp units and zones).
+
+    Timestamps are cast unsafely so that nanosecond values truncate to Delta's microseconds.
+    """
+    if array.type == target:
+        return array
+    lossy = pa.types.is_timestamp(array.type) and pa.types.is_timestamp(target)
+    try:
+        return pc.cast(array, target, safe=not lossy)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise InvalidLogError(
+            f"column {name!r} is {array.type} in the data file and cannot be read as {target}: {e}"
+        ) from e
