@@ -9,13 +9,19 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import orjson
+import pyarrow.parquet as pq
 
-from state.errors import DeltaTailError
+from sinks.base import ChangeBatch, TableInfo
+from state.errors import ConfigError, DeltaTailError
+from tailer.changes import ChangeFeed, ChangeOptions, change_schema
 from tailer.log import DeltaLog
 from tailer.report import snapshot_document, snapshot_text
+from tailer.run import Tailer, TailerConfig
+from tailer.settings import merge, parse_timestamp_ms
+from tailer.sink_uri import open_sink
 
 
 def _snapshot(args: argparse.Namespace) -> int:
@@ -24,6 +30,97 @@ def _snapshot(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(orjson.dumps(snapshot_document(snap), option=orjson.OPT_INDENT_2) + b"\n")
     else:
         print(snapshot_text(snap))
+    return 0
+
+
+def _keys(text: str | None) -> tuple[str, ...]:
+    return tuple(k.strip() for k in text.split(",") if k.strip()) if text else ()
+
+
+def _changes(args: argparse.Namespace) -> int:
+    if args.key and not args.net_changes:
+        raise ConfigError("--key needs --net-changes")
+    options = ChangeOptions(net_changes=args.net_changes, key_columns=_keys(args.key))
+    feed = ChangeFeed(args.table, options=options)
+    start_ms = None if args.starting_timestamp is None else parse_timestamp_ms(args.starting_timestamp)
+    batches = feed.batches(
+        args.starting_version,
+        args.ending_version,
+        starting_timestamp_ms=start_ms,
+        initial_snapshot=args.initial_snapshot,
+    )
+    output = args.output or "-"
+    if output == "-":
+        uri = "jsonl:-"
+    elif output.endswith(".jsonl"):
+        uri = f"jsonl:{output}"
+    elif output.endswith(".parquet"):
+        return _write_parquet(feed, batches, output)
+    else:
+        raise ConfigError(f"--output must end in .jsonl or .parquet, got {output!r}")
+    sink = open_sink(uri)
+    sink.open(_table_info(feed))
+    try:
+        for batch in batches:
+            sink.write(batch)
+        sink.flush()
+    finally:
+        sink.close()
+    return 0
+
+
+def _table_info(feed: ChangeFeed) -> TableInfo:
+    snap = feed.log.snapshot()
+    assert snap.metadata is not None
+    return TableInfo(feed.table, snap.metadata.id, feed.table.rsplit("/", 1)[-1])
+
+
+def _write_parquet(feed: ChangeFeed, batches: Iterator[ChangeBatch], output: str) -> int:
+    writer: pq.ParquetWriter | None = None
+    try:
+        for batch in batches:
+            if writer is None:
+                writer = pq.ParquetWriter(output, batch.rows.schema)
+            writer.write_batch(batch.rows.cast(writer.schema) if batch.rows.schema != writer.schema else batch.rows)
+        if writer is None:
+            pq.write_table(change_schema(feed.log.snapshot().schema).empty_table(), output)
+    finally:
+        if writer is not None:
+            writer.close()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    s = merge(vars(args))
+    if not s.get("state_dir"):
+        raise ConfigError("--state-dir is required (or DELTATAIL_STATE_DIR, or state_dir in the config file)")
+    starts = [k for k in ("starting_version", "starting_timestamp") if s.get(k) is not None]
+    if len(starts) > 1:
+        raise ConfigError("give at most one of --starting-version and --starting-timestamp")
+    if s.get("key") and not s.get("net_changes"):
+        raise ConfigError("--key needs --net-changes")
+    config = TailerConfig(
+        table=args.table,
+        state_dir=s["state_dir"],
+        starting_version=s.get("starting_version"),
+        starting_timestamp_ms=parse_timestamp_ms(s["starting_timestamp"]) if s.get("starting_timestamp") else None,
+        initial_snapshot=bool(s.get("initial_snapshot")),
+        poll_interval=s.get("poll_interval", 1.0),
+        watch=not s.get("no_watch", False),
+        checkpoint_commits=s.get("checkpoint_commits", 50),
+        checkpoint_seconds=s.get("checkpoint_seconds", 5.0),
+        snapshot_commits=s.get("snapshot_commits", 1000),
+        until_caught_up=bool(s.get("until_caught_up")),
+        options=ChangeOptions(
+            net_changes=bool(s.get("net_changes")),
+            key_columns=_keys(s.get("key")),
+            allow_non_additive=bool(s.get("allow_non_additive")),
+        ),
+    )
+    tailer = Tailer(config, open_sink(s.get("sink", "jsonl:-")))
+    tailer.install_signal_handlers()
+    progress = tailer.run()
+    logging.getLogger("deltatail").info("stopped: %d versions, %d rows delivered", progress.versions, progress.rows)
     return 0
 
 
@@ -37,6 +134,38 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--version", type=int, default=None, help="version to show (default: latest)")
     snap.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     snap.set_defaults(handler=_snapshot)
+
+    ch = sub.add_parser("changes", help="print the change rows of a range of versions")
+    ch.add_argument("table", help="table root")
+    start = ch.add_mutually_exclusive_group()
+    start.add_argument("--starting-version", type=int, default=None, help="first version (default 0)")
+    start.add_argument("--starting-timestamp", default=None, help="first commit at or after this time (ISO-8601)")
+    ch.add_argument("--ending-version", type=int, default=None, help="last version (default: latest)")
+    ch.add_argument("--initial-snapshot", action="store_true", help="emit the live rows at the start first")
+    ch.add_argument("--net-changes", action="store_true", help="cancel rewrite noise in commits without cdc files")
+    ch.add_argument("--key", default=None, help="key columns (COL,...) pairing net changes into updates")
+    ch.add_argument("--output", default=None, help="FILE.jsonl or FILE.parquet (default: JSON lines on stdout)")
+    ch.set_defaults(handler=_changes)
+
+    run = sub.add_parser("run", help="follow a table and deliver its changes to a sink")
+    run.add_argument("table", help="table root")
+    run.add_argument("--config", default=None, help="TOML file with settings (flags win, then DELTATAIL_* env)")
+    run.add_argument("--state-dir", default=None, help="where the tailer keeps its cursor and snapshot")
+    run.add_argument("--sink", default=None, help="jsonl:- (default), jsonl:PATH, parquet:DIR, kafka://HOST:PORT/TOPIC")
+    run_start = run.add_mutually_exclusive_group()
+    run_start.add_argument("--starting-version", type=int, default=None, help="first version on a new state dir")
+    run_start.add_argument("--starting-timestamp", default=None, help="first commit at or after this time")
+    run.add_argument("--initial-snapshot", action="store_const", const=True, default=None, help="emit live rows first")
+    run.add_argument("--poll-interval", type=float, default=None, help="seconds between listings (default 1)")
+    run.add_argument("--no-watch", action="store_const", const=True, default=None, help="poll only, no inotify")
+    run.add_argument("--checkpoint-commits", type=int, default=None, help="checkpoint every N commits (50)")
+    run.add_argument("--checkpoint-seconds", type=float, default=None, help="or every S seconds (5)")
+    run.add_argument("--snapshot-commits", type=int, default=None, help="save the snapshot every N commits (1000)")
+    run.add_argument("--until-caught-up", action="store_const", const=True, default=None, help="exit when caught up")
+    run.add_argument("--net-changes", action="store_const", const=True, default=None, help="cancel rewrite noise")
+    run.add_argument("--key", default=None, help="key columns for --net-changes update pairing")
+    run.add_argument("--allow-non-additive", action="store_const", const=True, default=None, help="cross drops/renames")
+    run.set_defaults(handler=_run)
     return parser
 
 

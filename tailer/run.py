@@ -1,0 +1,396 @@
+"""The tailer's run loop: follow a live table and deliver each change row once.
+
+Life cycle of :meth:`Tailer.run`:
+
+1. Lock the state directory; load the saved cursor and snapshot, or start new
+   (``starting_version`` / ``starting_timestamp_ms`` / ``initial_snapshot``).
+   A state directory of another table (another table id) is refused.
+2. Open the sink; if it reports the position it holds, rows before it are skipped.
+3. Loop: list the log after the snapshot's version (``start_after``: never
+   the whole directory), plan and deliver each new commit in order, and save
+   a checkpoint every ``checkpoint_commits`` commits or ``checkpoint_seconds``
+   seconds. Between looks, wait for a watchdog event or the poll interval.
+4. A checkpoint is: sink flushed → cursor (and, every
+   ``snapshot_commits`` commits, the snapshot) saved. After a crash the tailer
+   repeats at most the rows after the last saved cursor; with a sink that
+   reports its position, nothing.
+5. SIGINT/SIGTERM: finish the batch in hand, checkpoint, return.
+
+Errors that stop it: a version gap or a log cleaned up past the cursor
+(``VersionGapError``), a table deleted and recreated (``StateError``), an
+unsupported reader feature or a non-additive schema change mid-stream
+(``UnsupportedFeatureError``/``SchemaChangeError``) — in the last two cases
+after delivering and checkpointing everything before that version.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+
+from sinks.base import ChangeBatch, CommitEvent, Sink, TableInfo
+from state.cursor import Position
+from state.errors import (
+    DeltaTailError,
+    InvalidLogError,
+    MissingFileError,
+    SchemaChangeError,
+    StateError,
+    UnsupportedFeatureError,
+    VersionGapError,
+)
+from state.snapshot import Snapshot
+from tailer.changes import ChangeFeed, ChangeOptions, VersionPlan
+from tailer.log import DeltaLog
+from tailer.state_store import SavedState, StateStore
+from tailer.watch import LogWatcher
+
+log = logging.getLogger("deltatail")
+
+
+@dataclass
+class TailerConfig:
+    """Settings of one tailer (see ``deltatail run --help`` for each)."""
+
+    table: str
+    state_dir: str
+    starting_version: int | None = None
+    starting_timestamp_ms: int | None = None
+    initial_snapshot: bool = False
+    poll_interval: float = 1.0
+    watch: bool = True
+    checkpoint_commits: int = 50
+    checkpoint_seconds: float = 5.0
+    snapshot_commits: int = 1000
+    until_caught_up: bool = False
+    parse_retries: int = 5
+    parse_retry_delay: float = 0.05
+    options: ChangeOptions = field(default_factory=ChangeOptions)
+
+
+@dataclass
+class Progress:
+    """Counters for logs and the status line."""
+
+    versions: int = 0
+    rows: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Tailer:
+    """Follows one table into one sink. Not reusable: construct one per run."""
+
+    def __init__(self, config: TailerConfig, sink: Sink, *, status: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.sink = sink
+        self.feed = ChangeFeed(config.table, options=config.options)
+        self.log: DeltaLog = self.feed.log
+        self.store = StateStore(config.state_dir)
+        self.progress = Progress()
+        self._stop = threading.Event()
+        self._status = status or (lambda line: log.info("%s", line))
+        self._snap: Snapshot | None = None
+        self._cursor = Position.change(0, 0)
+        self._resume: Position | None = None
+        self._prev_ts: int | None = None
+        self._saved_snapshot: tuple[int, str] | None = None
+        self._since_checkpoint = 0
+        self._last_checkpoint = time.monotonic()
+        self._table_id = ""
+
+    # -- control -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish the batch in hand, checkpoint and return (thread- and signal-safe)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """Make SIGINT and SIGTERM call :meth:`stop`."""
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.stop()
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        saved = self.store.load()
+        if saved is not None:
+            self._resume_saved(saved)
+        else:
+            self._start_new()
+        held = self.sink.open(TableInfo(self.log.table, self._table_id, _table_name(self.log.table)))
+        if held is not None and held > self._cursor:
+            log.info("sink already holds rows up to %s; skipping them", held)
+            self._resume = held
+
+    def _resume_saved(self, saved: SavedState) -> None:
+        snap = self.store.load_snapshot(saved)
+        if snap.metadata is None or snap.metadata.id != saved.table_id:
+            raise StateError("saved snapshot does not match the saved table id", file=self.config.state_dir)
+        self._check_same_table(saved)
+        self._table_id = saved.table_id
+        self._saved_snapshot = (saved.snapshot_version, saved.snapshot_file)
+        self._prev_ts = saved.previous_timestamp_ms
+        cursor = saved.cursor
+        # Bring the snapshot to just before the cursor's version (commits already delivered).
+        target = cursor.version if cursor.snapshot else cursor.version - 1
+        for v in range(snap.version + 1, target + 1):
+            snap, _ = snap.apply(self._read_commit(v))
+        self._snap = snap
+        self._cursor = cursor
+        self._resume = cursor
+        log.info("resuming %s at %s (saved snapshot version %d)", self.log.table, cursor, saved.snapshot_version)
+
+    def _check_same_table(self, saved: SavedState) -> None:
+        try:
+            metadata = self.log.read_commit(0).metadata
+        except MissingFileError:
+            metadata = None
+        if metadata is None:
+            metadata = self.log.snapshot().metadata
+        assert metadata is not None
+        if metadata.id != saved.table_id:
+            raise StateError(
+                f"this state directory belongs to table id {saved.table_id}, but {self.log.table} now has id "
+                f"{metadata.id} (a different table, or the table was deleted and recreated); "
+                "use a new --state-dir to start over",
+                table=self.log.table,
+                file=self.config.state_dir,
+            )
+
+    def _start_new(self) -> None:
+        c = self.config
+        start = c.starting_version
+        if c.starting_timestamp_ms is not None:
+            start = self.feed.version_at_or_after(c.starting_timestamp_ms)
+        if c.initial_snapshot:
+            version = self.log.latest_version() if start is None else start
+            snap = self.log.snapshot(version)
+            self._cursor = Position.in_snapshot(version, 0)
+        else:
+            first = 0 if start is None else start
+            snap = self.log.snapshot(first - 1) if first > 0 else Snapshot.empty(self.log.table)
+            self._cursor = Position.change(first, 0)
+        self._snap = snap
+        self._table_id = self._first_metadata_id(snap)
+
+    def _first_metadata_id(self, snap: Snapshot) -> str:
+        """The table id: from the snapshot, or from commit 0 when starting before version 0."""
+        metadata = snap.metadata if snap.metadata is not None else self._read_commit(0).metadata
+        if metadata is None:
+            raise InvalidLogError("commit 0 holds no metaData action", table=self.log.table, version=0)
+        return metadata.id
+
+    # -- loop ----------------------------------------------------------------------------------
+
+    def run(self) -> Progress:
+        """Run until caught up (``until_caught_up``), stopped, or an error.
+
+        Raises:
+            StateError: the state directory is locked, damaged, or belongs to another table.
+            VersionGapError: a commit is missing, or the log was cleaned up past the cursor.
+            UnsupportedFeatureError: a commit needs an unsupported reader feature (cursor saved before it).
+            SchemaChangeError: a non-additive schema change (cursor saved before it).
+            SinkError: the sink failed; the cursor stays at the last successful checkpoint.
+        """
+        with self.store:
+            self._start()
+            watcher = LogWatcher(self.log.log_dir, watch=self.config.watch)
+            try:
+                self._loop(watcher)
+            finally:
+                watcher.close()
+                self.sink.close()
+        return self.progress
+
+    def _loop(self, watcher: LogWatcher) -> None:
+        assert self._snap is not None
+        if self._cursor.snapshot:
+            self._deliver_initial_snapshot()
+        while not self._stop.is_set():
+            versions = self._new_versions()
+            for v in versions:
+                if self._stop.is_set():
+                    break
+                self._deliver_version(v, remaining=versions[-1] - v)
+                self._maybe_checkpoint()
+            if self._stop.is_set():
+                break
+            if not versions:
+                self._checkpoint_if_pending()
+                if self.config.until_caught_up:
+                    break
+                self._report_following()
+                watcher.wait(self.config.poll_interval)
+        self._checkpoint()
+
+    def _new_versions(self) -> list[int]:
+        assert self._snap is not None
+        versions = self.log.new_commits(self._snap.version)
+        if not versions:
+            self._check_not_recreated()
+        return versions
+
+    def _check_not_recreated(self) -> None:
+        """With no new commits, make sure our own last commit is still there (a deleted and recreated table)."""
+        assert self._snap is not None
+        v = self._snap.version
+        if v < 0 or self.log.storage.exists(self.log.commit_path(v)):
+            return
+        try:
+            latest = self.log.latest_version()
+        except DeltaTailError:
+            latest = -1
+        if latest < v:
+            raise StateError(
+                f"the table's log now ends at version {latest}, before the tailer's version {v}: the table was "
+                "deleted and recreated, or its log truncated; use a new --state-dir to follow the new table",
+                table=self.log.table,
+                version=v,
+            )
+
+    def _read_commit(self, version: int):  # type: ignore[no-untyped-def]
+        """Read a commit, retrying briefly: a writer may still be writing it (non-atomic stores)."""
+        for attempt in range(self.config.parse_retries + 1):
+            try:
+                return self.log.read_commit(version)
+            except InvalidLogError:
+                if attempt == self.config.parse_retries:
+                    raise
+                time.sleep(self.config.parse_retry_delay * (2**attempt))
+            except MissingFileError as e:
+                raise VersionGapError(
+                    f"commit {version} is missing: the log was cleaned up past the tailer's position; "
+                    "restart with a new --state-dir and --initial-snapshot to resume from the table's latest state",
+                    table=self.log.table,
+                    version=version,
+                    file=e.file,
+                ) from e
+        raise AssertionError("unreachable")
+
+    def _deliver_version(self, version: int, remaining: int) -> None:
+        assert self._snap is not None
+        commit = self._read_commit(version)
+        mtime = self.log.storage.stat(self.log.commit_path(version)).modification_time
+        try:
+            snap, plan = self.feed.plan_commit(self._snap, commit, mtime, self._prev_ts)
+        except (UnsupportedFeatureError, SchemaChangeError):
+            log.error("stopping before version %d; everything before it is delivered and checkpointed", version)
+            self._checkpoint()
+            raise
+        self._snap = snap
+        if not self._deliver(plan):
+            return  # stopped inside the version: the cursor points at its next row
+        self._prev_ts = plan.context.timestamp_ms
+        self._cursor = Position.change(version + 1, 0)
+        self._since_checkpoint += 1
+        self.progress.versions += 1
+        if remaining > 0 and self.progress.versions % 100 == 0:
+            rate = self.progress.rows / max(time.monotonic() - self.progress.started, 1e-9)
+            self._status(
+                f"catching up: version {version}, {remaining} versions remaining, "
+                f"{self.progress.versions} versions and {self.progress.rows} rows done, {rate:,.0f} rows/s"
+            )
+
+    def _deliver_initial_snapshot(self) -> None:
+        assert self._snap is not None
+        snap = self._snap
+        ts = self.feed._snapshot_time(snap, self.log.list_log(snap.version))
+        if not self._deliver(self.feed.plan_snapshot(snap, ts)):
+            return
+        self._prev_ts = ts
+        self._cursor = Position.change(snap.version + 1, 0)
+        self._checkpoint()
+
+    def _deliver(self, plan: VersionPlan) -> bool:
+        """Write a version's rows (skipping delivered ones); returns ``False`` if stopped inside it."""
+        counts: dict[str, int] = {}
+        for batch in self.feed.plan_batches(plan):
+            batch = self._skip_delivered(batch)
+            if len(batch):
+                self.sink.write(batch)
+                self.progress.rows += len(batch)
+                for kind in batch.rows.column("_change_type").to_pylist():
+                    counts[kind] = counts.get(kind, 0) + 1
+            self._cursor = batch.end
+            if self._stop.is_set():
+                return False
+        if plan.commit is not None:
+            info = plan.commit.commit_info
+            self.sink.commit_event(
+                CommitEvent(
+                    version=plan.context.version,
+                    timestamp_ms=plan.context.timestamp_ms,
+                    operation=None if info is None else info.operation,
+                    operation_metrics={} if info is None else info.operation_metrics,
+                    row_counts=counts,
+                )
+            )
+        return True
+
+    def _skip_delivered(self, batch: ChangeBatch) -> ChangeBatch:
+        if self._resume is None:
+            return batch
+        if batch.end <= self._resume:
+            return batch.slice_from(batch.end)
+        out = batch.slice_from(self._resume)
+        self._resume = None
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _maybe_checkpoint(self) -> None:
+        c = self.config
+        due = time.monotonic() - self._last_checkpoint >= c.checkpoint_seconds
+        if self._since_checkpoint >= c.checkpoint_commits or (due and self._since_checkpoint):
+            self._checkpoint()
+
+    def _checkpoint_if_pending(self) -> None:
+        if self._since_checkpoint:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Sink flushed, then cursor saved (with a fresh snapshot when due).
+
+        The snapshot in hand is consistent with the cursor only at a version
+        boundary (cursor at the first row of the next version, or inside the
+        initial snapshot of the snapshot's own version). Inside a commit, the cursor
+        is saved with the last saved snapshot and resuming replays the commits
+        after it without delivering them.
+        """
+        if self._snap is None:
+            return
+        self.sink.flush()
+        snap, cursor = self._snap, self._cursor
+        at_boundary = (not cursor.snapshot and cursor == Position.change(snap.version + 1, 0)) or (
+            cursor.snapshot and cursor.version == snap.version
+        )
+        saved = self._saved_snapshot
+        due = saved is None or snap.version - saved[0] >= self.config.snapshot_commits
+        if at_boundary and due and snap.protocol is not None:
+            saved = (snap.version, self.store.save_snapshot(snap))
+            self._saved_snapshot = saved
+        if saved is None or (not at_boundary and saved[0] >= cursor.version):
+            return  # nothing consistent to resume from yet; a restart redoes this from the start
+        self.store.save(SavedState(self.log.table, self._table_id, cursor, saved[0], saved[1], self._prev_ts))
+        self._since_checkpoint = 0
+        self._last_checkpoint = time.monotonic()
+
+    def _report_following(self) -> None:
+        assert self._snap is not None
+        behind = 0.0
+        if self._prev_ts is not None:
+            behind = max(time.time() - self._prev_ts / 1000, 0.0)
+        self._status(f"following: at version {self._snap.version}, 0 versions behind, newest commit {behind:.1f}s ago")
+
+
+def _table_name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1] or path

@@ -1,0 +1,115 @@
+"""Settings for ``deltatail run``: flags win over environment variables, which win over a TOML file.
+
+Environment variables are ``DELTATAIL_<NAME>`` with the flag's name in upper
+case and ``_`` for ``-`` (``DELTATAIL_SINK``, ``DELTATAIL_POLL_INTERVAL``,
+``DELTATAIL_STATE_DIR`` ...). The TOML file (``--config FILE`` or
+``DELTATAIL_CONFIG``) holds the same names as keys, with ``-`` or ``_``, at the
+top level or under a ``[run]`` table.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from state.errors import ConfigError
+
+#: Settings of ``deltatail run`` and their types.
+RUN_SETTINGS: dict[str, type] = {
+    "state_dir": str,
+    "sink": str,
+    "starting_version": int,
+    "starting_timestamp": str,
+    "initial_snapshot": bool,
+    "poll_interval": float,
+    "no_watch": bool,
+    "checkpoint_commits": int,
+    "checkpoint_seconds": float,
+    "snapshot_commits": int,
+    "until_caught_up": bool,
+    "net_changes": bool,
+    "key": str,
+    "allow_non_additive": bool,
+}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    kind = RUN_SETTINGS[name]
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(f"not a boolean: {value!r}")
+        return kind(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid value for {name} in {source}: {e}") from e
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """The run settings in a TOML file.
+
+    Raises:
+        ConfigError: if the file cannot be read, is not TOML, or holds an unknown key.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read config file: {e}", file=path) from e
+    section = data.get("run", data)
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        name = key.replace("-", "_")
+        if name not in RUN_SETTINGS:
+            raise ConfigError(f"unknown setting {key!r} in config file", file=path)
+        out[name] = _coerce(name, value, path)
+    return out
+
+
+def from_environment(env: Mapping[str, str]) -> dict[str, Any]:
+    """The run settings given as ``DELTATAIL_*`` environment variables."""
+    out: dict[str, Any] = {}
+    for name in RUN_SETTINGS:
+        value = env.get(f"DELTATAIL_{name.upper()}")
+        if value is not None:
+            out[name] = _coerce(name, value, f"DELTATAIL_{name.upper()}")
+    return out
+
+
+def merge(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Flags (``None`` = not given) over environment over TOML file.
+
+    Raises:
+        ConfigError: if a value is invalid or the config file is unusable.
+    """
+    env = os.environ if env is None else env
+    config_path = flags.get("config") or env.get("DELTATAIL_CONFIG")
+    merged: dict[str, Any] = load_toml(config_path) if config_path else {}
+    merged.update(from_environment(env))
+    merged.update({k: v for k, v in flags.items() if k in RUN_SETTINGS and v is not None})
+    return merged
+
+
+def parse_timestamp_ms(text: str) -> int:
+    """Parse an ISO-8601 timestamp (UTC unless it says otherwise) or epoch milliseconds.
+
+    Raises:
+        ConfigError: if it is neither.
+    """
+    if text.isdigit():
+        return int(text)
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as e:
+        raise ConfigError(f"invalid timestamp {text!r}: use ISO-8601 (2024-05-01T12:00:00Z) or epoch ms") from e
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return int(value.timestamp() * 1000)
