@@ -46,6 +46,7 @@ from state.errors import (
 )
 from state.snapshot import Snapshot
 from tailer.changes import ChangeFeed, ChangeOptions, VersionPlan
+from tailer.faults import crash_point
 from tailer.log import DeltaLog
 from tailer.state_store import SavedState, StateStore
 from tailer.watch import LogWatcher
@@ -317,6 +318,7 @@ class Tailer:
             batch = self._skip_delivered(batch)
             if len(batch):
                 self.sink.write(batch)
+                crash_point("after_write")
                 self.progress.rows += len(batch)
                 for kind in batch.rows.column("_change_type").to_pylist():
                     counts[kind] = counts.get(kind, 0) + 1
@@ -369,6 +371,7 @@ class Tailer:
         if self._snap is None:
             return
         self.sink.flush()
+        crash_point("after_flush")
         snap, cursor = self._snap, self._cursor
         at_boundary = (not cursor.snapshot and cursor == Position.change(snap.version + 1, 0)) or (
             cursor.snapshot and cursor.version == snap.version
@@ -377,10 +380,12 @@ class Tailer:
         due = saved is None or snap.version - saved[0] >= self.config.snapshot_commits
         if at_boundary and due and snap.protocol is not None:
             saved = (snap.version, self.store.save_snapshot(snap))
+            crash_point("after_snapshot")
             self._saved_snapshot = saved
         if saved is None or (not at_boundary and saved[0] >= cursor.version):
             return  # nothing consistent to resume from yet; a restart redoes this from the start
         self.store.save(SavedState(self.log.table, self._table_id, cursor, saved[0], saved[1], self._prev_ts))
+        crash_point("after_save")
         self._since_checkpoint = 0
         self._last_checkpoint = time.monotonic()
 
