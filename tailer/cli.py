@@ -124,6 +124,14 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from tailer.demo import run_demo
+
+    rows = run_demo(commits=args.commits, interval=args.interval)
+    logging.getLogger("deltatail").info("demo done: %d change rows delivered", rows)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="deltatail", description="Follow a Delta table's log as a change feed.")
@@ -166,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--key", default=None, help="key columns for --net-changes update pairing")
     run.add_argument("--allow-non-additive", action="store_const", const=True, default=None, help="cross drops/renames")
     run.set_defaults(handler=_run)
+
+    demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")
+    demo.add_argument("--commits", type=int, default=8, help="how many commits the writer makes (default 8)")
+    demo.add_argument("--interval", type=float, default=1.0, help="seconds between the writer's commits (default 1)")
+    demo.set_defaults(handler=_demo)
     return parser
 
 

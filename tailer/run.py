@@ -53,6 +53,9 @@ from tailer.watch import LogWatcher
 
 log = logging.getLogger("deltatail")
 
+#: Seconds between repeated "following" status lines when nothing changes.
+STATUS_SECONDS = 30.0
+
 
 @dataclass
 class TailerConfig:
@@ -103,6 +106,8 @@ class Tailer:
         self._since_checkpoint = 0
         self._last_checkpoint = time.monotonic()
         self._table_id = ""
+        self._status_version = -2
+        self._status_time = 0.0
 
     # -- control -------------------------------------------------------------------------------
 
@@ -390,10 +395,13 @@ class Tailer:
         self._last_checkpoint = time.monotonic()
 
     def _report_following(self) -> None:
+        """A status line when following: on a new version, else at most every ``STATUS_SECONDS``."""
         assert self._snap is not None
-        behind = 0.0
-        if self._prev_ts is not None:
-            behind = max(time.time() - self._prev_ts / 1000, 0.0)
+        now = time.monotonic()
+        if self._snap.version == self._status_version and now - self._status_time < STATUS_SECONDS:
+            return
+        self._status_version, self._status_time = self._snap.version, now
+        behind = 0.0 if self._prev_ts is None else max(time.time() - self._prev_ts / 1000, 0.0)
         self._status(f"following: at version {self._snap.version}, 0 versions behind, newest commit {behind:.1f}s ago")
 
 
