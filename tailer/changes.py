@@ -233,22 +233,26 @@ class ChangeFeed:
             prepared: PreparedCommit = prepare(commit, snap.files.get, partitioned=partitioned)
         except DeltaTailError as e:
             raise e.at(table=self.table, file=self.log.commit_path(commit.version)) from None
-        old_schema = snap.schema if commit.metadata is not None and snap.metadata is not None else None
-        after, _ = snap.apply(commit)
-        if old_schema is not None:
+        if commit.metadata is not None and snap.metadata is not None:
+            # Checked before apply(), which hands the file tables on: a refused commit leaves `snap` usable.
             try:
+                new_schema = commit.metadata.schema()
                 check_schema_change(
-                    old_schema, after.schema, version=commit.version, allow=self.options.allow_non_additive
+                    snap.schema, new_schema, version=commit.version, allow=self.options.allow_non_additive
                 )
             except DeltaTailError as e:
-                raise e.at(table=self.table, file=self.log.commit_path(commit.version)) from None
-        assert after.metadata is not None
-        if self.options.require_cdf and not cdf_enabled(after.metadata):
+                raise e.at(
+                    table=self.table, version=commit.version, file=self.log.commit_path(commit.version)
+                ) from None
+        metadata = commit.metadata or snap.metadata
+        if self.options.require_cdf and (metadata is None or not cdf_enabled(metadata)):
             raise InvalidLogError(
                 "change data feed is not enabled (delta.enableChangeDataFeed) at this version",
                 table=self.table,
                 version=commit.version,
             )
+        after, _ = snap.apply(commit)
+        assert after.metadata is not None
         ts = commit_timestamp(commit, after.metadata, file_mtime_ms, previous_ms)
         return after, VersionPlan(self._context(after, ts), commit, tuple(prepared.tasks()))
 
