@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from state.errors import InvalidLogError
+from state.errors import DeletionVectorError, InvalidLogError
 from state.schema import StructType, parse_schema
 from state.z85 import z85_decode
 
@@ -35,6 +35,13 @@ def decode_path(raw: str) -> str:
     if path.startswith("file:/"):
         return path[len("file:") :]
     return path
+
+
+def _required_map(body: dict[str, Any], key: str) -> dict[str, str | None]:
+    value = body[key]
+    if not isinstance(value, dict):
+        raise TypeError(f"{key} must be a map")
+    return dict(value)
 
 
 def _str_map(raw: Any) -> dict[str, str | None]:
@@ -76,7 +83,12 @@ class DeletionVector:
         if len(encoded) < 20:
             raise InvalidLogError(f"relative deletion vector path {encoded!r} is shorter than a Z85 UUID")
         prefix, uuid_z85 = encoded[:-20], encoded[-20:]
-        raw = z85_decode(uuid_z85)
+        try:
+            raw = z85_decode(uuid_z85)
+        except DeletionVectorError as e:
+            raise InvalidLogError(f"relative deletion vector path {encoded!r} does not hold a Z85 UUID: {e}") from e
+        if len(raw) != 16:
+            raise InvalidLogError(f"relative deletion vector path {encoded!r} does not decode to a 16-byte UUID")
         hexs = raw.hex()
         uuid = f"{hexs[:8]}-{hexs[8:12]}-{hexs[12:16]}-{hexs[16:20]}-{hexs[20:]}"
         name = f"deletion_vector_{uuid}.bin"
@@ -305,10 +317,10 @@ def parse_add(a: dict[str, Any]) -> Add:
     """Parse the body of an ``add`` action."""
     return Add(
         path=decode_path(a["path"]),
-        partition_values=_str_map(a.get("partitionValues")),
-        size=int(a.get("size") or 0),
-        modification_time=int(a.get("modificationTime") or 0),
-        data_change=bool(a.get("dataChange", True)),
+        partition_values=_required_map(a, "partitionValues"),
+        size=int(a["size"]),
+        modification_time=int(a["modificationTime"]),
+        data_change=bool(a["dataChange"]),
         stats=a.get("stats"),
         tags=a.get("tags"),
         deletion_vector=DeletionVector.parse(a.get("deletionVector")),
@@ -324,7 +336,7 @@ def parse_remove(r: dict[str, Any]) -> Remove:
     return Remove(
         path=decode_path(r["path"]),
         deletion_timestamp=_opt_int(r.get("deletionTimestamp")),
-        data_change=bool(r.get("dataChange", True)),
+        data_change=bool(r["dataChange"]),
         extended_file_metadata=r.get("extendedFileMetadata"),
         partition_values=None if pv is None else _str_map(pv),
         size=_opt_int(r.get("size")),
@@ -364,8 +376,8 @@ def parse_protocol(p: dict[str, Any]) -> Protocol:
 def _parse_cdc(c: dict[str, Any]) -> AddCDCFile:
     return AddCDCFile(
         path=decode_path(c["path"]),
-        partition_values=_str_map(c.get("partitionValues")),
-        size=int(c.get("size") or 0),
+        partition_values=_required_map(c, "partitionValues"),
+        size=int(c["size"]),
         data_change=bool(c.get("dataChange", False)),
         tags=c.get("tags"),
     )
@@ -383,7 +395,7 @@ def _parse_domain(d: dict[str, Any]) -> DomainMetadata:
 
 def _parse_sidecar(s: dict[str, Any]) -> Sidecar:
     return Sidecar(
-        path=s["path"],
+        path=decode_path(s["path"]),
         size_in_bytes=int(s.get("sizeInBytes") or 0),
         modification_time=int(s.get("modificationTime") or 0),
         tags=s.get("tags"),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -273,7 +272,7 @@ def load_checkpoint(
             raise e.at(table=table, version=version, file=path) from None
     for sidecar in state.sidecars:
         path = sidecar.path if "/" in sidecar.path else f"{log_dir}/_sidecars/{sidecar.path}"
-        path = to_local_path(unquote(path))
+        path = to_local_path(path)
         if not storage.exists(path):
             raise IncompleteCheckpointError("checkpoint sidecar is missing", table=table, version=version, file=path)
         try:
