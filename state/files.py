@@ -261,6 +261,14 @@ class FileTable:
         self._free.append(slot)
         return True
 
+    def drop_older_than(self, timestamp_ms: int) -> int:
+        """Drop every file whose timestamp is absent or before ``timestamp_ms``; returns how many were dropped."""
+        old = [k for k, slot in self._index.items() if self._times[slot] < timestamp_ms]
+        for key in old:
+            path, dv_id = (key, None) if isinstance(key, str) else key
+            self.discard(path, dv_id)
+        return len(old)
+
     def get(self, key: FileKey) -> FileEntry | None:
         """The stored file for ``key``, or ``None``."""
         slot = self._index.get(key.index_key())

@@ -256,6 +256,24 @@ class Snapshot:
         )
         return nxt, applied
 
+    def expire_tombstones(self, now_ms: int) -> int:
+        """Drop tombstones older than the table's ``delta.deletedFileRetentionDuration`` (default one week).
+
+        Protocol, "Add File and Remove File": "A tombstone expires when current time
+        (according to the node performing the cleanup) exceeds the expiration threshold
+        added to the remove action timestamp." ``now_ms`` is the caller's notion of now
+        (the tailer passes the newest commit's timestamp, so this stays pure).
+
+        Returns:
+            The number of tombstones dropped.
+
+        Raises:
+            InvalidLogError: if the retention setting cannot be parsed.
+        """
+        config = {} if self.metadata is None else self.metadata.configuration
+        retention = parse_interval_ms(config.get("delta.deletedFileRetentionDuration", "interval 1 week"))
+        return self.tombstones.drop_older_than(now_ms - retention)
+
     def apply_all(self, commits: Iterable[Commit]) -> Snapshot:
         """Apply commits in order; returns the last snapshot (``self`` if there are none)."""
         snap = self
@@ -269,3 +287,30 @@ def _parse_schema(metadata: Metadata, table: str, version: int) -> StructType:
         return metadata.schema()
     except InvalidLogError as e:
         raise e.at(table=table, version=version) from None
+
+
+_UNITS_MS = {
+    "millisecond": 1,
+    "second": 1000,
+    "minute": 60_000,
+    "hour": 3_600_000,
+    "day": 86_400_000,
+    "week": 604_800_000,
+}
+
+
+def parse_interval_ms(text: str) -> int:
+    """Parse a Delta interval setting such as ``interval 1 week`` or ``interval 168 hours`` into milliseconds.
+
+    Raises:
+        InvalidLogError: if the text is not ``[interval] <number> <unit>``.
+    """
+    words = text.strip().lower().split()
+    if words and words[0] == "interval":
+        words = words[1:]
+    try:
+        count = float(words[0])
+        unit = words[1].rstrip("s")
+        return int(count * _UNITS_MS[unit])
+    except (IndexError, ValueError, KeyError) as e:
+        raise InvalidLogError(f"cannot parse interval {text!r}") from e

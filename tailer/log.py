@@ -311,20 +311,27 @@ class DeltaLog:
 
     # -- following -----------------------------------------------------------------------------
 
-    def new_commits(self, after: int) -> list[int]:
-        """Versions of the contiguous commits after ``after`` that exist now (listing starts after ``after``).
+    def new_commits(self, after: int, *, check_gaps: bool = True) -> list[int]:
+        """Versions of the contiguous commits after ``after`` that exist now.
+
+        The next commits are found by name (``<after+1>.json``, ``<after+2>.json``,
+        ...), which costs one stat per new commit however large ``_delta_log`` is.
+        Only when there is no next commit, and ``check_gaps`` is set, is the log
+        listed (starting after ``after``) to tell "nothing new" from a gap.
 
         Raises:
-            VersionGapError: if a later commit exists but ``after + 1`` does not, and the log holds
-                no checkpoint to explain it (the log was cleaned up past ``after``).
+            VersionGapError: if ``check_gaps`` and a later commit exists while ``after + 1`` does not
+                (a gap, or the log was cleaned up past ``after``).
         """
-        listing = self.list_log(after + 1)
         versions: list[int] = []
         v = after + 1
-        while v in listing.commits:
+        while self.storage.exists(self.commit_path(v)):
             versions.append(v)
             v += 1
-        if not versions and listing.commits and min(listing.commits) > after + 1:
+        if versions or not check_gaps:
+            return versions
+        listing = self.list_log(after + 1)
+        if listing.commits and min(listing.commits) > after + 1:
             raise VersionGapError(
                 f"commit {after + 1} is missing while commit {min(listing.commits)} exists: "
                 "the log has a gap or was cleaned up past this position",

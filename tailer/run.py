@@ -55,6 +55,8 @@ log = logging.getLogger("deltatail")
 
 #: Seconds between repeated "following" status lines when nothing changes.
 STATUS_SECONDS = 30.0
+#: Seconds between listings of the log that look for a gap when no next commit exists.
+GAP_CHECK_SECONDS = 10.0
 
 
 @dataclass
@@ -107,6 +109,7 @@ class Tailer:
         self._last_checkpoint = time.monotonic()
         self._table_id = ""
         self._status_version = -2
+        self._last_gap_check = -GAP_CHECK_SECONDS
         self._status_time = 0.0
 
     # -- control -------------------------------------------------------------------------------
@@ -240,7 +243,11 @@ class Tailer:
 
     def _new_versions(self) -> list[int]:
         assert self._snap is not None
-        versions = self.log.new_commits(self._snap.version)
+        now = time.monotonic()
+        check_gaps = now - self._last_gap_check >= GAP_CHECK_SECONDS
+        versions = self.log.new_commits(self._snap.version, check_gaps=check_gaps)
+        if check_gaps:
+            self._last_gap_check = now
         if not versions:
             self._check_not_recreated()
         return versions
@@ -384,6 +391,8 @@ class Tailer:
         saved = self._saved_snapshot
         due = saved is None or snap.version - saved[0] >= self.config.snapshot_commits
         if at_boundary and due and snap.protocol is not None:
+            if self._prev_ts is not None:
+                snap.expire_tombstones(self._prev_ts)
             saved = (snap.version, self.store.save_snapshot(snap))
             crash_point("after_snapshot")
             self._saved_snapshot = saved
