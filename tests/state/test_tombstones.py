@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
-from state.actions import Add, Metadata, Protocol, Remove
+from state.actions import Action, Add, Metadata, Protocol, Remove
 from state.commit import Commit
 from state.errors import InvalidLogError
 from state.snapshot import Snapshot, parse_interval_ms
@@ -12,8 +14,8 @@ from state.snapshot import Snapshot, parse_interval_ms
 DAY = 86_400_000
 
 
-def _commit(version: int, actions: list[object]) -> Commit:
-    return Commit.from_actions(version, actions)  # type: ignore[arg-type]
+def _commit(version: int, actions: Sequence[Action]) -> Commit:
+    return Commit.from_actions(version, actions)
 
 
 def _table(retention: str | None) -> Snapshot:
@@ -33,14 +35,14 @@ def test_default_retention_is_one_week() -> None:
     snap = _table(None)
     dropped = snap.expire_tombstones(now_ms=9 * DAY)
     assert dropped == 1
-    assert {k.path for k in snap.tombstones.keys()} == {"f1"}
+    assert {e.path for e in snap.tombstones} == {"f1"}
     assert {k.path for k in snap.live_keys()} == {"f2"}
 
 
 def test_table_retention_setting_is_honoured() -> None:
     snap = _table("interval 2 days")
     assert snap.expire_tombstones(now_ms=11 * DAY) == 1
-    assert {k.path for k in snap.tombstones.keys()} == {"f1"}
+    assert {e.path for e in snap.tombstones} == {"f1"}
     assert snap.expire_tombstones(now_ms=13 * DAY) == 1
     assert len(snap.tombstones) == 0
 
