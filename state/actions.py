@@ -30,11 +30,13 @@ def decode_path(raw: str) -> str:
     file; deltatail canonicalizes the ``file:`` forms to ``/x`` here.
     """
     path = unquote(raw)
-    if path.startswith("file://"):
+    if path.startswith("file:///"):
         return path[len("file://") :]
-    if path.startswith("file:/"):
+    if path.startswith("file://localhost/"):
+        return path[len("file://localhost") :]
+    if path.startswith("file:/") and not path.startswith("file://"):
         return path[len("file:") :]
-    return path
+    return path  # another host's file: URI stays a URI (absolute), never a relative path
 
 
 def _required_map(body: dict[str, Any], key: str) -> dict[str, str | None]:

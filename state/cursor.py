@@ -53,7 +53,7 @@ class Position:
         """
         try:
             version, index, snap = raw["version"], raw["index"], raw["snapshot"]
-            if not (isinstance(version, int) and isinstance(index, int) and isinstance(snap, bool)):
+            if not (type(version) is int and type(index) is int and isinstance(snap, bool)):
                 raise TypeError("version and index must be integers, snapshot a boolean")
         except (KeyError, TypeError) as e:
             raise StateError(f"invalid position {raw!r}: {e}") from e
