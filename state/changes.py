@@ -133,8 +133,16 @@ def is_noop_merge(commit: Commit) -> bool:
     if info is None or info.operation != "MERGE":
         return False
     metrics = info.operation_metrics
-    counts = [_metric(metrics, f"numTargetRows{kind}") for kind in ("Inserted", "Updated", "Deleted")]
-    return all(c == 0 for c in counts)
+    for names in (_SPARK_MERGE_METRICS, _RS_MERGE_METRICS):
+        counts = [_metric(metrics, name) for name in names]
+        if all(c is not None for c in counts):
+            return all(c == 0 for c in counts)
+    return False
+
+
+#: MERGE row-count metrics as Delta Spark and delta-rs name them (inserted, updated, deleted).
+_SPARK_MERGE_METRICS = ("numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted")
+_RS_MERGE_METRICS = ("num_target_rows_inserted", "num_target_rows_updated", "num_target_rows_deleted")
 
 
 Lookup = Callable[[FileKey], FileEntry | None]

@@ -36,7 +36,16 @@ from state.changes import (
 )
 from state.commit import Commit
 from state.cursor import Position
-from state.errors import DeltaTailError, InvalidLogError, MissingFileError, VersionGapError, VersionNotFoundError
+from state.errors import (
+    ConfigError,
+    DeltaTailError,
+    InvalidLogError,
+    MissingFileError,
+    SchemaChangeError,
+    VersionGapError,
+    VersionNotFoundError,
+)
+from state.files import FileTable
 from state.schema import StructType, parse_schema
 from state.snapshot import Snapshot
 from tailer.deletion_vectors import read_deletion_vector
@@ -307,6 +316,7 @@ class ChangeFeed:
 
         Raises:
             VersionNotFoundError: if the range starts after the latest version, or before what the log still holds.
+            ConfigError: if ``ending_version`` is before the starting version.
             VersionGapError: if a version inside the range is missing (log cleaned up or gap).
         """
         latest = self.log.latest_version()
@@ -319,6 +329,8 @@ class ChangeFeed:
             raise VersionNotFoundError(
                 f"starting version {starting_version} is after the latest version {latest}", table=self.table
             )
+        if end < starting_version:
+            raise ConfigError(f"ending version {end} is before starting version {starting_version}", table=self.table)
         if end > latest:
             raise VersionNotFoundError(f"ending version {end} is after the latest version {latest}", table=self.table)
         listing = self.log.list_log(max(starting_version - 1, 0))
@@ -329,7 +341,7 @@ class ChangeFeed:
             yield self.plan_snapshot(snap, snapshot_time)
             first = starting_version + 1
         else:
-            snap = self.log.snapshot(starting_version - 1) if starting_version > 0 else Snapshot.empty(self.table)
+            snap = self._snapshot_before(starting_version)
             previous = self._snapshot_time(snap, listing) if starting_version > 0 else None
             first = starting_version
         for v in range(first, end + 1):
@@ -344,6 +356,34 @@ class ChangeFeed:
             snap, plan = self.plan_commit(snap, self.log.read_commit(v), info.modification_time, previous)
             previous = plan.context.timestamp_ms
             yield plan
+
+    def _snapshot_before(self, version: int) -> Snapshot:
+        """The snapshot just before ``version``.
+
+        When the log starts at a checkpoint at ``version`` (older commits cleaned
+        up), the state before it is rebuilt from the snapshot at ``version`` by
+        undoing that commit's file actions: its adds leave, its removes return.
+        """
+        if version == 0:
+            return Snapshot.empty(self.table)
+        try:
+            return self.log.snapshot(version - 1)
+        except VersionNotFoundError:
+            if self.log.earliest_version() != version:
+                raise
+        after = self.log.snapshot(version)
+        commit = self.log.read_commit(version)
+        files = FileTable(after.files.pool)
+        added = {(a.path, a.dv_id) for a in commit.adds}
+        for f in after.live_files():
+            if (f.path, f.key.dv_id) not in added:
+                files.put(f.path, f.deletion_vector, f.size, f.timestamp, f.partition_values)
+        for r in commit.removes:
+            files.put(r.path, r.deletion_vector, r.size, r.deletion_timestamp, r.partition_values)
+        return Snapshot(
+            self.table, version - 1, after.protocol, after.metadata, None, dict(after.txns),
+            dict(after.domains), files, FileTable(after.files.pool),
+        )  # fmt: skip
 
     def _snapshot_time(self, snap: Snapshot, listing: LogListing) -> int:
         info = listing.commits.get(snap.version)
@@ -392,6 +432,10 @@ class ChangeFeed:
 
         The table's schema is the newest schema of the range; rows from before an
         additive schema change have nulls in the added columns.
+
+        Raises:
+            SchemaChangeError: if (with ``allow_non_additive``) a column's values cannot be
+                cast to its type at the end of the range.
         """
         tables: list[pa.Table] = []
         schema: pa.Schema | None = None
@@ -408,4 +452,28 @@ class ChangeFeed:
             schema = change_schema(self.log.snapshot(ending_version).schema)
         if not tables:
             return schema.empty_table()
-        return pa.concat_tables(tables, promote_options="permissive").select(schema.names).cast(schema)
+        return pa.concat_tables([_conform(t, schema, self.table) for t in tables])
+
+
+def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
+    """``table`` in ``schema``: missing columns as nulls, types cast safely.
+
+    Raises:
+        SchemaChangeError: if a column cannot be cast (a type change across the range).
+    """
+    columns = []
+    for field in schema:
+        if field.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, field.type))
+            continue
+        try:
+            columns.append(table.column(field.name).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            version = table.column("_commit_version")[0].as_py() if table.num_rows else None
+            raise SchemaChangeError(
+                f"column {field.name!r} of type {table.schema.field(field.name).type} cannot be read as "
+                f"{field.type}, the type at the end of the range: read the versions on each side separately",
+                table=where,
+                version=version,
+            ) from e
+    return pa.Table.from_arrays(columns, schema=schema)
