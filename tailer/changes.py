@@ -16,11 +16,11 @@ why it differs from delta-rs, which reports ``commitInfo.timestamp``.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyroaring import BitMap64
 
 from sinks.base import ChangeBatch
@@ -92,8 +92,8 @@ class ReadContext:
     timestamp_ms: int
 
     def schema(self) -> StructType:
-        """The table schema at this version."""
-        return parse_schema(self.schema_string)
+        """The table schema at this version (parsed once per distinct schema string)."""
+        return _parsed_schema(self.schema_string)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +106,12 @@ class VersionPlan:
     snapshot: bool = False
 
 
+@functools.lru_cache(maxsize=64)
+def _parsed_schema(schema_string: str) -> StructType:
+    return parse_schema(schema_string)
+
+
+@functools.lru_cache(maxsize=64)
 def change_schema(schema: StructType) -> pa.Schema:
     """The output schema: the table's logical columns plus the three change columns."""
     base = schema.to_arrow()
@@ -169,7 +175,7 @@ def read_task(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: in
 
 
 def _constant(value: object, dtype: pa.DataType, n: int) -> pa.Array:
-    return pc.fill_null(pa.nulls(n, dtype), pa.scalar(value, dtype))
+    return pa.repeat(pa.scalar(value, dtype), n)
 
 
 class ChangeFeed:

@@ -183,8 +183,6 @@ def _open_parquet(storage: Storage, location: str) -> pq.ParquetFile:
 
     INT96 timestamps are read at microsecond precision, Delta's timestamp precision.
     """
-    if not storage.exists(location):
-        raise MissingFileError("data file does not exist", file=location)
     try:
         return pq.ParquetFile(to_local_path(location), coerce_int96_timestamp_unit="us")
     except FileNotFoundError as e:
@@ -353,6 +351,10 @@ def _parse_value(raw: str, dtype: DataType) -> Any:
 # ---------------------------------------------------------------- batches
 
 
+#: Files with at most this many rows are decoded on one thread.
+SMALL_FILE_ROWS = 100_000
+
+
 def _check_filter(row_filter: RowFilter, num_rows: int) -> None:
     if row_filter.rows and row_filter.rows.max() >= num_rows:
         raise DeletionVectorError(f"row index {row_filter.rows.max()} is beyond the file's {num_rows} rows")
@@ -363,7 +365,9 @@ def _batches(
 ) -> Iterator[pa.RecordBatch]:
     """Read, filter and convert the file batch by batch, tracking each batch's first row index."""
     start = 0
-    for batch in parquet.iter_batches(batch_size=batch_size, columns=list(plan.file_columns)):
+    # Threads only pay off on big files: for small ones their start-up is most of the cost.
+    threads = parquet.metadata.num_rows > SMALL_FILE_ROWS
+    for batch in parquet.iter_batches(batch_size=batch_size, columns=list(plan.file_columns), use_threads=threads):
         length = batch.num_rows
         if row_filter is not None:
             batch = _filter(batch, row_filter, start)
