@@ -22,7 +22,7 @@ def open_sink(uri: str) -> Sink:
     if uri.startswith("kafka://"):
         from sinks.kafka import KafkaSink  # imported lazily: only Kafka users need the client
 
-        return KafkaSink.from_uri(uri)
+        return KafkaSink(uri)
     raise ConfigError(f"unknown sink URI {uri!r}; expected jsonl:-, jsonl:PATH, parquet:DIR or kafka://HOST:PORT/TOPIC")
 
 
