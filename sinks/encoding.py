@@ -91,6 +91,11 @@ def _wall_clock_ms() -> int:
 # ---------------------------------------------------------------- columns --
 
 
+# Arrow scalars made once: passing Python strings makes pyarrow build them on every call.
+_Z = pa.scalar("Z", pa.string())
+_EMPTY = pa.scalar("", pa.string())
+
+
 def json_values(column: pa.Array) -> list[Any]:
     """Convert an Arrow array into JSON-ready Python values, one per slot.
 
@@ -138,7 +143,7 @@ def _timestamps(column: pa.Array) -> list[Any]:
         micros = pc.cast(micros, pa.timestamp("us"))
     text = pc.replace_substring(pc.cast(micros, pa.string()), " ", "T", max_replacements=1)
     if t.tz is not None:
-        text = pc.binary_join_element_wise(text, "Z", "")
+        text = pc.binary_join_element_wise(text, _Z, _EMPTY)
     return list(text.to_pylist())
 
 

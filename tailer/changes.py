@@ -266,7 +266,10 @@ class ChangeFeed:
                 table=self.table,
                 version=commit.version,
             )
-        after, _ = snap.apply(commit)
+        try:
+            after, _ = snap.apply(commit)
+        except DeltaTailError as e:
+            raise e.at(table=self.table, file=self.log.commit_path(commit.version)) from None
         assert after.metadata is not None
         ts = commit_timestamp(commit, after.metadata, file_mtime_ms, previous_ms)
         return after, VersionPlan(self._context(after, ts), commit, tuple(prepared.tasks()))

@@ -109,6 +109,8 @@ class Tailer:
         self._last_checkpoint = time.monotonic()
         self._table_id = ""
         self._status_version = -2
+        self._last_commit_id: tuple[int, int] | None = None
+        self._watcher: LogWatcher | None = None
         self._last_gap_check = -GAP_CHECK_SECONDS
         self._status_time = 0.0
 
@@ -117,6 +119,8 @@ class Tailer:
     def stop(self) -> None:
         """Ask the loop to finish the batch in hand, checkpoint and return (thread- and signal-safe)."""
         self._stop.set()
+        if self._watcher is not None:
+            self._watcher.wake()
 
     def install_signal_handlers(self) -> None:
         """Make SIGINT and SIGTERM call :meth:`stop`."""
@@ -139,6 +143,8 @@ class Tailer:
         if held is not None and held > self._cursor:
             log.info("sink already holds rows up to %s; skipping them", held)
             self._resume = held
+        if saved is None and self._cursor.snapshot:
+            self._checkpoint()  # fix the snapshot's version now, so a restart resumes the same snapshot
 
     def _resume_saved(self, saved: SavedState) -> None:
         snap = self.store.load_snapshot(saved)
@@ -213,6 +219,7 @@ class Tailer:
         with self.store:
             self._start()
             watcher = LogWatcher(self.log.log_dir, watch=self.config.watch)
+            self._watcher = watcher
             try:
                 self._loop(watcher)
             finally:
@@ -243,32 +250,61 @@ class Tailer:
 
     def _new_versions(self) -> list[int]:
         assert self._snap is not None
+        self._check_not_recreated()
+        versions = self.log.new_commits(self._snap.version, check_gaps=False)
+        if versions:
+            return versions
         now = time.monotonic()
-        check_gaps = now - self._last_gap_check >= GAP_CHECK_SECONDS
-        versions = self.log.new_commits(self._snap.version, check_gaps=check_gaps)
-        if check_gaps:
+        if self.config.until_caught_up or now - self._last_gap_check >= GAP_CHECK_SECONDS:
+            # Nothing new by name: list the log to tell "nothing new" from a gap (never before exiting).
             self._last_gap_check = now
-        if not versions:
-            self._check_not_recreated()
+            try:
+                versions = self.log.new_commits(self._snap.version, check_gaps=True)
+            except VersionGapError as e:
+                raise VersionGapError(
+                    f"{e.message}; to recover, start over with a new --state-dir and --initial-snapshot "
+                    "(the table's current state, then its changes), or --starting-version at a version "
+                    "the log still holds",
+                    table=e.table,
+                    version=e.version,
+                    file=e.file,
+                ) from e
         return versions
 
     def _check_not_recreated(self) -> None:
-        """With no new commits, make sure our own last commit is still there (a deleted and recreated table)."""
+        """Make sure the tailer's last commit is still the one it read (a deleted and recreated table).
+
+        The commit file's size and modification time, recorded when it was read,
+        must be unchanged; a missing file is fine only if the log still goes on
+        past it (cleaned up by log retention).
+        """
         assert self._snap is not None
         v = self._snap.version
-        if v < 0 or self.log.storage.exists(self.log.commit_path(v)):
+        if v < 0:
             return
         try:
-            latest = self.log.latest_version()
-        except DeltaTailError:
-            latest = -1
-        if latest < v:
-            raise StateError(
-                f"the table's log now ends at version {latest}, before the tailer's version {v}: the table was "
-                "deleted and recreated, or its log truncated; use a new --state-dir to follow the new table",
-                table=self.log.table,
-                version=v,
-            )
+            info = self.log.storage.stat(self.log.commit_path(v))
+        except MissingFileError:
+            info = None
+        if info is not None:
+            if self._last_commit_id is None or self._last_commit_id == (info.size, info.modification_time):
+                self._last_commit_id = (info.size, info.modification_time)
+                return
+            reason = f"commit {v} was rewritten since the tailer read it"
+        else:
+            try:
+                latest = self.log.latest_version()
+            except DeltaTailError:
+                latest = -1
+            if latest >= v:
+                return
+            reason = f"the table's log now ends at version {latest}, before the tailer's version {v}"
+        raise StateError(
+            f"{reason}: the table was deleted and recreated, or its log truncated; "
+            "use a new --state-dir to follow the new table",
+            table=self.log.table,
+            version=v,
+        )
 
     def _read_commit(self, version: int):  # type: ignore[no-untyped-def]
         """Read a commit, retrying briefly: a writer may still be writing it (non-atomic stores)."""
@@ -292,7 +328,8 @@ class Tailer:
     def _deliver_version(self, version: int, remaining: int) -> None:
         assert self._snap is not None
         commit = self._read_commit(version)
-        mtime = self.log.storage.stat(self.log.commit_path(version)).modification_time
+        info = self.log.storage.stat(self.log.commit_path(version))
+        mtime = info.modification_time
         try:
             snap, plan = self.feed.plan_commit(self._snap, commit, mtime, self._prev_ts)
         except (UnsupportedFeatureError, SchemaChangeError):
@@ -300,6 +337,7 @@ class Tailer:
             self._checkpoint()
             raise
         self._snap = snap
+        self._last_commit_id = (info.size, info.modification_time)
         if not self._deliver(plan):
             return  # stopped inside the version: the cursor points at its next row
         self._prev_ts = plan.context.timestamp_ms

@@ -101,6 +101,8 @@ class StateStore:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
+        for leftover in self.dir.glob(".*.tmp-*"):
+            leftover.unlink(missing_ok=True)  # a write cut short by a crash; the rename never happened
 
     def unlock(self) -> None:
         """Release the lock (also released by the OS if the process dies)."""

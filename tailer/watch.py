@@ -16,13 +16,17 @@ from watchdog.observers import Observer
 
 log = logging.getLogger("deltatail")
 
+_NEWS = frozenset({"created", "moved", "modified", "closed", "deleted"})
+
 
 class _Handler(FileSystemEventHandler):
     def __init__(self, event: threading.Event) -> None:
         self._event = event
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        self._event.set()
+        # Reads (the tailer's own opens and closes) are not news; creations, renames and writes are.
+        if event.event_type in _NEWS:
+            self._event.set()
 
 
 class LogWatcher:
