@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -71,6 +73,8 @@ class ChangeOptions:
             (Delta CDF semantics); off by default, the add/remove fallback works on any table.
         allow_non_additive: read across non-additive schema changes (drop, rename, type change).
         batch_size: the largest number of rows in one output batch.
+        read_ahead: how many small files :meth:`ChangeFeed.batches` reads ahead on worker
+            threads (0: read each file when its turn comes).
     """
 
     net_changes: bool = False
@@ -78,6 +82,7 @@ class ChangeOptions:
     require_cdf: bool = False
     allow_non_additive: bool = False
     batch_size: int = 65536
+    read_ahead: int = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +181,34 @@ def read_task(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: in
 
 def _constant(value: object, dtype: pa.DataType, n: int) -> pa.Array:
     return pa.repeat(pa.scalar(value, dtype), n)
+
+
+#: Worker threads reading files ahead (pyarrow decodes without holding the GIL).
+READ_THREADS = 2
+#: Files at most this large are read whole, ahead, on a worker thread.
+READ_AHEAD_BYTES = 8 << 20
+
+
+class _EndOfPlans(DeltaTailError):
+    """Marks the end of the plans in :meth:`ChangeFeed._read_ahead` (never raised)."""
+
+
+_END = _EndOfPlans("end of plans")
+
+
+def _small(task: FileTask) -> bool:
+    return task.size is not None and 0 <= task.size <= READ_AHEAD_BYTES
+
+
+def _read_all(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: int) -> list[pa.RecordBatch]:
+    return list(read_task(storage, ctx, task, batch_size))
+
+
+def _in_order(
+    storage: Storage, plan: VersionPlan, futures: list[Future[list[pa.RecordBatch]] | None], batch_size: int
+) -> Iterator[Iterable[pa.RecordBatch]]:
+    for task, future in zip(plan.tasks, futures, strict=True):
+        yield future.result() if future is not None else read_task(storage, plan.context, task, batch_size)
 
 
 class ChangeFeed:
@@ -284,23 +317,25 @@ class ChangeFeed:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def plan_batches(self, plan: VersionPlan) -> Iterator[ChangeBatch]:
-        """Every change row of one planned version, in batches with consecutive positions."""
+    def plan_batches(
+        self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]] | None = None
+    ) -> Iterator[ChangeBatch]:
+        """Every change row of one planned version, in batches with consecutive positions.
+
+        ``task_batches`` are the rows of each of the plan's tasks when they were read
+        ahead (see :meth:`batches`); by default each task is read here, in order.
+        """
+        if task_batches is None:
+            task_batches = (read_task(self.storage, plan.context, t, self.options.batch_size) for t in plan.tasks)
         start = (
             Position.in_snapshot(plan.context.version, 0) if plan.snapshot else Position.change(plan.context.version, 0)
         )
         index = 0
-        use_net = self.options.net_changes and plan.commit is not None and not plan.commit.cdcs
-        if use_net:
-            schema = change_schema(plan.context.schema())
-            rows = [b for t in plan.tasks for b in read_task(self.storage, plan.context, t, self.options.batch_size)]
-            merged = pa.Table.from_batches(rows, schema=schema)
-            batches: Iterator[pa.RecordBatch] = iter(
-                net_changes(merged, self.options.key_columns).to_batches(self.options.batch_size)
-            )
-        else:
-            batches = (b for t in plan.tasks for b in read_task(self.storage, plan.context, t, self.options.batch_size))
-        for batch in batches:
+        rows: Iterable[pa.RecordBatch] = (b for batches in task_batches for b in batches)
+        if self.options.net_changes and plan.commit is not None and not plan.commit.cdcs:
+            merged = pa.Table.from_batches(list(rows), schema=change_schema(plan.context.schema()))
+            rows = net_changes(merged, self.options.key_columns).to_batches(self.options.batch_size)
+        for batch in rows:
             if batch.num_rows == 0:
                 continue
             yield ChangeBatch(Position(start.version, start.snapshot_rank, index), batch)
@@ -421,13 +456,57 @@ class ChangeFeed:
         Also raises what reading rows raises: ``MissingFileError`` for a missing
         data/cdc/DV file, ``DeletionVectorError`` for a bad DV.
         """
-        for plan in self.plans(
+        plans = self.plans(
             starting_version,
             ending_version,
             starting_timestamp_ms=starting_timestamp_ms,
             initial_snapshot=initial_snapshot,
-        ):
-            yield from self.plan_batches(plan)
+        )
+        if self.options.read_ahead <= 0:
+            for plan in plans:
+                yield from self.plan_batches(plan)
+            return
+        with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="deltatail-read") as pool:
+            for plan, task_batches in self._read_ahead(plans, pool):
+                yield from self.plan_batches(plan, task_batches)
+
+    def _read_ahead(
+        self, plans: Iterator[VersionPlan], pool: ThreadPoolExecutor
+    ) -> Iterator[tuple[VersionPlan, Iterator[Iterable[pa.RecordBatch]]]]:
+        """Plan ahead and read up to ``read_ahead`` small files on worker threads while earlier rows are handed on.
+
+        Files of at most :data:`READ_AHEAD_BYTES` are read whole on a worker (pyarrow
+        decodes without the GIL); bigger ones are streamed in order when their turn
+        comes, so memory stays bounded. Rows come out in exactly the order of
+        sequential reading, and an error is raised only after every row before it.
+        """
+        queue: deque[tuple[VersionPlan, list[Future[list[pa.RecordBatch]] | None]]] = deque()
+        ahead = 0
+        failure: DeltaTailError | None = None
+        bs = self.options.batch_size
+        while True:
+            if failure is None and ahead < self.options.read_ahead:
+                try:
+                    plan = next(plans)
+                except StopIteration:
+                    failure = _END
+                except DeltaTailError as e:
+                    failure = e
+                else:
+                    futures = [
+                        pool.submit(_read_all, self.storage, plan.context, t, bs) if _small(t) else None
+                        for t in plan.tasks
+                    ]
+                    queue.append((plan, futures))
+                    ahead += len(plan.tasks) or 1
+                    continue
+            if not queue:
+                break
+            plan, futures = queue.popleft()
+            ahead -= len(plan.tasks) or 1
+            yield plan, _in_order(self.storage, plan, futures, bs)
+        if failure is not None and failure is not _END:
+            raise failure
 
     def read_table(
         self,

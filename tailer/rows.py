@@ -24,7 +24,7 @@ how the physical file is mapped onto that:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -351,7 +351,7 @@ def _parse_value(raw: str, dtype: DataType) -> Any:
 # ---------------------------------------------------------------- batches
 
 
-#: Files with at most this many rows are decoded on one thread.
+#: Files with at most this many rows (and at most one batch) are read whole, on one thread.
 SMALL_FILE_ROWS = 100_000
 
 
@@ -365,9 +365,13 @@ def _batches(
 ) -> Iterator[pa.RecordBatch]:
     """Read, filter and convert the file batch by batch, tracking each batch's first row index."""
     start = 0
-    # Threads only pay off on big files: for small ones their start-up is most of the cost.
-    threads = parquet.metadata.num_rows > SMALL_FILE_ROWS
-    for batch in parquet.iter_batches(batch_size=batch_size, columns=list(plan.file_columns), use_threads=threads):
+    columns = list(plan.file_columns)
+    if parquet.metadata.num_rows <= min(batch_size, SMALL_FILE_ROWS):
+        # A small file in one read, on one thread: half the cost of a batch iterator's set-up.
+        batches: Iterable[pa.RecordBatch] = parquet.read(columns=columns, use_threads=False).to_batches()
+    else:
+        batches = parquet.iter_batches(batch_size=batch_size, columns=columns)
+    for batch in batches:
         length = batch.num_rows
         if row_filter is not None:
             batch = _filter(batch, row_filter, start)

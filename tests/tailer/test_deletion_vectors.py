@@ -72,7 +72,7 @@ def deltalake_deleted_rows(root: Path, version: int | None = None) -> dict[str, 
     """Deleted row indexes per data file path (relative to the root) according to deltalake."""
     table = DeltaTable(str(root), version=version)
     vectors = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
-    prefix = str(root).rstrip("/") + "/"
+    prefix = str(root.resolve()).rstrip("/") + "/"
     out: dict[str, set[int]] = {}
     for row in vectors.to_pylist():
         path = unquote(urlparse(row["filepath"]).path)
