@@ -82,3 +82,13 @@ def manifest_paths() -> list[str]:
 def table_root(path: str) -> Path:
     """The table root directory of manifest entry ``path`` (skips/fails like :func:`corpus_root`)."""
     return corpus_root() / path
+
+
+def corpus_table(relative: str) -> Path:
+    """A corpus table root; skips when the corpus or the table is absent (fails under DELTATAIL_REQUIRE_CORPUS=1)."""
+    root = corpus_root() / relative
+    if not root.is_dir():
+        if corpus_required():
+            pytest.fail(f"corpus table {root} is missing and DELTATAIL_REQUIRE_CORPUS=1")
+        pytest.skip(f"corpus table {root} is not present (set DELTATAIL_REQUIRE_CORPUS=1 to require it)")
+    return root

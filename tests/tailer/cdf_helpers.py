@@ -33,7 +33,7 @@ from deltalake import DeltaTable
 from pyroaring import BitMap64
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
-from corpus import corpus_root, read_manifest
+from corpus import corpus_root, corpus_table, read_manifest
 
 __all__ = [
     "CHANGE_COLUMNS",
@@ -190,11 +190,6 @@ def append_commit(root: Path, actions: Sequence[Mapping[str, Any]]) -> int:
 def manifest_entries() -> dict[str, dict[str, Any]]:
     """The corpus's ``manifest.json`` entries by table path (skips like :func:`corpus_table`)."""
     return {e["path"]: e for e in read_manifest(corpus_root())}
-
-
-def corpus_table(relative: str) -> Path:
-    """A corpus table root (skips, or fails under ``DELTATAIL_REQUIRE_CORPUS=1``, when the corpus is absent)."""
-    return corpus_root() / relative
 
 
 # ---------------------------------------------------------------- deletion vectors and Z85

@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from pyroaring import BitMap64
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
-from corpus import corpus_required, corpus_root
+from corpus import corpus_table
 
 from state.actions import Add, DeletionVector, Remove, parse_json_actions
 from state.errors import DeletionVectorError, InvalidLogError, MissingFileError
@@ -29,16 +29,6 @@ from tailer.deletion_vectors import MAGIC, decode_bitmap, dv_file_location, read
 from tailer.storage import LocalStorage
 
 STORAGE = LocalStorage()
-
-
-def corpus_table(relative: str) -> Path:
-    """A corpus table root; skips when the corpus or the table is absent (fails under DELTATAIL_REQUIRE_CORPUS=1)."""
-    root = corpus_root() / relative
-    if not root.is_dir():
-        if corpus_required():
-            pytest.fail(f"corpus table {root} is missing and DELTATAIL_REQUIRE_CORPUS=1")
-        pytest.skip(f"corpus table {root} is not present (set DELTATAIL_REQUIRE_CORPUS=1 to require it)")
-    return root
 
 
 def dv_actions(root: Path) -> Iterator[tuple[int, Add | Remove, DeletionVector]]:

@@ -26,7 +26,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyroaring import BitMap64
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
-from corpus import corpus_required, corpus_root
+from corpus import corpus_root, corpus_table
 
 from state.actions import Add, AddCDCFile, Metadata, Remove, parse_json_actions
 from state.errors import ConfigError, DeletionVectorError, DeltaTailError, InvalidLogError, MissingFileError
@@ -43,16 +43,6 @@ from tailer.rows import (
 from tailer.storage import LocalStorage
 
 STORAGE = LocalStorage()
-
-
-def corpus_table(relative: str) -> Path:
-    """A corpus table root; skips when the corpus or the table is absent (fails under DELTATAIL_REQUIRE_CORPUS=1)."""
-    root = corpus_root() / relative
-    if not root.is_dir():
-        if corpus_required():
-            pytest.fail(f"corpus table {root} is missing and DELTATAIL_REQUIRE_CORPUS=1")
-        pytest.skip(f"corpus table {root} is not present (set DELTATAIL_REQUIRE_CORPUS=1 to require it)")
-    return root
 
 
 def reference_dir() -> Path:
