@@ -109,6 +109,7 @@ class Tailer:
         self._last_checkpoint = time.monotonic()
         self._table_id = ""
         self._status_version = -2
+        self._unflushed = False
         self._last_commit_id: tuple[int, int] | None = None
         self._watcher: LogWatcher | None = None
         self._last_gap_check = -GAP_CHECK_SECONDS
@@ -232,7 +233,11 @@ class Tailer:
         if self._cursor.snapshot:
             self._deliver_initial_snapshot()
         while not self._stop.is_set():
-            versions = self._new_versions()
+            try:
+                versions = self._new_versions()
+            except DeltaTailError:
+                self._checkpoint()  # keep what was delivered: a restart then refuses or resumes from here
+                raise
             for v in versions:
                 if self._stop.is_set():
                     break
@@ -241,11 +246,11 @@ class Tailer:
             if self._stop.is_set():
                 break
             if not versions:
-                self._checkpoint_if_pending()
                 if self.config.until_caught_up:
                     break
+                self._flush_idle()
                 self._report_following()
-                watcher.wait(self.config.poll_interval)
+                watcher.wait(self._idle_timeout())
         self._checkpoint()
 
     def _new_versions(self) -> list[int]:
@@ -368,6 +373,7 @@ class Tailer:
             batch = self._skip_delivered(batch)
             if len(batch):
                 self.sink.write(batch)
+                self._unflushed = True
                 crash_point("after_write")
                 self.progress.rows += len(batch)
                 for kind in batch.rows.column("_change_type").to_pylist():
@@ -405,9 +411,26 @@ class Tailer:
         if self._since_checkpoint >= c.checkpoint_commits or (due and self._since_checkpoint):
             self._checkpoint()
 
-    def _checkpoint_if_pending(self) -> None:
+    def _idle_timeout(self) -> float:
+        """How long to wait for news: the poll interval, but no later than the next checkpoint that is due."""
+        timeout = self.config.poll_interval
         if self._since_checkpoint:
-            self._checkpoint()
+            due_in = self._last_checkpoint + self.config.checkpoint_seconds - time.monotonic()
+            timeout = min(timeout, max(due_in, 0.0))
+        return timeout
+
+    def _flush_idle(self) -> None:
+        """Caught up: make delivered rows durable now (latency); save the cursor only when a checkpoint is due.
+
+        Saving the cursor costs a few fsyncs and renames, so following a table one
+        commit at a time does it on the checkpoint interval, not per commit; a crash
+        in between repeats at most those commits' rows, and none with a sink that
+        reports what it holds.
+        """
+        if self._unflushed:
+            self.sink.flush()
+            self._unflushed = False
+        self._maybe_checkpoint()
 
     def _checkpoint(self) -> None:
         """Sink flushed, then cursor saved (with a fresh snapshot when due).
@@ -421,6 +444,7 @@ class Tailer:
         if self._snap is None:
             return
         self.sink.flush()
+        self._unflushed = False
         crash_point("after_flush")
         snap, cursor = self._snap, self._cursor
         at_boundary = (not cursor.snapshot and cursor == Position.change(snap.version + 1, 0)) or (
