@@ -471,23 +471,24 @@ class _TailReader:
         return {tp.partition: (firsts.get(tp), lasts[tp]) for tp in busy}
 
     def _read(self, tps: list[Any], start: dict[Any, int], *, first: bool) -> dict[Any, Any]:
-        """Per partition, the first record from ``start`` on (``first``) or the last one up to the high watermark."""
+        """Per partition, the first record from ``start`` on (``first``) or the last one up to the high watermark.
+
+        One partition at a time, each alone in the assignment: pausing some partitions of a
+        multi-partition assignment leaves kafka-python holding fetched records it never hands
+        back, and the read would stall.
+        """
         found: dict[Any, Any] = {}
         for tp in tps:
+            self._consumer.assign([tp])
             self._consumer.seek(tp, start[tp])
-        self._consumer.resume(*tps)
-        todo = set(tps)
-        while todo:
-            if time.monotonic() > self._deadline:
-                names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in todo)
-                raise SinkError(f"timed out after {self._timeout_ms} ms reading the ends of partitions {names}")
-            for tp, records in self._consumer.poll(timeout_ms=200).items():
+            while not ((first and tp in found) or self._caught_up(tp)):
+                if time.monotonic() > self._deadline:
+                    raise SinkError(
+                        f"timed out after {self._timeout_ms} ms reading the end of partition {tp.topic}[{tp.partition}]"
+                    )
+                records = self._consumer.poll(timeout_ms=200).get(tp)
                 if records and not (first and tp in found):
                     found[tp] = records[0] if first else records[-1]
-            done = {tp for tp in todo if (first and tp in found) or self._caught_up(tp)}
-            if done:
-                self._consumer.pause(*done)
-                todo -= done
         return found
 
     def _caught_up(self, tp: Any) -> bool:
