@@ -574,7 +574,7 @@ class StreamPlanner:
         if snap.version < 0:
             self._previous_ms = None
             return
-        self._previous_ms = self.feed._snapshot_time(snap, self.log.list_log(snap.version))
+        self._previous_ms = self.feed.snapshot_time(snap)
 
     def _load(self, version: int) -> Snapshot:
         if version < 0:

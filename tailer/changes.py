@@ -380,13 +380,13 @@ class ChangeFeed:
         listing = self.log.list_log(max(starting_version - 1, 0))
         if initial_snapshot:
             snap = self.log.snapshot(starting_version)
-            snapshot_time = self._snapshot_time(snap, listing)
+            snapshot_time = self.snapshot_time(snap, listing)
             previous: int | None = snapshot_time
             yield self.plan_snapshot(snap, snapshot_time)
             first = starting_version + 1
         else:
             snap = self._snapshot_before(starting_version)
-            previous = self._snapshot_time(snap, listing) if starting_version > 0 else None
+            previous = self.snapshot_time(snap, listing) if starting_version > 0 else None
             first = starting_version
         for v in range(first, end + 1):
             info = listing.commits.get(v)
@@ -429,7 +429,15 @@ class ChangeFeed:
             dict(after.domains), files, FileTable(after.files.pool),
         )  # fmt: skip
 
-    def _snapshot_time(self, snap: Snapshot, listing: LogListing) -> int:
+    def snapshot_time(self, snap: Snapshot, listing: LogListing | None = None) -> int:
+        """The ``_commit_timestamp`` of the version ``snap`` is at (epoch ms), for an initial snapshot's rows.
+
+        The commit's in-commit timestamp where enabled, else its file's modification
+        time; a version whose commit was cleaned up falls back to the last commit
+        timestamp the snapshot recorded.
+        """
+        if listing is None:
+            listing = self.log.list_log(snap.version)
         info = listing.commits.get(snap.version)
         if info is not None:
             try:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from sinks.base import ChangeBatch, CommitEvent, Sink, TableInfo
+from state.commit import Commit
 from state.cursor import Position
 from state.errors import (
     DeltaTailError,
@@ -311,7 +312,7 @@ class Tailer:
             version=v,
         )
 
-    def _read_commit(self, version: int):  # type: ignore[no-untyped-def]
+    def _read_commit(self, version: int) -> Commit:
         """Read a commit, retrying briefly: a writer may still be writing it (non-atomic stores)."""
         for attempt in range(self.config.parse_retries + 1):
             try:
@@ -359,7 +360,7 @@ class Tailer:
     def _deliver_initial_snapshot(self) -> None:
         assert self._snap is not None
         snap = self._snap
-        ts = self.feed._snapshot_time(snap, self.log.list_log(snap.version))
+        ts = self.feed.snapshot_time(snap)
         if not self._deliver(self.feed.plan_snapshot(snap, ts)):
             return
         self._prev_ts = ts

@@ -13,6 +13,7 @@ import threading
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger("deltatail")
 
@@ -34,7 +35,7 @@ class LogWatcher:
 
     def __init__(self, log_dir: str, *, watch: bool = True) -> None:
         self._event = threading.Event()
-        self._observer: object | None = None
+        self._observer: BaseObserver | None = None
         self.watching = False
         if watch:
             try:
@@ -59,6 +60,6 @@ class LogWatcher:
     def close(self) -> None:
         """Stop watching."""
         if self._observer is not None:
-            self._observer.stop()  # type: ignore[attr-defined]
-            self._observer.join(timeout=5)  # type: ignore[attr-defined]
+            self._observer.stop()
+            self._observer.join(timeout=5)
             self._observer = None

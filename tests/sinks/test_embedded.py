@@ -1,0 +1,145 @@
+"""The embedded sinks and sink URIs: what they write, what they report on reopening, how they fail."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sinks.base import ChangeBatch, TableInfo
+from sinks.embedded import JsonLinesSink, ParquetDirSink
+from state.cursor import Position
+from state.errors import ConfigError, SinkError
+from tailer.settings import load_toml, parse_timestamp_ms
+from tailer.sink_uri import open_sink
+
+TABLE = TableInfo("/data/t", "table-id", "t")
+
+
+def _batch(version: int, start: int, ids: list[int], *, snapshot: bool = False) -> ChangeBatch:
+    rows = pa.record_batch(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "_change_type": pa.array(["insert"] * len(ids)),
+            "_commit_version": pa.array([version] * len(ids), pa.int64()),
+            "_commit_timestamp": pa.array([1_700_000_000_000_000] * len(ids), pa.timestamp("us", tz="UTC")),
+        }
+    )
+    pos = Position.in_snapshot(version, start) if snapshot else Position.change(version, start)
+    return ChangeBatch(pos, rows)
+
+
+def test_jsonl_file_reports_the_position_after_its_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    sink = JsonLinesSink(str(path))
+    assert sink.open(TABLE) is None
+    sink.write(_batch(3, 0, [1, 2]))
+    sink.write(_batch(4, 0, [3]))
+    sink.flush()
+    sink.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["id"] for line in lines] == [1, 2, 3]
+    assert [line["_position"] for line in lines] == [[3, 0, False], [3, 1, False], [4, 0, False]]
+    assert lines[0]["_commit_timestamp"] == "2023-11-14T22:13:20.000000Z"
+    again = JsonLinesSink(str(path))
+    assert again.open(TABLE) == Position.change(4, 1)
+    again.close()
+
+
+def test_jsonl_file_drops_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    sink = JsonLinesSink(str(path))
+    sink.open(TABLE)
+    sink.write(_batch(0, 0, [1, 2, 3]))
+    sink.flush()
+    sink.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole + whole.splitlines(keepends=True)[0][:15])  # a crash mid-write
+    again = JsonLinesSink(str(path))
+    assert again.open(TABLE) == Position.change(0, 3)
+    again.close()
+    assert path.read_bytes() == whole
+
+
+def test_jsonl_file_refuses_a_file_that_is_not_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_text('{"hello": "world"}\n')
+    with pytest.raises(SinkError, match="not a deltatail change row"):
+        JsonLinesSink(str(path)).open(TABLE)
+    with pytest.raises(SinkError, match="cannot open"):
+        JsonLinesSink(str(tmp_path / "missing-dir" / "out.jsonl")).open(TABLE)
+
+
+def test_jsonl_write_before_open_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(SinkError, match="not open"):
+        JsonLinesSink(str(tmp_path / "x.jsonl")).write(_batch(0, 0, [1]))
+
+
+def test_parquet_dir_names_files_by_position_and_resumes_after_the_largest(tmp_path: Path) -> None:
+    sink = ParquetDirSink(str(tmp_path / "out"))
+    assert sink.open(TABLE) is None
+    sink.write(_batch(5, 0, [1, 2], snapshot=True))
+    sink.flush()
+    sink.write(_batch(6, 0, [3]))
+    sink.write(_batch(6, 1, [4]))
+    sink.flush()
+    sink.write(_batch(7, 0, [5]))  # never flushed: never acknowledged
+    sink.close()
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == [
+        "v00000000000000000005-s000000000000_v00000000000000000005-s000000000002.parquet",
+        "v00000000000000000006-c000000000000_v00000000000000000006-c000000000002.parquet",
+    ]
+    ids = [pq.read_table(tmp_path / "out" / f).column("id").to_pylist() for f in files]
+    assert ids == [[1, 2], [3, 4]]
+    (tmp_path / "out" / ".v1_v2.parquet.tmp").write_bytes(b"half")
+    again = ParquetDirSink(str(tmp_path / "out"))
+    assert again.open(TABLE) == Position.change(6, 2)
+    assert not (tmp_path / "out" / ".v1_v2.parquet.tmp").exists()
+
+
+def test_parquet_dir_that_cannot_be_created_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SinkError):
+        ParquetDirSink(str(tmp_path / "file" / "out")).open(TABLE)
+
+
+@pytest.mark.parametrize("uri", ["csv:out.csv", "jsonl:", "parquet:", "s3://bucket/x"])
+def test_unknown_or_empty_sink_uris_are_config_errors(uri: str) -> None:
+    with pytest.raises(ConfigError):
+        open_sink(uri)
+
+
+def test_sink_uris() -> None:
+    assert isinstance(open_sink("jsonl:-"), JsonLinesSink)
+    assert isinstance(open_sink("jsonl:/tmp/x.jsonl"), JsonLinesSink)
+    assert isinstance(open_sink("parquet:/tmp/out"), ParquetDirSink)
+
+
+def test_bad_settings_are_config_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("state_dir = [")
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_toml(str(bad))
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('colour = "blue"\n')
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_toml(str(unknown))
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text('[run]\npoll-interval = "often"\n')
+    with pytest.raises(ConfigError, match="poll_interval"):
+        load_toml(str(wrong))
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_toml(str(tmp_path / "absent.toml"))
+
+
+def test_timestamps() -> None:
+    assert parse_timestamp_ms("2024-01-02T03:04:05Z") == 1704164645000
+    assert parse_timestamp_ms("2024-01-02T03:04:05") == 1704164645000  # no zone means UTC
+    assert parse_timestamp_ms("2024-01-02T04:04:05+01:00") == 1704164645000
+    assert parse_timestamp_ms("1704164645000") == 1704164645000
+    with pytest.raises(ConfigError, match="invalid timestamp"):
+        parse_timestamp_ms("yesterday")
