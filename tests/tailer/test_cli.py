@@ -1,0 +1,106 @@
+"""The deltatail command line, run as a user would: snapshot, changes, demo, and its exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+
+DELTATAIL = [sys.executable, "-m", "tailer.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([*DELTATAIL, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def _table(root: Path) -> None:
+    config = {"delta.enableChangeDataFeed": "true"}
+    write_deltalake(root, pa.table({"id": [1, 2, 3], "p": ["a", "b", "a"]}), partition_by=["p"], configuration=config)
+    write_deltalake(root, pa.table({"id": [4], "p": ["c"]}), mode="append")
+    DeltaTable(root).delete("id = 2")
+
+
+def test_snapshot_json_matches_deltalake(tmp_path: Path) -> None:
+    _table(tmp_path)
+    doc = json.loads(_run("snapshot", str(tmp_path), "--json").stdout)
+    dt = DeltaTable(str(tmp_path))
+    assert set(doc) == {"version", "protocol", "metadata", "appTransactions", "files"}
+    assert doc["version"] == dt.version()
+    assert doc["metadata"]["id"] == dt.metadata().id
+    assert doc["metadata"]["partitionColumns"] == ["p"]
+    assert doc["protocol"]["minReaderVersion"] == dt.protocol().min_reader_version
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    assert sorted(f["path"] for f in doc["files"]) == sorted(actions.column("path").to_pylist())
+    by_path = dict(zip(actions.column("path").to_pylist(), actions.column("partition.p").to_pylist(), strict=True))
+    assert {f["path"]: f["partitionValues"]["p"] for f in doc["files"]} == by_path
+
+
+def test_snapshot_text_and_time_travel(tmp_path: Path) -> None:
+    _table(tmp_path)
+    text = _run("snapshot", str(tmp_path), "--version", "0").stdout
+    assert "version  0" in text
+    assert "live files 2" in text  # version 0 wrote partitions a and b
+    assert "delta.enableChangeDataFeed = true" in text
+
+
+def test_changes_outputs_agree_with_load_cdf(tmp_path: Path) -> None:
+    _table(tmp_path / "t")
+    out_parquet = tmp_path / "c.parquet"
+    out_jsonl = tmp_path / "c.jsonl"
+    _run("changes", str(tmp_path / "t"), "--output", str(out_parquet))
+    _run("changes", str(tmp_path / "t"), "--starting-version", "1", "--output", str(out_jsonl))
+    stdout = _run("changes", str(tmp_path / "t"), "--ending-version", "0").stdout
+    expected = pa.table(DeltaTable(str(tmp_path / "t")).load_cdf(starting_version=0).read_all())
+
+    def rows(table: pa.Table) -> list[tuple[object, ...]]:
+        return sorted((r["id"], r["p"], r["_change_type"], r["_commit_version"]) for r in table.to_pylist())
+
+    got = pq.read_table(out_parquet)
+    assert got.schema.names == ["id", "p", "_change_type", "_commit_version", "_commit_timestamp"]
+    assert rows(got) == rows(expected)
+    lines = [json.loads(line) for line in out_jsonl.read_text().splitlines()]
+    assert sorted((r["id"], r["p"], r["_change_type"], r["_commit_version"]) for r in lines) == [
+        r for r in rows(expected) if r[3] >= 1
+    ]
+    first = [json.loads(line) for line in stdout.splitlines()]
+    assert sorted(r["id"] for r in first) == [1, 2, 3]
+
+
+def test_errors_exit_one_with_the_table_named(tmp_path: Path) -> None:
+    result = _run("snapshot", str(tmp_path / "nothing"), check=False)
+    assert result.returncode == 1
+    assert "deltatail: error:" in result.stderr and str(tmp_path / "nothing") in result.stderr
+    _table(tmp_path / "t")
+    bad_output = _run("changes", str(tmp_path / "t"), "--output", str(tmp_path / "x.csv"), check=False)
+    assert bad_output.returncode == 1 and ".jsonl or .parquet" in bad_output.stderr
+    future = _run("snapshot", str(tmp_path / "t"), "--version", "99", check=False)
+    assert future.returncode == 1 and "version 99 does not exist" in future.stderr
+
+
+def test_usage_errors_exit_two(tmp_path: Path) -> None:
+    assert _run("snapshot", check=False).returncode == 2
+    result = _run(
+        "changes", str(tmp_path), "--starting-version", "1", "--starting-timestamp", "2024-01-01", check=False
+    )
+    assert result.returncode == 2
+
+
+def test_demo_streams_the_writers_changes() -> None:
+    result = _run("demo", "--commits", "4", "--interval", "0.2", timeout=180)
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    versions = {r["_commit_version"] for r in rows}
+    assert min(versions) == 0
+    assert max(versions) == 6 + 4  # the bundled table's versions 0..6, then the writer's 4 commits
+    assert {r["_change_type"] for r in rows} >= {"insert", "delete", "update_preimage", "update_postimage"}
+    positions = [tuple(r["_position"]) for r in rows]
+    assert len(positions) == len(set(positions))
+    assert "demo done" in result.stderr
