@@ -61,7 +61,7 @@ def test_changes_outputs_agree_with_load_cdf(tmp_path: Path) -> None:
     stdout = _run("changes", str(tmp_path / "t"), "--ending-version", "0").stdout
     expected = pa.table(DeltaTable(str(tmp_path / "t")).load_cdf(starting_version=0).read_all())
 
-    def rows(table: pa.Table) -> list[tuple[object, ...]]:
+    def rows(table: pa.Table) -> list[tuple[int, str, str, int]]:
         return sorted((r["id"], r["p"], r["_change_type"], r["_commit_version"]) for r in table.to_pylist())
 
     got = pq.read_table(out_parquet)
