@@ -106,6 +106,7 @@ def write_table(root: Path, rows: int) -> None:
 
 
 def spark_session() -> SparkSession:
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # loopback only, also for the JVM
     os.environ["PYSPARK_PYTHON"] = sys.executable
     spark = (
         SparkSession.builder.master("local[2]")

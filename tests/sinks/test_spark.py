@@ -604,6 +604,7 @@ def test_kafka_writer_refuses_what_spark_cannot_do(tmp_path: Path) -> None:
 def spark() -> Iterator[SparkSession]:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs Java: no java on PATH and no JAVA_HOME")
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # loopback only, also for the JVM
     os.environ["PYSPARK_PYTHON"] = sys.executable  # executors must import deltatail from this venv
     session = (
         SparkSession.builder.master("local[2]")
