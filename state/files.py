@@ -72,6 +72,23 @@ class _Extras:
     default_row_commit_version: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class FileColumns:
+    """The files of a :class:`FileTable` as parallel columns, for bulk export (``-1`` marks an absent number).
+
+    ``partition_ids`` index ``partition_maps``; ``dvs`` and ``row_tracking`` are
+    sparse, keyed by row.
+    """
+
+    paths: list[str]
+    sizes: list[int]
+    timestamps: list[int]
+    partition_ids: list[int]
+    partition_maps: list[dict[str, str | None] | None]
+    dvs: dict[int, DeletionVector]
+    row_tracking: dict[int, tuple[int | None, int | None]]
+
+
 class PartitionValuesPool:
     """Interns partition-value maps: files of one partition share one dict.
 
@@ -99,6 +116,10 @@ class PartitionValuesPool:
     def get(self, pid: int) -> dict[str, str | None] | None:
         """The map interned as ``pid``."""
         return self._values[pid]
+
+    def maps(self) -> list[dict[str, str | None] | None]:
+        """Every interned map, indexed by id (index 0 is ``None``)."""
+        return list(self._values)
 
 
 class FileTable:
@@ -288,6 +309,22 @@ class FileTable:
             partition_values=self.pool.get(self._pids[slot]),
             base_row_id=None if extras is None else extras.base_row_id,
             default_row_commit_version=None if extras is None else extras.default_row_commit_version,
+        )
+
+    def columns(self) -> FileColumns:
+        """Every file as parallel columns (no per-file objects), in slot order."""
+        slots = sorted(self._index.values())
+        row_of = {slot: row for row, slot in enumerate(slots)}
+        return FileColumns(
+            paths=[p for p in (self._paths[s] for s in slots) if p is not None],
+            sizes=[self._sizes[s] for s in slots],
+            timestamps=[self._times[s] for s in slots],
+            partition_ids=[self._pids[s] for s in slots],
+            partition_maps=self.pool.maps(),
+            dvs={row_of[slot]: dv for slot, dv in self._dvs.items()},
+            row_tracking={
+                row_of[slot]: (e.base_row_id, e.default_row_commit_version) for slot, e in self._extras.items()
+            },
         )
 
     def keys(self) -> Iterator[FileKey]:

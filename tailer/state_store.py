@@ -24,10 +24,13 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from state.actions import DeletionVector
 from state.cursor import Position
 from state.errors import StateError
+from state.files import FileTable
 from state.snapshot import Snapshot
 from tailer.checkpoint import CheckpointState, read_parquet_checkpoint_file
 
@@ -247,24 +250,53 @@ CHECKPOINT_SCHEMA = pa.schema(
 )
 
 
-def _dv(entry_dv: Any) -> dict[str, Any] | None:
-    if entry_dv is None:
-        return None
+def _dv_struct(dv: DeletionVector) -> dict[str, Any]:
     return {
-        "storageType": entry_dv.storage_type,
-        "pathOrInlineDv": entry_dv.path_or_inline_dv,
-        "offset": entry_dv.offset,
-        "sizeInBytes": entry_dv.size_in_bytes,
-        "cardinality": entry_dv.cardinality,
+        "storageType": dv.storage_type,
+        "pathOrInlineDv": dv.path_or_inline_dv,
+        "offset": dv.offset,
+        "sizeInBytes": dv.size_in_bytes,
+        "cardinality": dv.cardinality,
     }
 
 
+def _sparse(n: int, values: dict[int, Any], dtype: pa.DataType) -> pa.Array:
+    if not values:
+        return pa.nulls(n, dtype)
+    return pa.array([values.get(i) for i in range(n)], dtype)
+
+
+def _absent_as_null(values: list[int]) -> pa.Array:
+    array = pa.array(values, pa.int64())
+    return pc.if_else(pc.equal(array, -1), pa.scalar(None, pa.int64()), array)
+
+
+def _file_struct(files: FileTable, time_field: str, kind: pa.StructType) -> pa.StructArray:
+    """One side of the snapshot (live files or tombstones) as a checkpoint ``add``/``remove`` struct column."""
+    cols = files.columns()
+    n = len(cols.paths)
+    maps = pa.array([None if m is None else list(m.items()) for m in cols.partition_maps], _MAP)
+    arrays = {
+        # Stored paths are decoded; the checkpoint format holds URI-encoded ones, and only "%" needs it
+        # for the reader's percent-decoding to give the same path back.
+        "path": pc.replace_substring(pa.array(cols.paths, pa.string()), "%", "%25"),
+        "partitionValues": maps.take(pa.array(cols.partition_ids, pa.int64())),
+        "size": _absent_as_null(cols.sizes),
+        "deletionVector": _sparse(n, {r: _dv_struct(dv) for r, dv in cols.dvs.items()}, _DV),
+        "baseRowId": _sparse(n, {r: t[0] for r, t in cols.row_tracking.items()}, pa.int64()),
+        "defaultRowCommitVersion": _sparse(n, {r: t[1] for r, t in cols.row_tracking.items()}, pa.int64()),
+        time_field: _absent_as_null(cols.timestamps),
+        "dataChange": pa.repeat(pa.scalar(False), n),
+    }
+    return pa.StructArray.from_arrays([arrays[f.name] for f in kind], fields=list(kind))
+
+
 def snapshot_table(snap: Snapshot) -> pa.Table:
-    """The snapshot as rows of a Delta classic checkpoint (one action per row)."""
+    """The snapshot as rows of a Delta classic checkpoint (one action per row), built column by column."""
     snap.require_valid()
     assert snap.protocol is not None and snap.metadata is not None
     p, m = snap.protocol, snap.metadata
-    rows: list[dict[str, Any]] = [
+    head: list[dict[str, Any]] = [
         {
             "protocol": {
                 "minReaderVersion": p.min_reader_version,
@@ -286,28 +318,23 @@ def snapshot_table(snap: Snapshot) -> pa.Table:
             }
         },
     ]
-    rows += [{"txn": {"appId": app, "version": v}} for app, v in snap.txns.items()]
-    rows += [
+    head += [{"txn": {"appId": app, "version": v}} for app, v in snap.txns.items()]
+    head += [
         {"domainMetadata": {"domain": d.domain, "configuration": d.configuration, "removed": False}}
         for d in snap.domains.values()
     ]
-    for kind, files, time_field in (
-        ("add", snap.files, "modificationTime"),
-        ("remove", snap.tombstones, "deletionTimestamp"),
-    ):
-        for f in files:
-            rows.append(
-                {
-                    kind: {
-                        "path": f.path,
-                        "partitionValues": f.partition_values,
-                        "size": f.size,
-                        "deletionVector": _dv(f.deletion_vector),
-                        "baseRowId": f.base_row_id,
-                        "defaultRowCommitVersion": f.default_row_commit_version,
-                        time_field: f.timestamp,
-                        "dataChange": False,
-                    }
-                }
-            )
-    return pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA)
+    add_type = CHECKPOINT_SCHEMA.field("add").type
+    remove_type = CHECKPOINT_SCHEMA.field("remove").type
+    adds = _file_struct(snap.files, "modificationTime", add_type)
+    removes = _file_struct(snap.tombstones, "deletionTimestamp", remove_type)
+    k, a, r = len(head), len(adds), len(removes)
+    columns = []
+    for field in CHECKPOINT_SCHEMA:
+        if field.name == "add":
+            columns.append(pa.concat_arrays([pa.nulls(k, add_type), adds, pa.nulls(r, add_type)]))
+        elif field.name == "remove":
+            columns.append(pa.concat_arrays([pa.nulls(k + a, remove_type), removes]))
+        else:
+            values = pa.array([row.get(field.name) for row in head], field.type)
+            columns.append(pa.concat_arrays([values, pa.nulls(a + r, field.type)]))
+    return pa.Table.from_arrays(columns, schema=CHECKPOINT_SCHEMA)
