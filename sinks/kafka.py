@@ -103,7 +103,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 from sinks.base import ChangeBatch, CommitEvent, Sink, TableInfo
 from sinks.encoding import ChangeEncoder
 from state.cursor import Position
-from state.errors import ConfigError, SinkError, StateError
+from state.errors import ConfigError, SinkError, SinkUnavailableError, StateError
 
 #: Options that may also come from ``KAFKA_<NAME>`` and the kafka-python setting each feeds.
 SECURITY_OPTIONS: dict[str, str] = {
@@ -441,7 +441,7 @@ class _TailReader:
         try:
             self._consumer = KafkaConsumer(**options.consumer_config())
         except KafkaError as e:
-            raise SinkError(f"cannot connect to Kafka at {','.join(options.bootstrap)}: {e!r}") from e
+            raise SinkUnavailableError(f"cannot connect to Kafka at {','.join(options.bootstrap)}: {e!r}") from e
 
     def close(self) -> None:
         self._consumer.close()
@@ -459,7 +459,7 @@ class _TailReader:
             begin = self._consumer.beginning_offsets(tps, timeout_ms=self._timeout_ms)
             end = self._consumer.end_offsets(tps, timeout_ms=self._timeout_ms)
         except KafkaError as e:
-            raise SinkError(f"cannot read the offsets of topic {topic}: {e!r}") from e
+            raise SinkUnavailableError(f"cannot read the offsets of topic {topic}: {e!r}") from e
         busy = [tp for tp in tps if end[tp] > begin[tp]]
         firsts = self._read(busy, {tp: begin[tp] for tp in busy}, first=True)
         # Seek one before the end and read to the high watermark: some brokers (tansu) report the
@@ -483,7 +483,7 @@ class _TailReader:
             self._consumer.seek(tp, start[tp])
             while not ((first and tp in found) or self._caught_up(tp)):
                 if time.monotonic() > self._deadline:
-                    raise SinkError(
+                    raise SinkUnavailableError(
                         f"timed out after {self._timeout_ms} ms reading the end of partition {tp.topic}[{tp.partition}]"
                     )
                 records = self._consumer.poll(timeout_ms=200).get(tp)
@@ -539,7 +539,7 @@ class _PythonProducer:
         try:
             self._producer = KafkaProducer(**options.producer_config())
         except KafkaError as e:
-            raise SinkError(f"cannot connect to Kafka at {','.join(options.bootstrap)}: {e!r}") from e
+            raise SinkUnavailableError(f"cannot connect to Kafka at {','.join(options.bootstrap)}: {e!r}") from e
         self._on_error = on_error
         self._join_s = options.open_timeout_ms / 1000
         self._futures: list[Any] = []
@@ -550,7 +550,7 @@ class _PythonProducer:
         try:
             return len(self._producer.partitions_for(topic) or ())
         except KafkaError as e:
-            raise SinkError(f"cannot get the partitions of topic {topic}: {e!r}") from e
+            raise SinkUnavailableError(f"cannot get the partitions of topic {topic}: {e!r}") from e
 
     def send(
         self, topic: str, key: bytes, value: bytes | None, headers: list[Any], partition: int, stamp: Stamp
@@ -625,7 +625,7 @@ class _ConfluentProducer:
         try:
             self._producer = self._ck.Producer(options.confluent_config())
         except self._ck.KafkaException as e:
-            raise SinkError(f"cannot create a Kafka producer for {','.join(options.bootstrap)}: {e}") from e
+            raise SinkUnavailableError(f"cannot create a Kafka producer for {','.join(options.bootstrap)}: {e}") from e
         self._options = options
         self._on_error = on_error
         self._first: Stamp | None = None  # the first message sent since the last successful wait
@@ -638,13 +638,15 @@ class _ConfluentProducer:
             try:
                 meta = self._producer.list_topics(topic, timeout=max(0.1, deadline - time.monotonic()))
             except self._ck.KafkaException as e:
-                raise SinkError(f"cannot connect to Kafka at {','.join(self._options.bootstrap)}: {e}") from e
+                raise SinkUnavailableError(
+                    f"cannot connect to Kafka at {','.join(self._options.bootstrap)}: {e}"
+                ) from e
             found = meta.topics.get(topic)
             if found is not None and found.error is None and found.partitions:
                 return len(found.partitions)
             if time.monotonic() > deadline:
                 why = found.error if found is not None else "not in the metadata"
-                raise SinkError(f"cannot get the partitions of topic {topic}: {why}")
+                raise SinkUnavailableError(f"cannot get the partitions of topic {topic}: {why}")
             time.sleep(0.1)  # an auto-created topic appears after a moment
 
     def send(
@@ -981,20 +983,21 @@ class KafkaSink(Sink):
 
     def _on_error(self, stamp: Stamp, detail: str) -> None:
         """Called by the producer for each unacknowledged message; the first one stops the sink."""
-        self._fail(f"Kafka did not acknowledge the message for {_describe(stamp)}: {detail}", stamp)
+        self._fail(f"Kafka did not acknowledge the message for {_describe(stamp)}: {detail}", stamp, unavailable=True)
 
-    def _fail(self, message: str, stamp: Stamp) -> SinkError:
+    def _fail(self, message: str, stamp: Stamp, *, unavailable: bool = False) -> SinkError:
         with self._lock:
             if self._failure is None:
                 version = stamp[0] if stamp[0] >= 0 else None
-                self._failure = SinkError(message, table=self.table.path, version=version)
+                kind = SinkUnavailableError if unavailable else SinkError
+                self._failure = kind(message, table=self.table.path, version=version)
             return self._failure
 
     def _check_usable(self) -> None:
         if self._producer is None:
             raise SinkError("the Kafka sink is not open")
         if self._failure is not None:
-            raise SinkError(
+            raise type(self._failure)(
                 f"the Kafka sink stopped after an earlier failure: {self._failure.message}",
                 table=self.table.path,
                 version=self._failure.version,
@@ -1019,8 +1022,8 @@ class KafkaSink(Sink):
         if undelivered is not None:
             stamp, why = undelivered
             message = f"Kafka did not acknowledge the message for {_describe(stamp)}: {why}"
-            self._fail(message, stamp)  # stops the sink unless an earlier failure already did
-            raise SinkError(message, table=self.table.path, version=stamp[0])  # the first one in send order
+            self._fail(message, stamp, unavailable=True)  # stops the sink unless an earlier failure already did
+            raise SinkUnavailableError(message, table=self.table.path, version=stamp[0])  # first in send order
 
 
 def _describe(stamp: Stamp) -> str:

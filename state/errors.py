@@ -117,5 +117,9 @@ class SinkError(DeltaTailError):
     """A sink could not accept, flush or recover change rows."""
 
 
+class SinkUnavailableError(SinkError):
+    """The sink's destination cannot be reached, or did not acknowledge in time: trying again later may work."""
+
+
 class ConfigError(DeltaTailError):
     """A command-line flag, environment variable, URI or config file is invalid."""

@@ -19,7 +19,7 @@ from state.errors import ConfigError, DeltaTailError
 from tailer.changes import ChangeFeed, ChangeOptions, change_schema
 from tailer.log import DeltaLog
 from tailer.report import snapshot_document, snapshot_text
-from tailer.run import Tailer, TailerConfig
+from tailer.run import TailerConfig, TailerService
 from tailer.settings import merge, parse_timestamp_ms
 from tailer.sink_uri import open_sink
 
@@ -117,9 +117,11 @@ def _run(args: argparse.Namespace) -> int:
             allow_non_additive=bool(s.get("allow_non_additive")),
         ),
     )
-    tailer = Tailer(config, open_sink(s.get("sink", "jsonl:-")))
-    tailer.install_signal_handlers()
-    progress = tailer.run()
+    uri = s.get("sink", "jsonl:-")
+    retries = s.get("sink_retries", -1)
+    service = TailerService(config, lambda: open_sink(uri), retries=None if retries < 0 else retries)
+    service.install_signal_handlers()
+    progress = service.run()
     logging.getLogger("deltatail").info("stopped: %d versions, %d rows delivered", progress.versions, progress.rows)
     return 0
 
@@ -173,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--net-changes", action="store_const", const=True, default=None, help="cancel rewrite noise")
     run.add_argument("--key", default=None, help="key columns for --net-changes update pairing")
     run.add_argument("--allow-non-additive", action="store_const", const=True, default=None, help="cross drops/renames")
+    run.add_argument(
+        "--sink-retries",
+        type=int,
+        default=None,
+        help="restarts from the saved cursor while the sink is unavailable (default -1: keep retrying)",
+    )
     run.set_defaults(handler=_run)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")

@@ -41,6 +41,7 @@ from state.errors import (
     InvalidLogError,
     MissingFileError,
     SchemaChangeError,
+    SinkUnavailableError,
     StateError,
     UnsupportedFeatureError,
     VersionGapError,
@@ -475,6 +476,84 @@ class Tailer:
         self._status_version, self._status_time = self._snap.version, now
         behind = 0.0 if self._prev_ts is None else max(time.time() - self._prev_ts / 1000, 0.0)
         self._status(f"following: at version {self._snap.version}, 0 versions behind, newest commit {behind:.1f}s ago")
+
+
+class TailerService:
+    """Runs tailers one after another while the sink is unavailable: the cursor is held, nothing is lost.
+
+    A :class:`~state.errors.SinkUnavailableError` (broker down, delivery not
+    acknowledged in time) ends a tailer run with its cursor at the last
+    checkpoint whose flush succeeded. The service waits (exponential backoff,
+    capped at ``max_backoff`` seconds), reports it in the status line, and starts
+    a new tailer from the saved state, which resends everything after the cursor:
+    the sink acknowledges nothing its destination did not accept. Other errors
+    end the service at once.
+    """
+
+    def __init__(
+        self,
+        config: TailerConfig,
+        make_sink: Callable[[], Sink],
+        *,
+        retries: int | None = None,
+        max_backoff: float = 60.0,
+        status: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.make_sink = make_sink
+        self.retries = retries
+        self.max_backoff = max_backoff
+        self._status = status or (lambda line: log.warning("%s", line))
+        self._stopping = threading.Event()
+        self._current: Tailer | None = None
+
+    def stop(self) -> None:
+        """Stop the running tailer (after its batch in hand) or the wait before the next one."""
+        self._stopping.set()
+        if self._current is not None:
+            self._current.stop()
+
+    def install_signal_handlers(self) -> None:
+        """Make SIGINT and SIGTERM call :meth:`stop`."""
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.stop()
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def run(self) -> Progress:
+        """Run tailers until one finishes, is stopped, or fails with something other than an unavailable sink.
+
+        Raises:
+            SinkUnavailableError: when ``retries`` runs in a row have failed on an unavailable sink.
+            DeltaTailError: whatever else stops a tailer (see :meth:`Tailer.run`).
+        """
+        total = Progress()
+        failures = 0
+        while not self._stopping.is_set():
+            tailer = Tailer(self.config, self.make_sink())
+            self._current = tailer
+            try:
+                done = tailer.run()
+                total.versions += done.versions
+                total.rows += done.rows
+                return total
+            except SinkUnavailableError as e:
+                total.versions += tailer.progress.versions
+                total.rows += tailer.progress.rows
+                failures = 1 if tailer.progress.versions else failures + 1
+                if self.retries is not None and failures > self.retries:
+                    raise
+                delay = min(self.max_backoff, 0.5 * 2 ** (failures - 1))
+                self._status(
+                    f"sink unavailable: {e.message}; holding the cursor at the last checkpoint, "
+                    f"retrying in {delay:.1f}s (attempt {failures})"
+                )
+                self._stopping.wait(delay)
+            finally:
+                self._current = None
+        return total
 
 
 def _table_name(path: str) -> str:

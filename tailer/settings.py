@@ -33,6 +33,7 @@ RUN_SETTINGS: dict[str, type] = {
     "net_changes": bool,
     "key": str,
     "allow_non_additive": bool,
+    "sink_retries": int,
 }
 
 

@@ -778,10 +778,11 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT) -> Non
 def test_broker_outage_keeps_the_cursor_and_a_new_broker_gets_the_rest(broker_factory: Any, tmp_path: Path) -> None:
     """The broker dies while ``deltatail run`` follows a table that a writer keeps committing to.
 
-    What the code does: the producer retries for ``delivery_timeout_ms``, then the message fails, the
-    sink stops, and the next ``write``/``flush`` raises ``SinkError``; the tailer does not retry, its run
-    ends with the error (``deltatail: error: ...``, exit code 1) and the cursor stays at the last
-    checkpoint, whose flush had succeeded.
+    What the code does with ``--sink-retries 0``: the producer retries for ``delivery_timeout_ms``, then
+    the message fails, the sink stops, and the next ``write``/``flush`` raises ``SinkUnavailableError``;
+    the run ends with the error (``deltatail: error: ...``, exit code 1) and the cursor stays at the last
+    checkpoint, whose flush had succeeded. (By default the tailer restarts itself from that cursor
+    instead: see the next test.)
 
     The tailer is frozen (SIGSTOP) just before the broker is stopped, so that what the broker holds can
     be read first; then it goes on (SIGCONT) against a dead broker. Its saved cursor must never pass
@@ -806,7 +807,7 @@ def test_broker_outage_keeps_the_cursor_and_a_new_broker_gets_the_rest(broker_fa
     )
     writer = Writer(root)
     writer.start()
-    args = run_args(root, state, uri, "--checkpoint-commits", "1", "--poll-interval", "0.05")
+    args = run_args(root, state, uri, "--checkpoint-commits", "1", "--poll-interval", "0.05", "--sink-retries", "0")
     with log.open("wb") as out:
         tailer = subprocess.Popen(args, cwd=ROOT, env=clean_env(), stdout=out, stderr=out, stdin=subprocess.DEVNULL)
     try:
@@ -861,3 +862,65 @@ def test_broker_outage_keeps_the_cursor_and_a_new_broker_gets_the_rest(broker_fa
     assert Counter(m.position for m in resent) == Counter(p for p in all_positions(expected) if p >= cursor)
     before_cursor = Counter(json_row(m) for m in held if m.position < cursor)
     assert_rows(before_cursor + Counter(json_row(m) for m in resent), expected)
+
+
+def test_broker_outage_is_waited_out_and_the_tailer_resumes_by_itself(broker_factory: Any, tmp_path: Path) -> None:
+    """By default the tailer waits out an unavailable broker: it holds its cursor, says so in its status
+    line, and starts again from the saved cursor when the broker is back, without exiting.
+
+    The broker is memory-only, so the one that comes back is empty: it must end up holding every row at
+    and after the cursor saved when the outage began (resent from the saved state), each once, and the
+    rows before that cursor must all have been on the old broker."""
+    kit = broker_factory()
+    root, state, log = tmp_path / "table", tmp_path / "state", tmp_path / "tailer.log"
+    write_deltalake(str(root), data(range(40)), configuration=CDF)
+    topic = new_topic(kit.bootstrap)
+    uri = kit.uri(
+        topic,
+        key="id",
+        exactly_once=True,
+        request_timeout_ms=1000,
+        delivery_timeout_ms=3000,
+        reconnect_backoff_max_ms=200,
+        open_timeout_ms=3000,
+    )
+    writer = Writer(root)
+    writer.start()
+    args = run_args(root, state, uri, "--checkpoint-commits", "1", "--poll-interval", "0.05")
+    with log.open("wb") as out:
+        tailer = subprocess.Popen(args, cwd=ROOT, env=clean_env(), stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+    try:
+        wait_for("the tailer to deliver ten versions", lambda: (saved_cursor(state) or (0, 0)) >= (10, 0))
+        tailer.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)
+        held = read_topic(kit, topic)
+        kit.broker.stop()
+        tailer.send_signal(signal.SIGCONT)
+        wait_for("the tailer to report the outage", lambda: "sink unavailable" in log.read_text(errors="replace"))
+        writer.halt.set()
+        writer.join(WAIT)
+        at_outage = saved_cursor(state)
+        assert tailer.poll() is None, "the tailer exited instead of waiting for the broker"
+        kit.broker.start()  # memory-only: a new, empty broker on the same port
+        admin = KafkaAdminClient(bootstrap_servers=kit.bootstrap, client_id="tests")
+        try:
+            admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])
+        finally:
+            admin.close()
+        latest = DeltaTable(str(root)).version()
+        wait_for("the tailer to catch up on the new broker", lambda: (saved_cursor(state) or (0, 0)) >= (latest + 1, 0))
+        tailer.send_signal(signal.SIGTERM)
+        assert tailer.wait(WAIT) == 0
+    finally:
+        if tailer.poll() is None:
+            tailer.kill()
+            tailer.wait()
+        writer.halt.set()
+        writer.join(WAIT)
+    assert writer.error is None, writer.error
+    assert at_outage is not None
+    expected = expected_rows(root)
+    resent = read_topic(kit, topic)
+    held_positions = {m.position for m in held}
+    assert {p for p in all_positions(expected) if p < at_outage} <= held_positions
+    assert Counter(m.position for m in resent) == Counter(p for p in all_positions(expected) if p >= at_outage)
