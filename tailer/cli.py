@@ -33,6 +33,16 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version(text: str) -> int | str:
+    """A version number, or ``latest``."""
+    if text == "latest":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a version number or 'latest', got {text!r}") from None
+
+
 def _keys(text: str | None) -> tuple[str, ...]:
     return tuple(k.strip() for k in text.split(",") if k.strip()) if text else ()
 
@@ -43,8 +53,9 @@ def _changes(args: argparse.Namespace) -> int:
     options = ChangeOptions(net_changes=args.net_changes, key_columns=_keys(args.key))
     feed = ChangeFeed(args.table, options=options)
     start_ms = None if args.starting_timestamp is None else parse_timestamp_ms(args.starting_timestamp)
+    starting = feed.log.latest_version() if args.starting_version == "latest" else args.starting_version
     batches = feed.batches(
-        args.starting_version,
+        starting,
         args.ending_version,
         starting_timestamp_ms=start_ms,
         initial_snapshot=args.initial_snapshot,
@@ -90,6 +101,18 @@ def _write_parquet(feed: ChangeFeed, batches: Iterator[ChangeBatch], output: str
     return 0
 
 
+def _run_start(table: str, value: object) -> int | None:
+    """``--starting-version`` for ``run``: a number, or ``latest`` (the commits after the current latest)."""
+    if value is None:
+        return None
+    if value == "latest":
+        return DeltaLog(table).latest_version() + 1
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     s = merge(vars(args))
     if not s.get("state_dir"):
@@ -102,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
     config = TailerConfig(
         table=args.table,
         state_dir=s["state_dir"],
-        starting_version=s.get("starting_version"),
+        starting_version=_run_start(args.table, s.get("starting_version")),
         starting_timestamp_ms=parse_timestamp_ms(s["starting_timestamp"]) if s.get("starting_timestamp") else None,
         initial_snapshot=bool(s.get("initial_snapshot")),
         poll_interval=s.get("poll_interval", 1.0),
@@ -148,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch = sub.add_parser("changes", help="print the change rows of a range of versions")
     ch.add_argument("table", help="table root")
     start = ch.add_mutually_exclusive_group()
-    start.add_argument("--starting-version", type=int, default=None, help="first version (default 0)")
+    start.add_argument("--starting-version", type=_version, default=None, help="first version, or latest (default 0)")
     start.add_argument("--starting-timestamp", default=None, help="first commit at or after this time (ISO-8601)")
     ch.add_argument("--ending-version", type=int, default=None, help="last version (default: latest)")
     ch.add_argument("--initial-snapshot", action="store_true", help="emit the live rows at the start first")
@@ -163,7 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--state-dir", default=None, help="where the tailer keeps its cursor and snapshot")
     run.add_argument("--sink", default=None, help="jsonl:- (default), jsonl:PATH, parquet:DIR, kafka://HOST:PORT/TOPIC")
     run_start = run.add_mutually_exclusive_group()
-    run_start.add_argument("--starting-version", type=int, default=None, help="first version on a new state dir")
+    run_start.add_argument(
+        "--starting-version",
+        type=_version,
+        default=None,
+        help="first version on a new state dir, or latest (only commits after the current latest)",
+    )
     run_start.add_argument("--starting-timestamp", default=None, help="first commit at or after this time")
     run.add_argument("--initial-snapshot", action="store_const", const=True, default=None, help="emit live rows first")
     run.add_argument("--poll-interval", type=float, default=None, help="seconds between listings (default 1)")

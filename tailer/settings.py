@@ -21,7 +21,7 @@ from state.errors import ConfigError
 RUN_SETTINGS: dict[str, type] = {
     "state_dir": str,
     "sink": str,
-    "starting_version": int,
+    "starting_version": str,
     "starting_timestamp": str,
     "initial_snapshot": bool,
     "poll_interval": float,

@@ -104,3 +104,30 @@ def test_demo_streams_the_writers_changes() -> None:
     positions = [tuple(r["_position"]) for r in rows]
     assert len(positions) == len(set(positions))
     assert "demo done" in result.stderr
+
+
+def test_starting_version_latest(tmp_path: Path) -> None:
+    _table(tmp_path / "t")
+    latest = DeltaTable(str(tmp_path / "t")).version()
+    rows = [
+        json.loads(line)
+        for line in _run("changes", str(tmp_path / "t"), "--starting-version", "latest").stdout.splitlines()
+    ]
+    assert rows and {r["_commit_version"] for r in rows} == {latest}
+    out = tmp_path / "run.jsonl"
+    state = str(tmp_path / "state")
+    _run(
+        "run",
+        str(tmp_path / "t"),
+        "--state-dir",
+        state,
+        "--sink",
+        f"jsonl:{out}",
+        "--starting-version",
+        "latest",
+        "--until-caught-up",
+    )
+    assert out.read_text() == ""  # only commits after the latest one
+    write_deltalake(tmp_path / "t", pa.table({"id": [9], "p": ["z"]}), mode="append")
+    _run("run", str(tmp_path / "t"), "--state-dir", state, "--sink", f"jsonl:{out}", "--until-caught-up")
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [9]
