@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 
 from sinks.base import ChangeBatch, TableInfo
 from state.errors import ConfigError, DeltaTailError
+from tailer import logs
 from tailer.changes import ChangeFeed, ChangeOptions, change_schema
 from tailer.log import DeltaLog
 from tailer.report import snapshot_document, snapshot_text
@@ -161,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="deltatail", description="Follow a Delta table's log as a change feed.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default=None, help="stderr logs as text (default) or JSON lines"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     snap = sub.add_parser("snapshot", help="show the reconciled state of a table at a version")
     snap.add_argument("table", help="table root: the directory that holds _delta_log")
@@ -221,11 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    log_format = args.log_format or os.environ.get("DELTATAIL_LOG_FORMAT", "text")
+    if log_format not in ("text", "json"):
+        print(f"deltatail: error: log format must be text or json, got {log_format!r}", file=sys.stderr)
+        return 2
+    logs.configure(verbose=args.verbose, json_lines=log_format == "json")
     try:
         code: int = args.handler(args)
         return code

@@ -55,6 +55,12 @@ from tailer.watch import LogWatcher
 
 log = logging.getLogger("deltatail")
 
+
+def status(event: str, message: str, *, level: int = logging.INFO, **fields: object) -> None:
+    """Log a status line; ``event`` and ``fields`` ride along for structured (JSON) logs."""
+    log.log(level, "%s", message, extra={"event": event, "fields": fields})
+
+
 #: Seconds between repeated "following" status lines when nothing changes.
 STATUS_SECONDS = 30.0
 #: Seconds between listings of the log that look for a gap when no next commit exists.
@@ -93,7 +99,7 @@ class Progress:
 class Tailer:
     """Follows one table into one sink. Not reusable: construct one per run."""
 
-    def __init__(self, config: TailerConfig, sink: Sink, *, status: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: TailerConfig, sink: Sink) -> None:
         self.config = config
         self.sink = sink
         self.feed = ChangeFeed(config.table, options=config.options)
@@ -101,7 +107,6 @@ class Tailer:
         self.store = StateStore(config.state_dir)
         self.progress = Progress()
         self._stop = threading.Event()
-        self._status = status or (lambda line: log.info("%s", line))
         self._snap: Snapshot | None = None
         self._cursor = Position.change(0, 0)
         self._resume: Position | None = None
@@ -353,9 +358,15 @@ class Tailer:
         self.progress.versions += 1
         if remaining > 0 and self.progress.versions % 100 == 0:
             rate = self.progress.rows / max(time.monotonic() - self.progress.started, 1e-9)
-            self._status(
+            status(
+                "catching_up",
                 f"catching up: version {version}, {remaining} versions remaining, "
-                f"{self.progress.versions} versions and {self.progress.rows} rows done, {rate:,.0f} rows/s"
+                f"{self.progress.versions} versions and {self.progress.rows} rows done, {rate:,.0f} rows/s",
+                version=version,
+                versions_remaining=remaining,
+                versions_done=self.progress.versions,
+                rows_done=self.progress.rows,
+                rows_per_second=round(rate),
             )
 
     def _deliver_initial_snapshot(self) -> None:
@@ -475,7 +486,13 @@ class Tailer:
             return
         self._status_version, self._status_time = self._snap.version, now
         behind = 0.0 if self._prev_ts is None else max(time.time() - self._prev_ts / 1000, 0.0)
-        self._status(f"following: at version {self._snap.version}, 0 versions behind, newest commit {behind:.1f}s ago")
+        status(
+            "following",
+            f"following: at version {self._snap.version}, 0 versions behind, newest commit {behind:.1f}s ago",
+            version=self._snap.version,
+            versions_behind=0,
+            seconds_behind=round(behind, 3),
+        )
 
 
 class TailerService:
@@ -497,13 +514,11 @@ class TailerService:
         *,
         retries: int | None = None,
         max_backoff: float = 60.0,
-        status: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.make_sink = make_sink
         self.retries = retries
         self.max_backoff = max_backoff
-        self._status = status or (lambda line: log.warning("%s", line))
         self._stopping = threading.Event()
         self._current: Tailer | None = None
 
@@ -546,9 +561,13 @@ class TailerService:
                 if self.retries is not None and failures > self.retries:
                     raise
                 delay = min(self.max_backoff, 0.5 * 2 ** (failures - 1))
-                self._status(
+                status(
+                    "sink_unavailable",
                     f"sink unavailable: {e.message}; holding the cursor at the last checkpoint, "
-                    f"retrying in {delay:.1f}s (attempt {failures})"
+                    f"retrying in {delay:.1f}s (attempt {failures})",
+                    level=logging.WARNING,
+                    retry_in_seconds=delay,
+                    attempt=failures,
                 )
                 self._stopping.wait(delay)
             finally:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from deltalake import DeltaTable, write_deltalake
 
 DELTATAIL = [sys.executable, "-m", "tailer.cli"]
@@ -131,3 +132,24 @@ def test_starting_version_latest(tmp_path: Path) -> None:
     write_deltalake(tmp_path / "t", pa.table({"id": [9], "p": ["z"]}), mode="append")
     _run("run", str(tmp_path / "t"), "--state-dir", state, "--sink", f"jsonl:{out}", "--until-caught-up")
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [9]
+
+
+def test_json_logs_are_one_object_per_line_with_status_fields(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from tailer.logs import JsonFormatter
+    from tailer.run import status
+
+    _table(tmp_path / "t")
+    result = _run(
+        "--log-format", "json", "run", str(tmp_path / "t"), "--state-dir", str(tmp_path / "s"),
+        "--sink", f"jsonl:{tmp_path / 'o.jsonl'}", "--until-caught-up",
+    )  # fmt: skip
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    assert records and all({"ts", "level", "logger", "message"} <= set(r) for r in records)
+    caplog.set_level(logging.INFO, logger="deltatail")
+    status("following", "following: at version 3", version=3, seconds_behind=1.5)
+    captured = [r for r in caplog.records if getattr(r, "event", None) == "following"]
+    doc = json.loads(JsonFormatter().format(captured[0]))
+    assert doc["event"] == "following" and doc["version"] == 3 and doc["seconds_behind"] == 1.5
+    assert doc["message"] == "following: at version 3"
