@@ -67,6 +67,9 @@ pytest.importorskip("kafka")
 pytest.importorskip("deltalake")
 
 from deltalake import DeltaTable, write_deltalake
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
+from crash import POINTS, run_campaign
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.partitioner.default import murmur2 as kafka_murmur2
@@ -77,7 +80,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
 WAIT = 90.0
 PARTITIONS = 3
-POINTS = ("after_write", "after_flush", "after_snapshot", "after_save")
 Row = tuple[tuple[str, Hashable], ...]
 Pos = tuple[int, int]  # version, index (change rows only: these tests never take an initial snapshot)
 
@@ -593,24 +595,18 @@ class Campaign:
         return int(proc.returncode)
 
     def campaign(self, kills_wanted: int, *, max_runs: int, delay: float, first: Sequence[str] = ()) -> None:
-        """The ``first`` specs, then random ones, until ``kills_wanted`` distinct kill points were hit or a
-        crash-point run got to the end (later kills would all land after it); then a clean run."""
-        for i in range(max_runs):
-            if len(self.kills) >= kills_wanted:
-                break
-            roll = self.rng.random()
-            if i < len(first):
-                spec = first[i]
-            elif roll < 0.3:
-                spec = f"kill:{delay}"
-            elif roll < 0.36:
-                spec = f"term:{delay}"
-            else:
-                point = self.rng.choice(POINTS)
-                spec = f"{point}:{self.rng.randint(1, 4 if point == 'after_write' else 2)}"
-            if self.run(spec) == 0 and spec.partition(":")[0] in POINTS:
-                break
-        assert self.run("clean") == 0
+        """Crash runs until ``kills_wanted`` distinct kill points were hit, then a clean run (tests/crash.py)."""
+        run_campaign(
+            self.run,
+            self.kills,
+            self.rng,
+            kills_wanted=kills_wanted,
+            max_runs=max_runs,
+            delay=delay,
+            first=first,
+            kill_share=0.3,
+            term_share=0.06,
+        )
         assert saved_cursor(self.state) == (self.table.latest + 1, 0)
 
 

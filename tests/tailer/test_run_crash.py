@@ -45,10 +45,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
+from crash import POINTS, run_campaign
+
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
 CDF = {"delta.enableChangeDataFeed": "true"}
-POINTS = ("after_write", "after_flush", "after_snapshot", "after_save")
 Row = tuple[tuple[str, Hashable], ...]
 Pos = tuple[int, bool, int]  # version, snapshot, index
 
@@ -242,24 +244,18 @@ class Campaign:
         return code
 
     def campaign(self, kills_wanted: int, *, max_runs: int, delay: float, first: Sequence[str] = ()) -> None:
-        """Runs with the ``first`` specs, then random ones, until ``kills_wanted`` distinct kill points were hit
-        or a run got to the end; then a clean run."""
-        for i in range(max_runs):
-            if len(self.kills) >= kills_wanted:
-                break
-            roll = self.rng.random()
-            if i < len(first):
-                spec = first[i]
-            elif roll < 0.25:
-                spec = f"kill:{delay}"
-            elif roll < 0.32:
-                spec = f"term:{delay}"
-            else:
-                point = self.rng.choice(POINTS)
-                spec = f"{point}:{self.rng.randint(1, 4 if point == 'after_write' else 2)}"
-            if self.run(spec) == 0 and spec.partition(":")[0] in POINTS:
-                break  # caught up: kills from here on would all land after the end
-        assert self.run("clean") == 0
+        """Crash runs until ``kills_wanted`` distinct kill points were hit, then a clean run (tests/crash.py)."""
+        run_campaign(
+            self.run,
+            self.kills,
+            self.rng,
+            kills_wanted=kills_wanted,
+            max_runs=max_runs,
+            delay=delay,
+            first=first,
+            kill_share=0.25,
+            term_share=0.07,
+        )
 
 
 def _drain(pipe: IO[bytes] | None, into: bytearray) -> threading.Thread:

@@ -1,0 +1,52 @@
+"""The crash-campaign skeleton shared by the tailer's and the Kafka sink's kill tests.
+
+A campaign runs ``deltatail run`` again and again on one state directory, each
+run ended by a spec: ``<crash point>:<n>`` (``DELTATAIL_CRASH_AT``, a SIGKILL at
+a named point of the run loop), ``kill:<s>``/``term:<s>`` (SIGKILL/SIGTERM at a
+random instant up to ``s`` seconds after the run shows progress), or ``clean``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence, Sized
+
+#: The run loop's crash points (tailer/faults.py).
+POINTS = ("after_write", "after_flush", "after_snapshot", "after_save")
+
+
+def next_spec(rng: random.Random, delay: float, *, kill_share: float, term_share: float) -> str:
+    """A random spec: a random-instant SIGKILL or SIGTERM, or a crash point at a small count."""
+    roll = rng.random()
+    if roll < kill_share:
+        return f"kill:{delay}"
+    if roll < kill_share + term_share:
+        return f"term:{delay}"
+    point = rng.choice(POINTS)
+    return f"{point}:{rng.randint(1, 4 if point == 'after_write' else 2)}"
+
+
+def run_campaign(
+    run: Callable[[str], int],
+    kills: Sized,
+    rng: random.Random,
+    *,
+    kills_wanted: int,
+    max_runs: int,
+    delay: float,
+    first: Sequence[str] = (),
+    kill_share: float = 0.3,
+    term_share: float = 0.06,
+) -> None:
+    """The ``first`` specs, then random ones, until ``kills`` holds ``kills_wanted`` distinct kill points or a
+    crash-point run got to the end (later kills would all land after it); then a clean run.
+
+    ``run`` runs one spec and returns the exit code; it records kill points in ``kills``.
+    """
+    for i in range(max_runs):
+        if len(kills) >= kills_wanted:
+            break
+        spec = first[i] if i < len(first) else next_spec(rng, delay, kill_share=kill_share, term_share=term_share)
+        if run(spec) == 0 and spec.partition(":")[0] in POINTS:
+            break
+    assert run("clean") == 0
