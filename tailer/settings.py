@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from state.errors import ConfigError
 
-#: Settings of ``deltatail run`` and their types.
-RUN_SETTINGS: dict[str, type] = {
+
+def version_value(value: Any) -> int | str:
+    """A version setting: a number, or ``latest``."""
+    if value == "latest":
+        return "latest"
+    if isinstance(value, bool):
+        raise ValueError(f"not a version: {value!r}")
+    return int(value)
+
+
+#: Settings of ``deltatail run`` and their types (or converters).
+RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "state_dir": str,
     "sink": str,
-    "starting_version": str,
+    "starting_version": version_value,
     "starting_timestamp": str,
     "initial_snapshot": bool,
     "poll_interval": float,
