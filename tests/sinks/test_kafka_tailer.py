@@ -721,8 +721,9 @@ def test_exactly_once_reopens_a_busy_topic(kafka: Any, tables: dict[str, Table],
     """A second ``exactly_once=true`` run over a topic whose partitions hold more than 500 messages each
     (kafka-python's ``max_poll_records``) must open, find nothing new and exit 0.
 
-    Fails today (bug in ``sinks/kafka.py`` ``_TailReader``): ``open`` times out reading the partition
-    tails, so the tailer cannot restart at all once a partition holds that many messages."""
+    A regression test: pausing part of a multi-partition assignment once left kafka-python holding
+    fetched records it never returned, so ``open`` timed out reading the partition tails and the tailer
+    could not restart once a partition held that many messages."""
     table = tables["large"]
     topic = new_topic(kafka.bootstrap)
     uri = kafka.uri(topic, key="id", exactly_once=True, open_timeout_ms=5000)

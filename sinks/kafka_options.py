@@ -1,0 +1,312 @@
+"""The Kafka sink's URI and options, topic templates, and Java-compatible partition choice (see :mod:`sinks.kafka`)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import logging
+import os
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from kafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
+
+from sinks.base import TableInfo
+from state.errors import ConfigError
+
+#: Options that may also come from ``KAFKA_<NAME>`` and the kafka-python setting each feeds.
+SECURITY_OPTIONS: dict[str, str] = {
+    "security_protocol": "security_protocol",
+    "sasl_mechanism": "sasl_mechanism",
+    "sasl_username": "sasl_plain_username",
+    "sasl_password": "sasl_plain_password",
+    "ssl_cafile": "ssl_cafile",
+    "ssl_certfile": "ssl_certfile",
+    "ssl_keyfile": "ssl_keyfile",
+    "ssl_password": "ssl_password",
+    "ssl_check_hostname": "ssl_check_hostname",
+}
+#: The same security options under librdkafka's names (``ssl_check_hostname`` is mapped apart).
+_LIBRDKAFKA_SECURITY: dict[str, str] = {
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_username": "sasl.username",
+    "sasl_password": "sasl.password",
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+    "ssl_password": "ssl.key.password",
+}
+#: Producer libraries: kafka-python (pure Python, always there) or confluent-kafka (librdkafka, optional).
+BACKENDS = ("kafka-python", "confluent")
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
+_CODECS: dict[str, Callable[[], bool]] = {"gzip": has_gzip, "snappy": has_snappy, "lz4": has_lz4, "zstd": has_zstd}
+_INT_OPTIONS = (
+    "linger_ms",
+    "batch_size",
+    "max_message_bytes",
+    "delivery_timeout_ms",
+    "request_timeout_ms",
+    "retry_backoff_ms",
+    "reconnect_backoff_max_ms",
+    "open_timeout_ms",
+)
+_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaOptions:
+    """A parsed ``kafka://`` URI. See the module docstring for the meaning of each field."""
+
+    bootstrap: tuple[str, ...]
+    topic: str
+    format: str = "json"
+    key_columns: tuple[str, ...] = ()
+    tombstones: bool = False
+    exactly_once: bool = False
+    commit_topic: str | None = None
+    sink_id: str | None = None
+    backend: str = "kafka-python"
+    linger_ms: int = 10
+    batch_size: int = 262_144
+    compression: str | None = None
+    max_message_bytes: int = 1_048_576
+    delivery_timeout_ms: int = 120_000
+    request_timeout_ms: int = 30_000
+    retry_backoff_ms: int = 100
+    reconnect_backoff_max_ms: int = 1_000
+    open_timeout_ms: int = 30_000
+    security: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def from_uri(uri: str, env: Mapping[str, str] | None = None) -> KafkaOptions:
+        """Parse a ``kafka://`` URI; security options missing from it are read from ``env``.
+
+        Args:
+            uri: the sink URI.
+            env: the environment to read ``KAFKA_*`` variables from; ``os.environ`` if ``None``.
+
+        Raises:
+            ConfigError: on a malformed URI, an unknown or repeated option, or a bad value.
+        """
+        parts = urlsplit(uri)
+        if parts.scheme != "kafka":
+            raise ConfigError(f"not a kafka:// URI: {uri!r}")
+        bootstrap = tuple(_check_host(h, uri) for h in parts.netloc.split(","))
+        topic = unquote(parts.path.lstrip("/"))
+        if not topic or "/" in topic:
+            raise ConfigError(f"kafka URI {uri!r} needs exactly one topic after the hosts: kafka://HOST:PORT/TOPIC")
+        raw = _query(parts.query, uri)
+        env = os.environ if env is None else env
+        for name in SECURITY_OPTIONS:
+            if name not in raw and env.get(f"KAFKA_{name.upper()}"):
+                raw[name] = env[f"KAFKA_{name.upper()}"]
+        return _build_options(bootstrap, topic, raw, uri)
+
+    def producer_config(self) -> dict[str, Any]:
+        """The settings handed to ``KafkaProducer`` (idempotence and ``acks`` set explicitly)."""
+        return {
+            **self._client_config(),
+            "enable_idempotence": True,
+            "acks": "all",
+            "linger_ms": self.linger_ms,
+            "batch_size": self.batch_size,
+            "compression_type": self.compression,
+            "max_request_size": self.max_message_bytes,
+            "delivery_timeout_ms": self.delivery_timeout_ms,
+            "retry_backoff_ms": self.retry_backoff_ms,
+            "max_block_ms": self.open_timeout_ms,
+        }
+
+    def confluent_config(self) -> dict[str, Any]:
+        """The settings handed to confluent-kafka's ``Producer`` (librdkafka names)."""
+        security = {_LIBRDKAFKA_SECURITY[k]: v for k, v in self.security.items() if k != "ssl_check_hostname"}
+        if "ssl_check_hostname" in self.security:
+            security["ssl.endpoint.identification.algorithm"] = (
+                "https" if self.security["ssl_check_hostname"] else "none"
+            )
+        return {
+            "bootstrap.servers": ",".join(self.bootstrap),
+            "client.id": "deltatail",
+            "enable.idempotence": True,
+            "acks": "all",
+            "enable.gapless.guarantee": True,
+            "delivery.report.only.error": True,
+            "linger.ms": self.linger_ms,
+            "batch.size": min(self.batch_size, self.max_message_bytes),
+            "compression.type": self.compression or "none",
+            "message.max.bytes": self.max_message_bytes,
+            "message.timeout.ms": self.delivery_timeout_ms,
+            "request.timeout.ms": self.request_timeout_ms,
+            "retry.backoff.ms": self.retry_backoff_ms,
+            "reconnect.backoff.max.ms": self.reconnect_backoff_max_ms,
+            "logger": logging.getLogger("sinks.kafka.librdkafka"),
+            **security,
+        }
+
+    def consumer_config(self) -> dict[str, Any]:
+        """The settings of the consumer that reads partition tails in ``open`` (no group, no commits)."""
+        return {
+            **self._client_config(),
+            "group_id": None,
+            "enable_auto_commit": False,
+            "fetch_max_wait_ms": 100,
+            "max_partition_fetch_bytes": max(self.max_message_bytes, 1_048_576),
+        }
+
+    def _client_config(self) -> dict[str, Any]:
+        return {
+            "bootstrap_servers": list(self.bootstrap),
+            "client_id": "deltatail",
+            "request_timeout_ms": self.request_timeout_ms,
+            "reconnect_backoff_ms": min(50, self.reconnect_backoff_max_ms),
+            "reconnect_backoff_max_ms": self.reconnect_backoff_max_ms,
+            "bootstrap_timeout_ms": self.open_timeout_ms,
+            **{SECURITY_OPTIONS[k]: v for k, v in self.security.items()},
+        }
+
+
+def _check_host(host: str, uri: str) -> str:
+    name, sep, port = host.rpartition(":")
+    if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"kafka URI {uri!r}: {host!r} is not HOST:PORT")
+    return host
+
+
+def _query(query: str, uri: str) -> dict[str, str]:
+    known = {
+        "format", "key", "tombstones", "exactly_once", "commit_topic", "sink_id", "compression", "backend",
+        *_INT_OPTIONS, *SECURITY_OPTIONS,
+    }  # fmt: skip
+    raw: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+        if name not in known:
+            raise ConfigError(f"kafka URI {uri!r}: unknown option {name!r}; known: {', '.join(sorted(known))}")
+        if name in raw:
+            raise ConfigError(f"kafka URI {uri!r}: option {name!r} given twice")
+        raw[name] = value
+    return raw
+
+
+def _bool(name: str, value: str, uri: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"kafka URI {uri!r}: option {name}={value!r} is not true or false")
+
+
+def _int(name: str, value: str, uri: str) -> int:
+    smallest = 0 if name == "linger_ms" else 1
+    if not value.isdigit() or int(value) < smallest:
+        raise ConfigError(f"kafka URI {uri!r}: option {name}={value!r} is not an integer >= {smallest}")
+    return int(value)
+
+
+def _build_options(bootstrap: tuple[str, ...], topic: str, raw: dict[str, str], uri: str) -> KafkaOptions:
+    opts = KafkaOptions(bootstrap, topic)
+    ints: dict[str, Any] = {k: _int(k, raw[k], uri) for k in _INT_OPTIONS if k in raw}
+    fmt = raw.get("format", "json")
+    if fmt not in ("json", "debezium"):
+        raise ConfigError(f"kafka URI {uri!r}: format={fmt!r}; expected json or debezium")
+    keys = tuple(k.strip() for k in raw["key"].split(",")) if raw.get("key") else ()
+    if any(not k for k in keys):
+        raise ConfigError(f"kafka URI {uri!r}: key={raw['key']!r} has an empty column name")
+    opts = replace(
+        opts,
+        format=fmt,
+        key_columns=keys,
+        tombstones=_bool("tombstones", raw.get("tombstones", "false"), uri),
+        exactly_once=_bool("exactly_once", raw.get("exactly_once", "false"), uri),
+        commit_topic=raw.get("commit_topic") or None,
+        sink_id=raw.get("sink_id") or None,
+        backend=_backend(raw.get("backend", "kafka-python"), uri),
+        compression=_compression(raw.get("compression", "none"), raw.get("backend", "kafka-python"), uri),
+        security=_security(raw, uri),
+        **ints,
+    )
+    if opts.tombstones and not opts.key_columns:
+        raise ConfigError(f"kafka URI {uri!r}: tombstones=true needs key=COL,... (a position key never repeats)")
+    return opts
+
+
+def _backend(name: str, uri: str) -> str:
+    if name not in BACKENDS:
+        raise ConfigError(f"kafka URI {uri!r}: backend={name!r}; expected one of {', '.join(BACKENDS)}")
+    if name == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
+        raise ConfigError(f"kafka URI {uri!r}: backend=confluent needs the package confluent-kafka")
+    return name
+
+
+def _compression(name: str, backend: str, uri: str) -> str | None:
+    if name == "none":
+        return None
+    if name not in _CODECS:
+        raise ConfigError(f"kafka URI {uri!r}: compression={name!r}; expected none, {', '.join(_CODECS)}")
+    if backend == "kafka-python" and not _CODECS[name]():  # librdkafka has every codec built in
+        raise ConfigError(f"kafka URI {uri!r}: compression={name} needs a Python package that is not installed")
+    return name
+
+
+def _security(raw: dict[str, str], uri: str) -> dict[str, Any]:
+    sec: dict[str, Any] = {k: raw[k] for k in SECURITY_OPTIONS if k in raw}
+    if sec.get("security_protocol", "PLAINTEXT") not in _PROTOCOLS:
+        raise ConfigError(f"kafka URI {uri!r}: security_protocol={sec['security_protocol']!r}; expected {_PROTOCOLS}")
+    if sec.get("sasl_mechanism", "PLAIN") not in _MECHANISMS:
+        raise ConfigError(f"kafka URI {uri!r}: sasl_mechanism={sec['sasl_mechanism']!r}; expected {_MECHANISMS}")
+    if "ssl_check_hostname" in sec:
+        sec["ssl_check_hostname"] = _bool("ssl_check_hostname", sec["ssl_check_hostname"], uri)
+    return sec
+
+
+def fill_topic(template: str, table: TableInfo) -> str:
+    """Fill ``{table_name}`` / ``{table_id}`` in a topic template and check the result is a legal topic.
+
+    Raises:
+        ConfigError: if the template names another field, needs a name the table lacks, or
+            yields an illegal topic name (Kafka allows ``[a-zA-Z0-9._-]``, at most 249 characters).
+    """
+    try:
+        topic = template.format_map({"table_name": table.name, "table_id": table.table_id})
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(f"topic template {template!r} is invalid: {e}", table=table.path) from e
+    if "{table_name}" in template and not table.name:
+        raise ConfigError(f"topic template {template!r} needs a table name, and the table has none", table=table.path)
+    if not topic or len(topic) > 249 or not set(topic) <= _TOPIC_CHARS or topic in (".", ".."):
+        raise ConfigError(f"topic {topic!r} (from {template!r}) is not a legal Kafka topic name", table=table.path)
+    return topic
+
+
+def default_sink_id(table_id: str, topic: str) -> str:
+    """The sink id used when the URI names none: stable for a (table id, topic) pair."""
+    return "dt-" + hashlib.sha256(f"{table_id}\0{topic}".encode()).hexdigest()[:16]
+
+
+def choose_partition(key: bytes, partitions: int) -> int:
+    """The partition of a key: positive murmur2 modulo the count, as Kafka's Java client does."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+_MURMUR_M, _MASK32 = 0x5BD1E995, 0xFFFFFFFF
+_WORDS = struct.Struct("<I").iter_unpack
+
+
+def murmur2(data: bytes) -> int:
+    """32-bit MurmurHash2 with Kafka's seed, as an unsigned int (Java's ``Utils.murmur2`` reads it signed)."""
+    n = len(data)
+    h = 0x9747B28C ^ n
+    end = n & ~3
+    for (k,) in _WORDS(data[:end]):
+        k = (k * _MURMUR_M) & _MASK32
+        k = ((k ^ (k >> 24)) * _MURMUR_M) & _MASK32
+        h = ((h * _MURMUR_M) & _MASK32) ^ k
+    if end != n:  # the last 1-3 bytes, little-endian
+        h = ((h ^ int.from_bytes(data[end:], "little")) * _MURMUR_M) & _MASK32
+    h = ((h ^ (h >> 13)) * _MURMUR_M) & _MASK32
+    return h ^ (h >> 15)
