@@ -56,7 +56,7 @@ from deltalake import DeltaTable, write_deltalake
 from sinks.base import ChangeBatch, CommitEvent, Sink, TableInfo
 from sinks.embedded import JsonLinesSink
 from state.cursor import Position
-from tailer.run import Tailer, TailerConfig
+from tailer.run import Tailer, TailerConfig, tune_for_latency
 
 CDF = {"delta.enableChangeDataFeed": "true"}
 CHECKPOINT_EVERY = 100
@@ -633,6 +633,7 @@ def run(cfg: Config, base: Path, argv: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_args(args)
+    tune_for_latency()  # as `deltatail run` does
     if cfg.data_dir is not None:
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(prefix="deltatail-latency-", dir=cfg.data_dir))

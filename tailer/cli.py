@@ -21,7 +21,7 @@ from tailer import logs
 from tailer.changes import ChangeFeed, ChangeOptions, change_schema
 from tailer.log import DeltaLog
 from tailer.report import snapshot_document, snapshot_text
-from tailer.run import TailerConfig, TailerService
+from tailer.run import TailerConfig, TailerService, tune_for_latency
 from tailer.settings import merge, parse_timestamp_ms
 from tailer.sink_uri import open_sink
 
@@ -144,6 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     uri = s.get("sink", "jsonl:-")
     retries = s.get("sink_retries", -1)
+    tune_for_latency()
     service = TailerService(config, lambda: open_sink(uri), retries=None if retries < 0 else retries)
     service.install_signal_handlers()
     progress = service.run()
