@@ -668,9 +668,8 @@ def test_kills_and_restarts_deliver_exactly_once(
     """``exactly_once=true``: 30+ distinct SIGKILLs over a table of small commits and one with a 64,000-row
     commit (32 batches), each followed by a restart on the same state directory; the topic ends up with
     every expected change exactly once (positions from the headers, row contents against ``load_cdf``).
-
-    With 3 partitions this fails today: once a partition holds more than 500 messages, the sink's
-    ``open`` cannot read the partition tails (see ``test_exactly_once_reopens_a_busy_topic``)."""
+    With 3 partitions each partition ends up holding more than 500 messages, which once stalled the
+    sink's ``open`` (see ``test_exactly_once_reopens_a_busy_topic``)."""
     if backend == "confluent":
         pytest.importorskip("confluent_kafka")
     kills: dict[tuple[Hashable, ...], Kill] = {}
@@ -714,7 +713,9 @@ def test_kills_and_restarts_deliver_at_least_once(kafka: Any, tables: dict[str, 
             c.watch.close()
         assert len(c.kills) >= wanted // 2
         repeats = assert_at_least_once(read_topic(kafka, topic), expected_rows(table.root))
-        assert repeats > 0  # after_flush:1 killed it between a flush and the cursor save: version 0 came twice
+        if name == "mixed":  # after_flush:1 killed it between a flush and the cursor save: version 0 came twice
+            assert repeats > 0, name
+        # (on "large" a kill may land before the producer sent anything it had queued: no repeat is owed)
 
 
 def test_exactly_once_reopens_a_busy_topic(kafka: Any, tables: dict[str, Table], tmp_path: Path) -> None:
