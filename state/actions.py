@@ -138,6 +138,15 @@ class Protocol:
     reader_features: frozenset[str] | None = None
     writer_features: frozenset[str] | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """The action's body as the log writes it (feature lists sorted)."""
+        return {
+            "minReaderVersion": self.min_reader_version,
+            "minWriterVersion": self.min_writer_version,
+            "readerFeatures": None if self.reader_features is None else sorted(self.reader_features),
+            "writerFeatures": None if self.writer_features is None else sorted(self.writer_features),
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class Format:

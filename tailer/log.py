@@ -33,7 +33,6 @@ from state.commit import Commit
 from state.errors import (
     DeltaTailError,
     IncompleteCheckpointError,
-    InvalidLogError,
     MissingFileError,
     TableNotFoundError,
     VersionGapError,
@@ -64,11 +63,6 @@ class LogListing:
     commits: dict[int, FileInfo] = field(default_factory=dict)
     compactions: list[LogFile] = field(default_factory=list)
     checkpoints: dict[int, list[LogFile]] = field(default_factory=dict)
-
-    @property
-    def max_commit(self) -> int | None:
-        """The newest commit version listed."""
-        return max(self.commits) if self.commits else None
 
     def complete_checkpoints(self, at_most: int) -> list[CheckpointRef]:
         """Complete checkpoints at or below ``at_most``, newest first (sidecars not yet checked)."""
@@ -376,4 +370,4 @@ def _latest(listing: LogListing) -> int | None:
     return max(candidates) if candidates else None
 
 
-__all__ = ["CheckpointRef", "DeltaLog", "InvalidLogError", "LogListing"]
+__all__ = ["CheckpointRef", "DeltaLog", "LogListing"]

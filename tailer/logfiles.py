@@ -99,11 +99,6 @@ def classify(name: str) -> LogFile:
     return LogFile(name, LogFileKind.UNKNOWN)
 
 
-def commit_name(version: int) -> str:
-    """The file name of commit ``version``."""
-    return f"{version:020d}.json"
-
-
 def start_after_for(version: int) -> str | None:
     """A ``start_after`` name that lists every file of ``version`` and later, and none before it."""
     return None if version <= 0 else f"{version - 1:020d}.~"

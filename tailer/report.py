@@ -37,12 +37,7 @@ def snapshot_document(snap: Snapshot) -> dict[str, Any]:
     files.sort(key=lambda f: (f["path"], f["dvUniqueId"] or ""))
     return {
         "version": snap.version,
-        "protocol": {
-            "minReaderVersion": p.min_reader_version,
-            "minWriterVersion": p.min_writer_version,
-            "readerFeatures": None if p.reader_features is None else sorted(p.reader_features),
-            "writerFeatures": None if p.writer_features is None else sorted(p.writer_features),
-        },
+        "protocol": p.to_json(),
         "metadata": {
             "id": m.id,
             "schema": None if m.schema_string is None else orjson.loads(m.schema_string),

@@ -297,14 +297,7 @@ def snapshot_table(snap: Snapshot) -> pa.Table:
     assert snap.protocol is not None and snap.metadata is not None
     p, m = snap.protocol, snap.metadata
     head: list[dict[str, Any]] = [
-        {
-            "protocol": {
-                "minReaderVersion": p.min_reader_version,
-                "minWriterVersion": p.min_writer_version,
-                "readerFeatures": None if p.reader_features is None else sorted(p.reader_features),
-                "writerFeatures": None if p.writer_features is None else sorted(p.writer_features),
-            }
-        },
+        {"protocol": p.to_json()},
         {
             "metaData": {
                 "id": m.id,
