@@ -102,9 +102,24 @@ class StructField:
 
 @dataclass(frozen=True, slots=True)
 class StructType:
-    """A struct; the table schema is one."""
+    """A struct; the table schema is one.
+
+    Hashable with the hash computed once (schemas key the readers' caches, so a
+    lookup per file must not walk the whole schema).
+    """
 
     fields: tuple[StructField, ...]
+    _hash: int = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self.fields))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[StructType], tuple[tuple[StructField, ...]]]:
+        # The cached hash is per process (string hashing is salted): rebuild it on unpickling.
+        return (StructType, (self.fields,))
 
     def field(self, name: str) -> StructField:
         """The field named ``name``; raises ``KeyError`` if absent."""

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import bisect
 import functools
+import queue
+import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -53,7 +55,7 @@ from state.snapshot import Snapshot
 from tailer.deletion_vectors import read_deletion_vector
 from tailer.log import DeltaLog, LogListing
 from tailer.netchanges import net_changes
-from tailer.rows import RowFilter, read_file_rows
+from tailer.rows import RowFilter, read_file_columns
 from tailer.storage import Storage
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -73,8 +75,13 @@ class ChangeOptions:
             (Delta CDF semantics); off by default, the add/remove fallback works on any table.
         allow_non_additive: read across non-additive schema changes (drop, rename, type change).
         batch_size: the largest number of rows in one output batch.
-        read_ahead: how many small files :meth:`ChangeFeed.batches` reads ahead on worker
-            threads (0: read each file when its turn comes).
+        read_ahead: how many file tasks :meth:`ChangeFeed.batches` plans ahead of the
+            consumer (0: plan and read each file when its turn comes, on the calling thread).
+        read_ahead_min_bytes: files at least this large are read by worker threads ahead of
+            their turn, into a bounded buffer of :data:`READ_AHEAD_BATCHES` batches each (their
+            decoding releases the GIL, so two files decode at once). Smaller files are read
+            when their turn comes: for them Python set-up dominates and threads only contend
+            for the GIL.
     """
 
     net_changes: bool = False
@@ -83,6 +90,7 @@ class ChangeOptions:
     allow_non_additive: bool = False
     batch_size: int = 65536
     read_ahead: int = 16
+    read_ahead_min_bytes: int = 512 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +161,7 @@ def read_task(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: in
     if row_filter is not None and row_filter.keep and len(row_filter.rows) == 0:
         return
     out_schema = change_schema(schema)
-    batches = read_file_rows(
+    columns_of_batches = read_file_columns(
         storage,
         ctx.table_root,
         task.path,
@@ -167,26 +175,39 @@ def read_task(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: in
         table=ctx.table_root,
         version=ctx.version,
     )
-    for batch in batches:
-        n = batch.num_rows
-        if n == 0:
-            continue
-        columns = list(batch.columns)
-        if not task.is_cdc:
-            columns.append(_constant(task.change_type, pa.string(), n))
-        columns.append(_constant(ctx.version, pa.int64(), n))
-        columns.append(_constant(ctx.timestamp_ms * 1000, TIMESTAMP, n))
+    for columns in columns_of_batches:
+        n = len(columns[0])
+        if task.change_type is not None:
+            columns.append(_change_types(task.change_type, n))
+        columns.append(_int64s(ctx.version, pa.int64(), n))
+        columns.append(_int64s(ctx.timestamp_ms * 1000, TIMESTAMP, n))
         yield pa.RecordBatch.from_arrays(columns, schema=out_schema)
 
 
-def _constant(value: object, dtype: pa.DataType, n: int) -> pa.Array:
-    return pa.repeat(pa.scalar(value, dtype), n)
+def _int64s(value: int, dtype: pa.DataType, n: int) -> pa.Array:
+    """``n`` copies of a 64-bit value (int64 or timestamp), straight from one buffer (no scalar boxing)."""
+    return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(value.to_bytes(8, "little", signed=True) * n)])
 
 
-#: Worker threads reading files ahead (pyarrow decodes without holding the GIL).
+#: Batches up to this many rows share their ``_change_type`` column (small files repeat a few sizes).
+SHARED_CHANGE_TYPE_ROWS = 4096
+
+
+def _change_types(change_type: str, n: int) -> pa.Array:
+    if n <= SHARED_CHANGE_TYPE_ROWS:
+        return _shared_change_types(change_type, n)
+    return pa.repeat(pa.scalar(change_type, pa.string()), n)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_change_types(change_type: str, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(change_type, pa.string()), n)
+
+
+#: Worker threads reading large files ahead (pyarrow decodes without holding the GIL).
 READ_THREADS = 2
-#: Files at most this large are read whole, ahead, on a worker thread.
-READ_AHEAD_BYTES = 8 << 20
+#: Batches one worker may hold ahead of the consumer, per file (bounds the memory of reading ahead).
+READ_AHEAD_BATCHES = 16
 
 
 class _EndOfPlans(DeltaTailError):
@@ -196,19 +217,65 @@ class _EndOfPlans(DeltaTailError):
 _END = _EndOfPlans("end of plans")
 
 
-def _small(task: FileTask) -> bool:
-    return task.size is not None and 0 <= task.size <= READ_AHEAD_BYTES
+class _Prefetch:
+    """One file task read on a worker thread into a bounded queue, consumed in order by one reader.
 
+    The worker stops early when the consumer goes away (:meth:`cancel`). An
+    exception in the worker is handed over in the queue and raised to the
+    consumer after every batch before it.
+    """
 
-def _read_all(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: int) -> list[pa.RecordBatch]:
-    return list(read_task(storage, ctx, task, batch_size))
+    _DONE = object()
+
+    def __init__(self, pool: ThreadPoolExecutor, read: Callable[[], Iterator[pa.RecordBatch]]) -> None:
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=READ_AHEAD_BATCHES)
+        self._cancelled = threading.Event()
+        self._future = pool.submit(self._run, read)
+
+    def _put(self, item: object) -> bool:
+        while not self._cancelled.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+            except queue.Full:
+                continue
+            return True
+        return False
+
+    def _run(self, read: Callable[[], Iterator[pa.RecordBatch]]) -> None:
+        try:
+            for batch in read():
+                if not self._put(batch):
+                    return
+        except BaseException as e:  # handed to the consumer, raised there
+            self._put(e)
+            return
+        self._put(self._DONE)
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The task's batches, in order; raises what reading raised."""
+        try:
+            while True:
+                item = self._queue.get()
+                if item is self._DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, pa.RecordBatch)
+                yield item
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        """Stop the worker (if still reading) and drop what it buffered."""
+        self._cancelled.set()
+        self._future.cancel()
 
 
 def _in_order(
-    storage: Storage, plan: VersionPlan, futures: list[Future[list[pa.RecordBatch]] | None], batch_size: int
+    storage: Storage, plan: VersionPlan, fetches: list[_Prefetch | None], batch_size: int
 ) -> Iterator[Iterable[pa.RecordBatch]]:
-    for task, future in zip(plan.tasks, futures, strict=True):
-        yield future.result() if future is not None else read_task(storage, plan.context, task, batch_size)
+    for task, fetch in zip(plan.tasks, fetches, strict=True):
+        yield fetch.batches() if fetch is not None else read_task(storage, plan.context, task, batch_size)
 
 
 class ChangeFeed:
@@ -474,26 +541,39 @@ class ChangeFeed:
             for plan in plans:
                 yield from self.plan_batches(plan)
             return
-        with ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="deltatail-read") as pool:
-            for plan, task_batches in self._read_ahead(plans, pool):
+        pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="deltatail-read")
+        pending: deque[tuple[VersionPlan, list[_Prefetch | None]]] = deque()
+        try:
+            for plan, task_batches in self._read_ahead(plans, pool, pending):
                 yield from self.plan_batches(plan, task_batches)
+        finally:
+            for _, fetches in pending:
+                for fetch in fetches:
+                    if fetch is not None:
+                        fetch.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _read_ahead(
-        self, plans: Iterator[VersionPlan], pool: ThreadPoolExecutor
+        self,
+        plans: Iterator[VersionPlan],
+        pool: ThreadPoolExecutor,
+        pending: deque[tuple[VersionPlan, list[_Prefetch | None]]],
     ) -> Iterator[tuple[VersionPlan, Iterator[Iterable[pa.RecordBatch]]]]:
-        """Plan ahead and read up to ``read_ahead`` small files on worker threads while earlier rows are handed on.
+        """Plan up to ``read_ahead`` tasks ahead and start reading their large files on workers.
 
-        Files of at most :data:`READ_AHEAD_BYTES` are read whole on a worker (pyarrow
-        decodes without the GIL); bigger ones are streamed in order when their turn
-        comes, so memory stays bounded. Rows come out in exactly the order of
-        sequential reading, and an error is raised only after every row before it.
+        Files of at least ``read_ahead_min_bytes`` are read on a worker into a
+        bounded queue (at most :data:`READ_THREADS` of them ahead at once, so memory
+        stays bounded); the rest are read when their turn comes. Rows come out in
+        exactly the order of sequential reading, and an error is raised only after
+        every row before it. ``pending`` holds what was started and not yet handed
+        on (the caller cancels it if the consumer stops early).
         """
-        queue: deque[tuple[VersionPlan, list[Future[list[pa.RecordBatch]] | None]]] = deque()
         ahead = 0
+        large_ahead = 0
         failure: DeltaTailError | None = None
         bs = self.options.batch_size
         while True:
-            if failure is None and ahead < self.options.read_ahead:
+            if failure is None and ahead < self.options.read_ahead and large_ahead < READ_THREADS:
                 try:
                     plan = next(plans)
                 except StopIteration:
@@ -501,20 +581,24 @@ class ChangeFeed:
                 except DeltaTailError as e:
                     failure = e
                 else:
-                    futures = [
-                        pool.submit(_read_all, self.storage, plan.context, t, bs) if _small(t) else None
-                        for t in plan.tasks
-                    ]
-                    queue.append((plan, futures))
+                    fetches = [self._prefetch(pool, plan, t) for t in plan.tasks]
+                    pending.append((plan, fetches))
                     ahead += len(plan.tasks) or 1
+                    large_ahead += sum(f is not None for f in fetches)
                     continue
-            if not queue:
+            if not pending:
                 break
-            plan, futures = queue.popleft()
+            plan, fetches = pending.popleft()
             ahead -= len(plan.tasks) or 1
-            yield plan, _in_order(self.storage, plan, futures, bs)
+            large_ahead -= sum(f is not None for f in fetches)
+            yield plan, _in_order(self.storage, plan, fetches, bs)
         if failure is not None and failure is not _END:
             raise failure
+
+    def _prefetch(self, pool: ThreadPoolExecutor, plan: VersionPlan, task: FileTask) -> _Prefetch | None:
+        if task.size is None or task.size < self.options.read_ahead_min_bytes:
+            return None
+        return _Prefetch(pool, functools.partial(read_task, self.storage, plan.context, task, self.options.batch_size))
 
     def read_table(
         self,

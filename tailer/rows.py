@@ -23,6 +23,8 @@ how the physical file is mapped onto that:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -82,6 +84,11 @@ def output_schema(
     Raises:
         ConfigError: if ``columns`` names a column the schema does not have.
     """
+    return _output_schema(schema, None if columns is None else tuple(columns), keep_change_type)
+
+
+@functools.lru_cache(maxsize=256)
+def _output_schema(schema: StructType, columns: tuple[str, ...] | None, keep_change_type: bool) -> pa.Schema:
     arrow = schema.to_arrow()
     fields = [arrow.field(f.name) for f in _selected_fields(schema, columns)]
     if keep_change_type:
@@ -94,7 +101,7 @@ def resolve_data_path(table_root: str, path: str) -> str:
 
     ``path`` is already percent-decoded (see :mod:`state.actions`).
     """
-    if path.startswith("/") or _SCHEME.match(path):
+    if path.startswith("/") or (":" in path and _SCHEME.match(path)):
         return path
     return f"{table_root.rstrip('/')}/{path}"
 
@@ -149,26 +156,86 @@ def read_file_rows(
         ConfigError: if ``columns`` names a column the schema does not have.
         DeltaTailError: if the file is not readable Parquet.
     """
+    selected = None if columns is None else tuple(columns)
+    try:
+        out = _output_schema(schema, selected, keep_change_type)
+    except DeltaTailError as e:
+        table_name = table if table is not None else table_root
+        e.at(table=table_name, version=version, file=resolve_data_path(table_root, path))
+        raise
+    columns_of_batches = read_file_columns(
+        storage,
+        table_root,
+        path,
+        schema=schema,
+        partition_columns=partition_columns,
+        partition_values=partition_values,
+        column_mapping_mode=column_mapping_mode,
+        row_filter=row_filter,
+        keep_change_type=keep_change_type,
+        columns=selected,
+        batch_size=batch_size,
+        table=table,
+        version=version,
+    )
+    for arrays in columns_of_batches:
+        yield pa.RecordBatch.from_arrays(arrays, schema=out)
+
+
+def read_file_columns(
+    storage: Storage,
+    table_root: str,
+    path: str,
+    *,
+    schema: StructType,
+    partition_columns: tuple[str, ...],
+    partition_values: dict[str, str | None],
+    column_mapping_mode: str,
+    row_filter: RowFilter | None = None,
+    keep_change_type: bool = False,
+    columns: Sequence[str] | None = None,
+    batch_size: int = 65536,
+    table: str | None = None,
+    version: int | None = None,
+) -> Iterator[list[pa.Array]]:
+    """:func:`read_file_rows` without the last step: each batch as its list of columns, in output order.
+
+    For callers that append columns of their own and build each record batch
+    once. Arguments, order, filtering and errors are those of
+    :func:`read_file_rows`; every yielded list is non-empty and its arrays have
+    one common, non-zero length.
+
+    Raises:
+        MissingFileError: if the file does not exist.
+        InvalidLogError: as :func:`read_file_rows`.
+        DeletionVectorError: if the row filter names a row index beyond the end of the file.
+        ConfigError: if ``columns`` names a column the schema does not have.
+        DeltaTailError: if the file is not readable Parquet.
+    """
     location = resolve_data_path(table_root, path)
     table_name = table if table is not None else table_root
+    selected = None if columns is None else tuple(columns)
     try:
-        out = output_schema(schema, columns=columns, keep_change_type=keep_change_type)
-        parquet = _open_parquet(storage, location)
+        source, parquet = _open_parquet(storage, location)
     except DeltaTailError as e:
         e.at(table=table_name, version=version, file=location)
         raise
     try:
-        plan = _plan(
-            parquet.schema_arrow,
-            _selected_fields(schema, columns),
-            frozenset(partition_columns),
+        plan = _bind(
+            _plan(
+                parquet.schema_arrow,
+                schema,
+                selected,
+                tuple(partition_columns),
+                column_mapping_mode,
+                keep_change_type,
+                _field_ids(parquet.schema_arrow) if column_mapping_mode == "id" else (),
+            ),
             partition_values,
-            column_mapping_mode,
-            keep_change_type,
         )
         if row_filter is not None:
             _check_filter(row_filter, parquet.metadata.num_rows)
-        yield from _batches(parquet, plan, out, row_filter, batch_size)
+        yield from _batches(parquet, plan, row_filter, batch_size)
     except DeltaTailError as e:
         e.at(table=table_name, version=version, file=location)
         raise
@@ -176,18 +243,27 @@ def read_file_rows(
         raise DeltaTailError(f"cannot read Parquet data: {e}", table=table_name, version=version, file=location) from e
     finally:
         parquet.close()
+        source.close()
 
 
-def _open_parquet(storage: Storage, location: str) -> pq.ParquetFile:
+def _open_parquet(storage: Storage, location: str) -> tuple[pa.NativeFile, pq.ParquetFile]:
     """Open a Parquet file. The one place that assumes a local file system (pyarrow reads the path itself).
 
-    INT96 timestamps are read at microsecond precision, Delta's timestamp precision.
+    The file is opened as a plain local file without pre-buffering (coalesced
+    reads are for high-latency stores; locally they only add work), which halves
+    the set-up cost of a small file. INT96 timestamps are read at microsecond
+    precision, Delta's timestamp precision. The caller closes both returned objects.
     """
     try:
-        return pq.ParquetFile(to_local_path(location), coerce_int96_timestamp_unit="us")
+        source = pa.OSFile(to_local_path(location))
     except FileNotFoundError as e:
         raise MissingFileError("data file does not exist", file=location) from e
     except (pa.ArrowException, OSError) as e:
+        raise DeltaTailError(f"cannot read Parquet data: {e}", file=location) from e
+    try:
+        return source, pq.ParquetFile(source, pre_buffer=False, coerce_int96_timestamp_unit="us")
+    except (pa.ArrowException, OSError) as e:
+        source.close()
         raise DeltaTailError(f"cannot read Parquet data: {e}", file=location) from e
 
 
@@ -205,59 +281,168 @@ def _selected_fields(schema: StructType, columns: Sequence[str] | None) -> list[
 
 
 @dataclass(frozen=True, slots=True)
+class _Partition:
+    """A partition column before the file's ``partitionValues`` are known.
+
+    The value comes from ``partitionValues`` under the first of ``keys`` present
+    (physical name, then logical), else from the file column ``fallback``.
+    """
+
+    field: StructField
+    keys: tuple[str, ...]
+    fallback: str | None
+    fallback_direct: bool
+
+
+@dataclass(frozen=True, slots=True)
 class _Plan:
     """How each output column is produced from a file batch.
 
-    ``sources[i]`` is the top-level file column name for ``fields[i]``, a constant
-    scalar (a partition value), or ``None`` (absent from the file: nulls).
+    ``sources[i]`` is the position in ``file_columns`` (the top-level file columns
+    read) of the column for ``fields[i]``, a constant scalar (a partition value),
+    ``None`` (absent from the file: nulls), or a :class:`_Partition` still to be
+    bound to a file's partition values.
+    ``direct[i]`` says the file column already has the output type (no conversion).
     """
 
     fields: tuple[StructField, ...]
-    sources: tuple[str | pa.Scalar | None, ...]
+    sources: tuple[int | pa.Scalar | _Partition | None, ...]
+    direct: tuple[bool, ...]
+    targets: tuple[pa.DataType, ...]
     file_columns: tuple[str, ...]
     mode: str
     change_type: bool
+    change_type_direct: bool
+    partitioned: bool
+    bound: dict[tuple[tuple[str, str | None], ...], _Plan] = dataclasses.field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
 
 
+@functools.lru_cache(maxsize=256)
 def _plan(
     file_schema: pa.Schema,
-    fields: list[StructField],
-    partition_columns: frozenset[str],
-    partition_values: dict[str, str | None],
+    schema: StructType,
+    columns: tuple[str, ...] | None,
+    partition_columns: tuple[str, ...],
     mode: str,
     keep_change_type: bool,
+    field_ids: tuple[bytes | None, ...],
 ) -> _Plan:
+    """The read plan for files with ``file_schema`` (cached: a table's files mostly share one schema).
+
+    ``field_ids`` (the file's top-level Parquet field ids, in ``id`` mode) is part
+    of the cache key only: Arrow schemas compare and hash without field metadata.
+    """
+    fields = _selected_fields(schema, columns)
     file_fields = list(file_schema)
-    sources: list[str | pa.Scalar | None] = []
-    for field in fields:
+    sources: list[str | int | pa.Scalar | _Partition | None] = []
+    direct: list[bool] = []
+    targets = [to_arrow_type(f.type) for f in fields]
+    for field, target in zip(fields, targets, strict=True):
         index = _match_field(file_fields, field, mode)
+        # Nested types in id mode are matched by id field by field (type equality ignores the ids).
+        same = (
+            index is not None
+            and file_fields[index].type == target
+            and not (mode == "id" and pa.types.is_nested(target))
+        )
         if field.name in partition_columns:
-            sources.append(_partition_source(field, partition_values, mode, index, file_fields))
+            keys = tuple(dict.fromkeys((field.physical_name(mode), field.name)))
+            fallback = None if index is None else file_fields[index].name
+            sources.append(_Partition(field, keys, fallback, same))
+            direct.append(False)
         else:
             sources.append(None if index is None else file_fields[index].name)
-    file_columns = [s for s in sources if isinstance(s, str)]
+            direct.append(same)
+    file_columns, positions = _positions(sources)
+    change_type_direct = False
     if keep_change_type:
-        if file_schema.get_field_index(CHANGE_TYPE_COLUMN) < 0:
+        change_type_index = file_schema.get_field_index(CHANGE_TYPE_COLUMN)
+        if change_type_index < 0:
             raise InvalidLogError(f"change data file has no {CHANGE_TYPE_COLUMN} column")
-        file_columns.append(CHANGE_TYPE_COLUMN)
-    return _Plan(tuple(fields), tuple(sources), tuple(file_columns), mode, keep_change_type)
+        change_type_direct = file_schema.field(change_type_index).type == pa.string()
+    return _Plan(
+        tuple(fields),
+        positions,
+        tuple(direct),
+        tuple(targets),
+        file_columns,
+        mode,
+        keep_change_type,
+        change_type_direct,
+        any(isinstance(s, _Partition) for s in sources),
+    )
 
 
-def _partition_source(
-    field: StructField,
-    partition_values: dict[str, str | None],
-    mode: str,
-    index: int | None,
-    file_fields: list[pa.Field],
-) -> str | pa.Scalar:
-    """The value of a partition column: from ``partitionValues`` (physical name, then logical), else the file."""
-    for key in (field.physical_name(mode), field.name):
-        if key in partition_values:
-            return parse_partition_value(partition_values[key], field)
-    if index is not None:
-        name: str = file_fields[index].name
-        return name
-    raise InvalidLogError(f"partitionValues has no value for partition column {field.name!r}")
+def _bind(plan: _Plan, partition_values: dict[str, str | None]) -> _Plan:
+    """``plan`` with its partition columns resolved against one file's ``partitionValues``.
+
+    Raises:
+        InvalidLogError: if a partition column has neither a value nor a file column, or its value does not parse.
+    """
+    if not plan.partitioned:
+        return plan
+    key = tuple(partition_values.items())
+    bound = plan.bound.get(key)
+    if bound is None:
+        if len(plan.bound) >= BOUND_PLANS:
+            plan.bound.clear()
+        bound = plan.bound[key] = _bind_values(plan, partition_values)
+    return bound
+
+
+#: Bound plans remembered per plan (one per distinct ``partitionValues``).
+BOUND_PLANS = 4096
+
+
+def _bind_values(plan: _Plan, partition_values: dict[str, str | None]) -> _Plan:
+    sources: list[str | int | pa.Scalar | _Partition | None] = []
+    direct = list(plan.direct)
+    for i, source in enumerate(plan.sources):
+        if type(source) is int:
+            sources.append(plan.file_columns[source])
+        elif isinstance(source, _Partition):
+            key = next((k for k in source.keys if k in partition_values), None)
+            if key is not None:
+                sources.append(_partition_scalar(partition_values[key], source.field))
+            elif source.fallback is not None:
+                sources.append(source.fallback)
+                direct[i] = source.fallback_direct
+            else:
+                raise InvalidLogError(f"partitionValues has no value for partition column {source.field.name!r}")
+        else:
+            sources.append(source)
+    file_columns, positions = _positions(sources)
+    return _Plan(
+        plan.fields,
+        positions,
+        tuple(direct),
+        plan.targets,
+        file_columns,
+        plan.mode,
+        plan.change_type,
+        plan.change_type_direct,
+        False,
+    )
+
+
+def _positions(
+    sources: list[str | int | pa.Scalar | _Partition | None],
+) -> tuple[tuple[str, ...], tuple[int | pa.Scalar | _Partition | None, ...]]:
+    """The file columns to read, and ``sources`` with each file column name replaced by its position among them."""
+    names = tuple(s for s in sources if isinstance(s, str))
+    index = {name: i for i, name in enumerate(names)}
+    return names, tuple(index[s] if isinstance(s, str) else s for s in sources)
+
+
+def _field_ids(file_schema: pa.Schema) -> tuple[bytes | None, ...]:
+    return tuple(None if f.metadata is None else f.metadata.get(PARQUET_FIELD_ID) for f in file_schema)
+
+
+@functools.lru_cache(maxsize=4096)
+def _partition_scalar(raw: str | None, field: StructField) -> pa.Scalar:
+    return parse_partition_value(raw, field)
 
 
 def _match_field(file_fields: Sequence[pa.Field], field: StructField, mode: str) -> int | None:
@@ -361,11 +546,13 @@ def _check_filter(row_filter: RowFilter, num_rows: int) -> None:
 
 
 def _batches(
-    parquet: pq.ParquetFile, plan: _Plan, out: pa.Schema, row_filter: RowFilter | None, batch_size: int
-) -> Iterator[pa.RecordBatch]:
+    parquet: pq.ParquetFile, plan: _Plan, row_filter: RowFilter | None, batch_size: int
+) -> Iterator[list[pa.Array]]:
     """Read, filter and convert the file batch by batch, tracking each batch's first row index."""
     start = 0
     columns = list(plan.file_columns)
+    if plan.change_type:
+        columns.append(CHANGE_TYPE_COLUMN)
     if parquet.metadata.num_rows <= min(batch_size, SMALL_FILE_ROWS):
         # A small file in one read, on one thread: half the cost of a batch iterator's set-up.
         batches: Iterable[pa.RecordBatch] = parquet.read(columns=columns, use_threads=False).to_batches()
@@ -377,7 +564,7 @@ def _batches(
             batch = _filter(batch, row_filter, start)
         start += length
         if batch.num_rows:
-            yield _assemble(batch, plan, out)
+            yield _assemble(batch, plan)
 
 
 def _filter(batch: pa.RecordBatch, row_filter: RowFilter, start: int) -> pa.RecordBatch:
@@ -392,19 +579,23 @@ def _filter(batch: pa.RecordBatch, row_filter: RowFilter, start: int) -> pa.Reco
     return batch.take(pc.subtract(positions, pa.scalar(start, pa.uint64())))
 
 
-def _assemble(batch: pa.RecordBatch, plan: _Plan, out: pa.Schema) -> pa.RecordBatch:
+def _assemble(batch: pa.RecordBatch, plan: _Plan) -> list[pa.Array]:
+    """The output columns of one file batch (read with ``plan.file_columns``, then ``_change_type`` if kept)."""
     n = batch.num_rows
+    read = batch.columns
     arrays = []
-    for field, source in zip(plan.fields, plan.sources, strict=True):
+    for field, source, direct, target in zip(plan.fields, plan.sources, plan.direct, plan.targets, strict=True):
         if source is None:
-            arrays.append(pa.nulls(n, to_arrow_type(field.type)))
-        elif isinstance(source, str):
-            arrays.append(_conform(batch.column(source), field.type, plan.mode, field.name))
+            arrays.append(pa.nulls(n, target))
+        elif type(source) is int:
+            column = read[source]
+            arrays.append(column if direct else _conform(column, field.type, plan.mode, field.name))
         else:
+            assert isinstance(source, pa.Scalar)
             arrays.append(pa.repeat(source, n))
     if plan.change_type:
-        arrays.append(_cast(batch.column(CHANGE_TYPE_COLUMN), pa.string(), CHANGE_TYPE_COLUMN))
-    return pa.RecordBatch.from_arrays(arrays, schema=out)
+        arrays.append(read[-1] if plan.change_type_direct else _cast(read[-1], pa.string(), CHANGE_TYPE_COLUMN))
+    return arrays
 
 
 # ---------------------------------------------------------------- type conversion
