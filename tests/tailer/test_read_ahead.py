@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,17 +26,34 @@ def _rows(feed: ChangeFeed, collected: list[tuple[int, int, int]]) -> None:
         collected += [(batch.start.version, batch.start.index + i, ids[i]) for i in range(len(ids))]
 
 
-def test_read_ahead_gives_the_rows_of_sequential_reading(tmp_path: Path) -> None:
+#: Every file read by the worker threads (files of at least 0 bytes count as large), in batches of 3 rows.
+ON_WORKERS = ChangeOptions(read_ahead=16, read_ahead_min_bytes=0, batch_size=3)
+
+
+@pytest.mark.parametrize("ahead", [ChangeOptions(read_ahead=16), ON_WORKERS], ids=["inline", "workers"])
+def test_read_ahead_gives_the_rows_of_sequential_reading(tmp_path: Path, ahead: ChangeOptions) -> None:
     _table(tmp_path, 40)
     sequential: list[tuple[int, int, int]] = []
-    ahead: list[tuple[int, int, int]] = []
+    collected: list[tuple[int, int, int]] = []
     _rows(ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=0)), sequential)
-    _rows(ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16)), ahead)
-    assert ahead == sequential
-    assert [r[2] for r in ahead] == list(range(400))  # what the writer wrote, in commit order
+    _rows(ChangeFeed(str(tmp_path), options=ahead), collected)
+    assert collected == sequential
+    assert [r[2] for r in collected] == list(range(400))  # what the writer wrote, in commit order
 
 
-def test_a_missing_file_is_raised_after_every_row_before_it(tmp_path: Path) -> None:
+def test_a_consumer_that_stops_early_leaves_no_reader_thread_behind(tmp_path: Path) -> None:
+    _table(tmp_path, 40)
+    feed = ChangeFeed(str(tmp_path), options=ON_WORKERS)
+    batches = feed.batches(0, None)
+    first = next(batches)
+    assert first.start.version == 0 and first.rows.num_rows == 3
+    assert any(t.name.startswith("deltatail-read") for t in threading.enumerate())
+    batches.close()
+    assert not any(t.name.startswith("deltatail-read") for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("options", [ChangeOptions(read_ahead=16), ON_WORKERS], ids=["inline", "workers"])
+def test_a_missing_file_is_raised_after_every_row_before_it(tmp_path: Path, options: ChangeOptions) -> None:
     _table(tmp_path, 30)
 
     def paths(version: int) -> set[str]:
@@ -46,15 +64,16 @@ def test_a_missing_file_is_raised_after_every_row_before_it(tmp_path: Path) -> N
     os.remove(tmp_path / added)
     collected: list[tuple[int, int, int]] = []
     with pytest.raises(MissingFileError) as info:
-        _rows(ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16)), collected)
+        _rows(ChangeFeed(str(tmp_path), options=options), collected)
     assert added in str(info.value)
     assert [r[2] for r in collected] == list(range(200))  # versions 0..19, all of them, nothing after
 
 
-def test_a_gap_is_raised_after_every_row_before_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("options", [ChangeOptions(read_ahead=16), ON_WORKERS], ids=["inline", "workers"])
+def test_a_gap_is_raised_after_every_row_before_it(tmp_path: Path, options: ChangeOptions) -> None:
     _table(tmp_path, 30)
     os.remove(tmp_path / "_delta_log" / f"{25:020d}.json")
     collected: list[tuple[int, int, int]] = []
     with pytest.raises(VersionGapError):
-        _rows(ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16)), collected)
+        _rows(ChangeFeed(str(tmp_path), options=options), collected)
     assert [r[2] for r in collected] == list(range(250))
