@@ -46,9 +46,14 @@ later call raises, and :meth:`KafkaSink.close` drops what is still queued.
 Requests already on the wire may still land; ``dt.seq`` catches a gap they
 leave (below). Reopen a new sink to go on.
 
-Every message's partition is chosen by the sink: murmur2 of the key bytes
+Every message goes to the partition of its key: murmur2 of the key bytes
 modulo the partition count, which is what Kafka's Java client does for keyed
-records. Headers on every message (values are UTF-8):
+records. The sink computes it (against the count read by ``open``), except
+with ``backend=confluent`` without ``exactly_once``, where librdkafka's
+``murmur2_random`` partitioner computes the same in C against the count it
+knows: the same count unless partitions are added while the sink is open,
+when librdkafka follows the new count as Java clients do. Headers on every
+message (values are UTF-8):
 
 =================== =======================================================
 ``dt.table_id``     the table's id
@@ -91,7 +96,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from sinks.base import ChangeBatch, CommitEvent, Sink, TableInfo
-from sinks.encoding import ChangeEncoder
+from sinks.encoding import CHANGE_TYPES, UPDATE, ChangeEncoder, EncodedBatch
 from sinks.kafka_options import (
     BACKENDS,
     SECURITY_OPTIONS,
@@ -101,11 +106,25 @@ from sinks.kafka_options import (
     fill_topic,
     murmur2,
 )
-from sinks.kafka_producers import ConfluentProducer, OnError, Producer, PythonProducer, SendRefused, Stamp
+from sinks.kafka_producers import (
+    COMMIT_RANK,
+    ConfluentProducer,
+    Headers,
+    OnError,
+    Outgoing,
+    Producer,
+    PythonProducer,
+    SendRefused,
+    Stamp,
+)
 from state.cursor import Position
 from state.errors import SinkError, SinkUnavailableError, StateError
 
 _BEFORE_ALL: Stamp = (-1, 0, 0, 0)
+#: The ``dt.change_type`` header of each change type the encoder emits.
+_CHANGE_TYPE_HEADERS: dict[str, tuple[str, bytes]] = {
+    t: ("dt.change_type", t.encode()) for t in (*CHANGE_TYPES, UPDATE)
+}
 
 __all__ = [
     "BACKENDS",
@@ -270,7 +289,7 @@ class KafkaSink(Sink):
         self._encoder = ChangeEncoder(
             table, format=opts.format, key_columns=opts.key_columns, tombstones=opts.tombstones, **clock
         )
-        self._fixed_headers = [("dt.table_id", table.table_id.encode()), ("dt.sink_id", self.sink_id.encode())]
+        self._fixed_headers = (("dt.table_id", table.table_id.encode()), ("dt.sink_id", self.sink_id.encode()))
         try:
             producer = self._connect()
         except SinkError as e:
@@ -285,6 +304,9 @@ class KafkaSink(Sink):
             if isinstance(e, SinkError):
                 raise e.at(table=table.path) from e.__cause__
             raise
+        # Without exactly_once nothing here needs a message's partition: leave it to the producer when its
+        # keyed choice is the same (see Producer.key_partitioner) and cheaper.
+        self._by_producer = producer.key_partitioner and not opts.exactly_once
         self._producer = producer
         return None
 
@@ -409,28 +431,67 @@ class KafkaSink(Sink):
         encoded = self._encoder.encode(batch)
         if not len(encoded):
             return
-        start, eo = batch.start, self.options.exactly_once
+        out = self._exactly_once(batch, encoded) if self.options.exactly_once else self._outgoing(batch, encoded)
+        self._send_many(out)
+
+    def _position_header(self, batch: ChangeBatch) -> bytes:
+        """The ``dt.position`` format of ``batch``'s rows, waiting for the index (``%d``)."""
+        start = batch.start
+        snapshot = b"true" if start.snapshot else b"false"
+        return b'{"version":%d,"index":%%d,"snapshot":%s}' % (start.version, snapshot)
+
+    def _outgoing(self, batch: ChangeBatch, encoded: EncodedBatch) -> Outgoing:
+        """Every message of ``batch``; the producer chooses the partitions if its choice is the same and cheaper."""
+        start, rows, keys = batch.start, encoded.rows, encoded.keys
+        table_id, sink_id = self._fixed_headers
+        version, base, position = ("dt.version", b"%d" % start.version), start.index, self._position_header(batch)
+        headers = [
+            [table_id, sink_id, version, ("dt.position", position % (base + row)), _CHANGE_TYPE_HEADERS[change_type]]
+            for row, change_type in zip(rows, encoded.change_types, strict=True)
+        ]
+        partitions = None if self._by_producer else [choose_partition(key, self._partitions) for key in keys]
+        return Outgoing(
+            self.topic, keys, encoded.values, headers, partitions, start.version, start.snapshot_rank, base, rows
+        )
+
+    def _exactly_once(self, batch: ChangeBatch, encoded: EncodedBatch) -> Outgoing:
+        """The messages of ``batch`` after what their partition holds, with ``dt.seq`` and ``dt.partitions``."""
+        start, count, sent, seqs = batch.start, self._partitions, self._sent, self._seq
+        table_id, sink_id = self._fixed_headers
         version, rank, base = start.version, start.snapshot_rank, start.index
-        headers_base = [*self._fixed_headers, ("dt.version", b"%d" % version)]
-        position_fmt = b'{"version":%d,"index":%%d,"snapshot":%s}' % (version, b"true" if start.snapshot else b"false")
+        version_header, position = ("dt.version", b"%d" % version), self._position_header(batch)
+        partitions_header = ("dt.partitions", b"%d" % count)
+        keys: list[bytes] = []
+        values: list[bytes | None] = []
+        headers: list[Headers] = []
+        partitions: list[int] = []
+        rows: list[int] = []
         for row, key, value, change_type in zip(
             encoded.rows, encoded.keys, encoded.values, encoded.change_types, strict=True
         ):
-            partition = choose_partition(key, self._partitions)
+            partition = choose_partition(key, count)
             stamp: Stamp = (version, rank, base + row, 0 if value is not None else 1)
-            headers = [
-                *headers_base,
-                ("dt.position", position_fmt % (base + row)),
-                ("dt.change_type", change_type.encode()),
-            ]
-            if eo:
-                if stamp <= self._sent.get(partition, _BEFORE_ALL):
-                    continue
-                self._sent[partition] = stamp
-                seq = self._seq.get(partition, 0)
-                self._seq[partition] = seq + 1
-                headers += [("dt.seq", b"%d" % seq), ("dt.partitions", b"%d" % self._partitions)]
-            self._send(self.topic, key, value, headers, partition, stamp)
+            if stamp <= sent.get(partition, _BEFORE_ALL):
+                continue
+            sent[partition] = stamp
+            seq = seqs.get(partition, 0)
+            seqs[partition] = seq + 1
+            keys.append(key)
+            values.append(value)
+            headers.append(
+                [
+                    table_id,
+                    sink_id,
+                    version_header,
+                    ("dt.position", position % (base + row)),
+                    _CHANGE_TYPE_HEADERS[change_type],
+                    ("dt.seq", b"%d" % seq),
+                    partitions_header,
+                ]
+            )
+            partitions.append(partition)
+            rows.append(row)
+        return Outgoing(self.topic, keys, values, headers, partitions, version, rank, base, rows)
 
     def commit_event(self, event: CommitEvent) -> None:
         """Publish ``event`` to the commit topic, if one is configured; delivery is confirmed by :meth:`flush`.
@@ -452,8 +513,14 @@ class KafkaSink(Sink):
         key = self.table.table_id.encode()
         value = self._commit_value(event)
         headers = [*self._fixed_headers, ("dt.version", b"%d" % event.version), ("dt.change_type", b"commit")]
-        partition = choose_partition(key, self._commit_partitions)
-        self._send(self.commit_topic, key, value, headers, partition, (event.version, 2, -1, 0))
+        partition = None if self._by_producer else choose_partition(key, self._commit_partitions)
+        stamp = (event.version, COMMIT_RANK, -1, 0)
+        self._check_sending()
+        assert self._producer is not None
+        try:
+            self._producer.send(self.commit_topic, key, value, headers, partition, stamp)
+        except SendRefused as e:
+            raise self._refused(e, self.commit_topic, key, value, stamp) from e
 
     def _commit_value(self, event: CommitEvent) -> bytes:
         body = {
@@ -472,24 +539,29 @@ class KafkaSink(Sink):
         except TypeError as e:
             raise SinkError(f"commit event is not JSON-serialisable: {e}", table=self.table.path) from e
 
-    def _send(
-        self, topic: str, key: bytes, value: bytes | None, headers: list[Any], partition: int, stamp: Stamp
-    ) -> None:
+    def _check_sending(self) -> None:
         if self._failure is not None:  # a message failed meanwhile (producer thread): send nothing after it
             self._check_usable()
+
+    def _send_many(self, out: Outgoing) -> None:
+        self._check_sending()
         assert self._producer is not None
         try:
-            self._producer.send(topic, key, value, headers, partition, stamp)
+            self._producer.send_many(out)
         except SendRefused as e:
-            if e.too_large:
-                size = len(key) + len(value or b"")
-                message = (
-                    f"the message for {_describe(stamp)} is too large ({size} bytes of key and value, "
-                    f"max_message_bytes={self.options.max_message_bytes}): {e.detail}"
-                )
-            else:
-                message = f"cannot send the message for {_describe(stamp)} to {topic}: {e.detail}"
-            raise self._fail(message, stamp) from e
+            raise self._refused(e, out.topic, out.keys[e.index], out.values[e.index], out.stamp(e.index)) from e
+
+    def _refused(self, e: SendRefused, topic: str, key: bytes, value: bytes | None, stamp: Stamp) -> SinkError:
+        """Stop the sink: the producer refused the message of ``stamp``."""
+        if e.too_large:
+            size = len(key) + len(value or b"")
+            message = (
+                f"the message for {_describe(stamp)} is too large ({size} bytes of key and value, "
+                f"max_message_bytes={self.options.max_message_bytes}): {e.detail}"
+            )
+        else:
+            message = f"cannot send the message for {_describe(stamp)} to {topic}: {e.detail}"
+        return self._fail(message, stamp)
 
     def _on_error(self, stamp: Stamp, detail: str) -> None:
         """Called by the producer for each unacknowledged message; the first one stops the sink."""
@@ -538,7 +610,7 @@ class KafkaSink(Sink):
 
 def _describe(stamp: Stamp) -> str:
     version, rank, index, sub = stamp
-    if rank == 2:
+    if rank == COMMIT_RANK:
         return f"the commit event of version {version}"
     what = "tombstone" if sub else "row"
     return f"{what} at position {Position(version, rank, index)}"

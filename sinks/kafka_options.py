@@ -124,7 +124,12 @@ class KafkaOptions:
         }
 
     def confluent_config(self) -> dict[str, Any]:
-        """The settings handed to confluent-kafka's ``Producer`` (librdkafka names)."""
+        """The settings handed to confluent-kafka's ``Producer`` (librdkafka names).
+
+        ``partitioner`` is ``murmur2_random``: a message produced without a partition goes to
+        :func:`choose_partition` of its key (against the partition count librdkafka knows), as
+        with Kafka's Java client; only a null key would be placed at random, and the sink has none.
+        """
         security = {_LIBRDKAFKA_SECURITY[k]: v for k, v in self.security.items() if k != "ssl_check_hostname"}
         if "ssl_check_hostname" in self.security:
             security["ssl.endpoint.identification.algorithm"] = (
@@ -137,6 +142,7 @@ class KafkaOptions:
             "acks": "all",
             "enable.gapless.guarantee": True,
             "delivery.report.only.error": True,
+            "partitioner": "murmur2_random",
             "linger.ms": self.linger_ms,
             "batch.size": min(self.batch_size, self.max_message_bytes),
             "compression.type": self.compression or "none",

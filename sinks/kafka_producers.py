@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import importlib.util
+import itertools
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
+import orjson
 from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
@@ -18,8 +20,14 @@ from state.errors import SinkUnavailableError
 
 # A stamp orders a sink's messages: (version, snapshot_rank, index, 0 for an event / 1 for its tombstone).
 Stamp = tuple[int, int, int, int]
+#: The stamp of a commit event of ``version`` is ``(version, COMMIT_RANK, -1, 0)``.
+COMMIT_RANK = 2
+#: Headers of one message: (name, UTF-8 value) pairs.
+Headers = list[tuple[str, bytes]]
 #: Pending futures are pruned of acknowledged ones whenever this many accumulate.
 _COMPACT_EVERY = 100_000
+#: confluent-kafka: delivery reports are served (``poll``) after every this many messages.
+_POLL_EVERY = 1024
 
 # ---------------------------------------------------------------- producers --
 
@@ -28,24 +36,67 @@ OnError = Callable[[Stamp, str], None]
 
 
 class SendRefused(Exception):
-    """A producer refused one message on the spot; ``too_large`` when the size limit was the cause."""
+    """A producer refused one message on the spot; ``too_large`` when the size limit was the cause.
 
-    def __init__(self, detail: str, *, too_large: bool) -> None:
+    ``index`` is the message's index in the :class:`Outgoing` being sent (0 for a single message).
+    """
+
+    def __init__(self, detail: str, *, too_large: bool, index: int = 0) -> None:
         super().__init__(detail)
         self.detail = detail
         self.too_large = too_large
+        self.index = index
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """Messages of one change batch for one topic, as parallel lists in send order.
+
+    Message ``i`` carries the row at index ``base + rows[i]`` of ``version`` (``rank``: 0 in an
+    initial snapshot, 1 for change rows); a ``None`` value is a tombstone. ``partitions`` is
+    ``None`` when the producer chooses each partition from the key (see
+    :attr:`Producer.key_partitioner`).
+    """
+
+    topic: str
+    keys: Sequence[bytes]
+    values: Sequence[bytes | None]
+    headers: Sequence[Headers]
+    partitions: Sequence[int] | None
+    version: int
+    rank: int
+    base: int
+    rows: Sequence[int]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def stamp(self, i: int) -> Stamp:
+        """The stamp of message ``i``."""
+        return (self.version, self.rank, self.base + self.rows[i], 0 if self.values[i] is not None else 1)
 
 
 class Producer(Protocol):
     """What the sink needs from a producer library."""
 
+    #: ``True`` if the producer's own choice for a message sent without a partition is Kafka's
+    #: keyed partitioner (:func:`sinks.kafka_options.choose_partition`, against the partition count
+    #: it knows) and is cheaper than choosing it in Python.
+    key_partitioner: ClassVar[bool]
+
     def partitions(self, topic: str) -> int:
         """The partition count of ``topic`` (created by the broker if it auto-creates topics)."""
 
     def send(
-        self, topic: str, key: bytes, value: bytes | None, headers: list[Any], partition: int, stamp: Stamp
+        self, topic: str, key: bytes, value: bytes | None, headers: Headers, partition: int | None, stamp: Stamp
     ) -> None:
-        """Queue one message; raises :class:`SendRefused`."""
+        """Queue one message (``partition`` ``None``: the producer's keyed choice); raises :class:`SendRefused`."""
+
+    def send_many(self, out: Outgoing) -> None:
+        """Queue every message of ``out`` in order; raises :class:`SendRefused` naming the refused one.
+
+        The messages before the refused one are queued, none after it.
+        """
 
     def wait(self, timeout_s: float) -> tuple[Stamp, str] | None:
         """Wait for every queued message; the first one (in send order) not acknowledged, and why."""
@@ -59,6 +110,8 @@ class Producer(Protocol):
 
 class PythonProducer:
     """The kafka-python backend: every message's future is kept until :meth:`wait`."""
+
+    key_partitioner: ClassVar[bool] = False  # kafka-python's murmur2 is slower than the sink's
 
     def __init__(self, options: KafkaOptions, on_error: OnError) -> None:
         try:
@@ -79,7 +132,7 @@ class PythonProducer:
             raise SinkUnavailableError(f"cannot get the partitions of topic {topic}: {e!r}") from e
 
     def send(
-        self, topic: str, key: bytes, value: bytes | None, headers: list[Any], partition: int, stamp: Stamp
+        self, topic: str, key: bytes, value: bytes | None, headers: Headers, partition: int | None, stamp: Stamp
     ) -> None:
         """See :meth:`Producer.send`."""
         try:
@@ -93,6 +146,17 @@ class PythonProducer:
         self._stamps.append(stamp)
         if len(self._futures) >= self._compact_at:
             self._compact()
+
+    def send_many(self, out: Outgoing) -> None:
+        """See :meth:`Producer.send_many`."""
+        partitions = itertools.repeat(None) if out.partitions is None else out.partitions
+        messages = zip(out.keys, out.values, out.headers, partitions, strict=False)
+        for i, (key, value, headers, partition) in enumerate(messages):
+            try:
+                self.send(out.topic, key, value, headers, partition, out.stamp(i))
+            except SendRefused as e:
+                e.index = i
+                raise
 
     def _failed(self, stamp: Stamp, error: BaseException) -> None:
         # Producer thread. kafka-python would go on draining queued batches (it even bumps its epoch
@@ -147,20 +211,26 @@ class ConfluentProducer:
     the path of every acknowledged message; ``flush`` returning with an empty queue and no
     failure reported means every message was acknowledged. librdkafka runs with
     ``enable.gapless.guarantee``: an error that could leave a gap is fatal and fails every later
-    message. Reports are served by ``poll``/``flush`` in the caller's thread.
+    message. Reports are served by ``poll``/``flush`` in the caller's thread, by one callback set
+    for the whole producer: a failed message's stamp is read back from its own headers
+    (:func:`stamp_of`), so nothing is allocated per message in Python to report it. A message sent
+    without a partition goes where librdkafka's ``murmur2_random`` partitioner puts it: the
+    Java-compatible murmur2 of its (never empty) key modulo the partition count librdkafka knows.
     """
+
+    key_partitioner: ClassVar[bool] = True
 
     def __init__(self, options: KafkaOptions, on_error: OnError) -> None:
         self._ck = importlib.import_module("confluent_kafka")
         try:
-            self._producer = self._ck.Producer(options.confluent_config())
+            self._producer = self._ck.Producer({**options.confluent_config(), "on_delivery": self._delivered})
         except self._ck.KafkaException as e:
             raise SinkUnavailableError(f"cannot create a Kafka producer for {','.join(options.bootstrap)}: {e}") from e
         self._options = options
         self._on_error = on_error
         self._first: Stamp | None = None  # the first message sent since the last successful wait
         self._failures: list[tuple[Stamp, str]] = []
-        self._sent = 0
+        self._unpolled = 0  # messages sent since the last poll
 
     def partitions(self, topic: str) -> int:
         """See :meth:`Producer.partitions`."""
@@ -181,40 +251,72 @@ class ConfluentProducer:
             time.sleep(0.1)  # an auto-created topic appears after a moment
 
     def send(
-        self, topic: str, key: bytes, value: bytes | None, headers: list[Any], partition: int, stamp: Stamp
+        self, topic: str, key: bytes, value: bytes | None, headers: Headers, partition: int | None, stamp: Stamp
     ) -> None:
         """See :meth:`Producer.send`."""
-        report = functools.partial(self._failed, stamp)
+        self._produce(topic, key, value, headers, -1 if partition is None else partition, 0)
+        if self._first is None:
+            self._first = stamp
+        self._unpolled += 1
+        if self._unpolled >= _POLL_EVERY:
+            self._poll()
+
+    def send_many(self, out: Outgoing) -> None:
+        """See :meth:`Producer.send_many`."""
+        if not len(out):
+            return
+        if self._first is None:
+            self._first = out.stamp(0)
+        produce, topic = self._producer.produce, out.topic
+        partitions = itertools.repeat(-1) if out.partitions is None else out.partitions  # -1: librdkafka chooses
+        messages = zip(out.keys, out.values, out.headers, partitions, strict=False)
+        due = _POLL_EVERY - 1 - self._unpolled  # the index of the next message after which reports are served
+        for i, (key, value, headers, partition) in enumerate(messages):
+            try:
+                produce(topic, value, key, partition, headers=headers)
+            except (BufferError, self._ck.KafkaException):
+                self._produce(topic, key, value, headers, partition, i)  # waits for room and retries, or raises
+            if i == due:
+                self._poll()
+                due += _POLL_EVERY
+        self._unpolled = len(out) - 1 - (due - _POLL_EVERY)  # those after the last poll
+
+    def _produce(
+        self, topic: str, key: bytes, value: bytes | None, headers: Headers, partition: int, index: int
+    ) -> None:
+        """Produce one message, serving reports while the local queue is full; raises :class:`SendRefused`."""
         deadline = None
         while True:
             try:
-                self._producer.produce(topic, value, key, partition, on_delivery=report, headers=headers)
-                break
+                self._producer.produce(topic, value, key, partition, headers=headers)
+                return
             except BufferError:  # the local queue is full: serve reports until there is room
                 deadline = deadline or time.monotonic() + self._options.delivery_timeout_ms / 1000
                 if time.monotonic() > deadline:
-                    raise SendRefused("the producer queue stayed full", too_large=False) from None
+                    raise SendRefused("the producer queue stayed full", too_large=False, index=index) from None
                 self._producer.poll(0.05)
             except self._ck.KafkaException as e:
                 error = e.args[0]
-                raise SendRefused(str(error), too_large=error.code() == self._ck.KafkaError.MSG_SIZE_TOO_LARGE) from e
-        if self._first is None:
-            self._first = stamp
-        self._sent += 1
-        if not self._sent % 1024:
-            self._producer.poll(0)
+                too_large = error.code() == self._ck.KafkaError.MSG_SIZE_TOO_LARGE
+                raise SendRefused(str(error), too_large=too_large, index=index) from e
 
-    def _failed(self, stamp: Stamp, error: Any, message: Any) -> None:
+    def _poll(self) -> None:
+        self._producer.poll(0)
+        self._unpolled = 0
+
+    def _delivered(self, error: Any, message: Any) -> None:
         if error is None:  # not expected with delivery.report.only.error
             return
         if not self._failures:  # send nothing more; purged messages report failures of their own
             self._producer.purge(in_queue=True, in_flight=False, blocking=False)
+        stamp = stamp_of(message.headers(), message.value())
         self._failures.append((stamp, str(error)))
         self._on_error(stamp, str(error))
 
     def wait(self, timeout_s: float) -> tuple[Stamp, str] | None:
         """See :meth:`Producer.wait`."""
         remaining = self._producer.flush(timeout_s)
+        self._unpolled = 0
         if self._failures:
             return min(self._failures)  # stamps grow in send order
         if remaining and self._first is not None:
@@ -234,3 +336,26 @@ class ConfluentProducer:
         self._producer.purge(in_queue=True, in_flight=True, blocking=True)
         self._producer.flush(0)
         self._producer.close()
+
+
+#: The stamp given to a message whose headers do not tell its place (never one of the sink's).
+UNKNOWN_STAMP: Stamp = (-1, 0, 0, 0)
+
+
+def stamp_of(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes | None) -> Stamp:
+    """A sink message's stamp, read back from its headers (``dt.position``, or ``dt.version`` of a commit event).
+
+    Returns:
+        :data:`UNKNOWN_STAMP` if the headers lack or garble what is needed.
+    """
+    found = dict(headers or ())
+    try:
+        if found.get("dt.change_type") == b"commit":
+            return (int(found["dt.version"] or b""), COMMIT_RANK, -1, 0)
+        pos = orjson.loads(found["dt.position"] or b"")
+        version, index, snapshot = pos["version"], pos["index"], pos["snapshot"]
+    except (KeyError, ValueError, TypeError, orjson.JSONDecodeError):
+        return UNKNOWN_STAMP
+    if type(version) is not int or type(index) is not int or type(snapshot) is not bool:
+        return UNKNOWN_STAMP
+    return (version, 0 if snapshot else 1, index, 0 if value is not None else 1)

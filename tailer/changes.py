@@ -55,7 +55,7 @@ from state.snapshot import Snapshot
 from tailer.deletion_vectors import read_deletion_vector
 from tailer.log import DeltaLog, LogListing
 from tailer.netchanges import net_changes
-from tailer.rows import RowFilter, read_file_columns
+from tailer.rows import FileBatch, RowFilter, read_file_batches
 from tailer.storage import Storage
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -155,13 +155,22 @@ def read_task(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: in
     Raises:
         MissingFileError: if the data, cdc or DV file is missing.
         DeletionVectorError: if a DV fails its checksum or does not decode.
+        InvalidLogError: if a partition value or a file column does not fit the schema.
     """
+    for file_batch in _task_file_batches(storage, ctx, task, batch_size):
+        yield _finish(ctx, task, file_batch)
+
+
+def _task_file_batches(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: int) -> Iterator[FileBatch]:
+    """Stage one of :func:`read_task` (DVs, open, decode, filter): what a worker thread does ahead of time."""
     schema = ctx.schema()
-    row_filter = _row_filter(storage, ctx, task)
-    if row_filter is not None and row_filter.keep and len(row_filter.rows) == 0:
-        return
-    out_schema = change_schema(schema)
-    columns_of_batches = read_file_columns(
+    if task.selection.within is None and task.selection.minus is None:
+        row_filter = None
+    else:
+        row_filter = _row_filter(storage, ctx, task)
+        if row_filter is not None and row_filter.keep and len(row_filter.rows) == 0:
+            return
+    yield from read_file_batches(
         storage,
         ctx.table_root,
         task.path,
@@ -175,13 +184,17 @@ def read_task(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: in
         table=ctx.table_root,
         version=ctx.version,
     )
-    for columns in columns_of_batches:
-        n = len(columns[0])
-        if task.change_type is not None:
-            columns.append(_change_types(task.change_type, n))
-        columns.append(_int64s(ctx.version, pa.int64(), n))
-        columns.append(_int64s(ctx.timestamp_ms * 1000, TIMESTAMP, n))
-        yield pa.RecordBatch.from_arrays(columns, schema=out_schema)
+
+
+def _finish(ctx: ReadContext, task: FileTask, file_batch: FileBatch) -> pa.RecordBatch:
+    """Stage two of :func:`read_task`: the batch's output columns plus the three change columns."""
+    columns = file_batch.columns()
+    n = len(columns[0])
+    if task.change_type is not None:
+        columns.append(_change_types(task.change_type, n))
+    columns.append(_int64s(ctx.version, pa.int64(), n))
+    columns.append(_int64s(ctx.timestamp_ms * 1000, TIMESTAMP, n))
+    return pa.RecordBatch.from_arrays(columns, schema=change_schema(ctx.schema()))
 
 
 def _int64s(value: int, dtype: pa.DataType, n: int) -> pa.Array:
@@ -218,7 +231,10 @@ _END = _EndOfPlans("end of plans")
 
 
 class _Prefetch:
-    """One file task read on a worker thread into a bounded queue, consumed in order by one reader.
+    """One file task decoded on a worker thread into a bounded queue, consumed in order by one reader.
+
+    The worker does stage one (open, decode, DV filter: pyarrow releases the GIL);
+    the consumer finishes each batch (:func:`_finish`) while the worker decodes the next.
 
     The worker stops early when the consumer goes away (:meth:`cancel`). An
     exception in the worker is handed over in the queue and raised to the
@@ -227,7 +243,7 @@ class _Prefetch:
 
     _DONE = object()
 
-    def __init__(self, pool: ThreadPoolExecutor, read: Callable[[], Iterator[pa.RecordBatch]]) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, read: Callable[[], Iterator[FileBatch]]) -> None:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=READ_AHEAD_BATCHES)
         self._cancelled = threading.Event()
         self._future = pool.submit(self._run, read)
@@ -241,7 +257,7 @@ class _Prefetch:
             return True
         return False
 
-    def _run(self, read: Callable[[], Iterator[pa.RecordBatch]]) -> None:
+    def _run(self, read: Callable[[], Iterator[FileBatch]]) -> None:
         try:
             for batch in read():
                 if not self._put(batch):
@@ -251,8 +267,8 @@ class _Prefetch:
             return
         self._put(self._DONE)
 
-    def batches(self) -> Iterator[pa.RecordBatch]:
-        """The task's batches, in order; raises what reading raised."""
+    def batches(self) -> Iterator[FileBatch]:
+        """The task's decoded batches, in order; raises what reading raised."""
         try:
             while True:
                 item = self._queue.get()
@@ -260,7 +276,7 @@ class _Prefetch:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                assert isinstance(item, pa.RecordBatch)
+                assert isinstance(item, FileBatch)
                 yield item
         finally:
             self.cancel()
@@ -275,7 +291,10 @@ def _in_order(
     storage: Storage, plan: VersionPlan, fetches: list[_Prefetch | None], batch_size: int
 ) -> Iterator[Iterable[pa.RecordBatch]]:
     for task, fetch in zip(plan.tasks, fetches, strict=True):
-        yield fetch.batches() if fetch is not None else read_task(storage, plan.context, task, batch_size)
+        if fetch is None:
+            yield read_task(storage, plan.context, task, batch_size)
+        else:
+            yield (_finish(plan.context, task, b) for b in fetch.batches())
 
 
 class ChangeFeed:
@@ -598,7 +617,8 @@ class ChangeFeed:
     def _prefetch(self, pool: ThreadPoolExecutor, plan: VersionPlan, task: FileTask) -> _Prefetch | None:
         if task.size is None or task.size < self.options.read_ahead_min_bytes:
             return None
-        return _Prefetch(pool, functools.partial(read_task, self.storage, plan.context, task, self.options.batch_size))
+        read = functools.partial(_task_file_batches, self.storage, plan.context, task, self.options.batch_size)
+        return _Prefetch(pool, read)
 
     def read_table(
         self,

@@ -212,6 +212,86 @@ def read_file_columns(
         ConfigError: if ``columns`` names a column the schema does not have.
         DeltaTailError: if the file is not readable Parquet.
     """
+    file_batches = read_file_batches(
+        storage,
+        table_root,
+        path,
+        schema=schema,
+        partition_columns=partition_columns,
+        partition_values=partition_values,
+        column_mapping_mode=column_mapping_mode,
+        row_filter=row_filter,
+        keep_change_type=keep_change_type,
+        columns=columns,
+        batch_size=batch_size,
+        table=table,
+        version=version,
+    )
+    for file_batch in file_batches:
+        yield file_batch.columns()
+
+
+@dataclass(frozen=True, slots=True)
+class FileBatch:
+    """Stage one of reading a file: one decoded, row-filtered batch of its physical columns.
+
+    :meth:`columns` is stage two (type conversions, logical names, partition
+    constants). The stages may run on different threads: a worker decodes the
+    next batch while the consumer converts this one.
+    """
+
+    batch: pa.RecordBatch
+    plan: _Plan
+    table: str
+    version: int | None
+    file: str
+
+    def columns(self) -> list[pa.Array]:
+        """The batch's output columns, in output order (see :func:`read_file_columns`).
+
+        Raises:
+            InvalidLogError: if a file column cannot be converted to the schema's type.
+        """
+        try:
+            return _assemble(self.batch, self.plan)
+        except DeltaTailError as e:
+            e.at(table=self.table, version=self.version, file=self.file)
+            raise
+        except pa.ArrowException as e:
+            raise DeltaTailError(
+                f"cannot read Parquet data: {e}", table=self.table, version=self.version, file=self.file
+            ) from e
+
+
+def read_file_batches(
+    storage: Storage,
+    table_root: str,
+    path: str,
+    *,
+    schema: StructType,
+    partition_columns: tuple[str, ...],
+    partition_values: dict[str, str | None],
+    column_mapping_mode: str,
+    row_filter: RowFilter | None = None,
+    keep_change_type: bool = False,
+    columns: Sequence[str] | None = None,
+    batch_size: int = 65536,
+    table: str | None = None,
+    version: int | None = None,
+) -> Iterator[FileBatch]:
+    """Stage one of :func:`read_file_columns`: open, plan, decode and row-filter, batch by batch.
+
+    Arguments as :func:`read_file_rows`. Every yielded batch has at least one row;
+    :meth:`FileBatch.columns` finishes it.
+
+    Raises:
+        MissingFileError: if the file does not exist.
+        InvalidLogError: if a partition value is missing or does not parse, or ``_change_type``
+            is requested but absent.
+        DeletionVectorError: if the row filter names a row index beyond the end of the file.
+        ConfigError: if ``columns`` names a column the schema does not have.
+        DeltaTailError: if the file is not readable Parquet.
+    """
     location = resolve_data_path(table_root, path)
     table_name = table if table is not None else table_root
     selected = None if columns is None else tuple(columns)
@@ -235,7 +315,8 @@ def read_file_columns(
         )
         if row_filter is not None:
             _check_filter(row_filter, parquet.metadata.num_rows)
-        yield from _batches(parquet, plan, row_filter, batch_size)
+        for batch in _batches(parquet, plan, row_filter, batch_size):
+            yield FileBatch(batch, plan, table_name, version, location)
     except DeltaTailError as e:
         e.at(table=table_name, version=version, file=location)
         raise
@@ -547,8 +628,8 @@ def _check_filter(row_filter: RowFilter, num_rows: int) -> None:
 
 def _batches(
     parquet: pq.ParquetFile, plan: _Plan, row_filter: RowFilter | None, batch_size: int
-) -> Iterator[list[pa.Array]]:
-    """Read, filter and convert the file batch by batch, tracking each batch's first row index."""
+) -> Iterator[pa.RecordBatch]:
+    """Read and filter the file batch by batch, tracking each batch's first row index."""
     start = 0
     columns = list(plan.file_columns)
     if plan.change_type:
@@ -564,7 +645,7 @@ def _batches(
             batch = _filter(batch, row_filter, start)
         start += length
         if batch.num_rows:
-            yield _assemble(batch, plan)
+            yield batch
 
 
 def _filter(batch: pa.RecordBatch, row_filter: RowFilter, start: int) -> pa.RecordBatch:
