@@ -14,9 +14,10 @@ smoke run of a few seconds. Sections:
    time with ``update_incremental()`` before each, as delta-rs followers do (a stride of versions when
    ``--deltalake-stride`` > 1, spread over the whole log).
 3. Following a 20,000-file table (a checkpoint of 20,000 files, then one-file appends): per-commit
-   cost, commits written one at a time; deltatail's time from a commit's rename to its rows handed
-   to the sink, and to their fsync (inotify wake-up included), against deltalake's
-   ``update_incremental()`` + ``load_cdf(v, v)`` for the same commit (on an identical copy).
+   cost, commits written one at a time with 10 ms of idle time after each (the same for both
+   followers); deltatail's time from a commit's rename to its rows handed to the sink, and to their
+   fsync (inotify wake-up included), against deltalake's ``update_incremental()`` +
+   ``load_cdf(v, v)`` for the same commit (on an identical copy).
 
 ``--profile`` prints cProfile's hot spots of deltatail's catch-up (section 2) and following (section 3).
 
@@ -447,6 +448,11 @@ def catch_up_table(root: Path, commits: int) -> HandWrittenTable:
     return table
 
 
+#: Idle time between two followed commits in section 3, the same for both followers (each then
+#: meets every commit with equally cold caches, as a follower of a live table does).
+FOLLOW_GAP = 0.01
+
+
 def deltatail_follow(
     table: HandWrittenTable, work: Path, first: int, last: int, *, profile: bool = False
 ) -> tuple[CatchUp, CatchUp]:
@@ -461,7 +467,7 @@ def deltatail_follow(
     for v in range(first, last + 1):
         renamed[v] = table.publish(v)
         sink.wait_for(v)
-        time.sleep(0.01)
+        time.sleep(FOLLOW_GAP)
     following.stop()
     if following.profiler is not None:
         print("  cProfile of deltatail following (waiting for changes left out), by own time:")
@@ -488,6 +494,7 @@ def deltalake_follow(table: HandWrittenTable, start: int, first: int, last: int)
         times.append(time.perf_counter() - t0)
         if rows_read != 1:
             raise RuntimeError(f"deltalake read {rows_read} rows at version {v}")
+        time.sleep(FOLLOW_GAP)
     return CatchUp("deltalake", tuple(range(first, last + 1)), tuple(times), sum(times))
 
 

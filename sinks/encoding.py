@@ -60,6 +60,7 @@ row, right after its event.
 
 from __future__ import annotations
 
+import functools
 import time
 from binascii import b2a_base64
 from collections.abc import Callable, Sequence
@@ -148,11 +149,34 @@ def _timestamps(column: pa.Array) -> list[Any]:
 
 
 def row_dicts(names: Sequence[str], columns: Sequence[list[Any]], length: int) -> list[dict[str, Any]]:
-    """One dict per row from equally long column lists (``length`` rows even with no columns)."""
+    """One dict per row from equally long column lists (``length`` rows even with no columns).
+
+    A repeated name keeps its last column's value, as ``dict(zip(names, row))`` would.
+    """
     if not names:
         return [{} for _ in range(length)]
-    # strict=False: the columns come from one batch and are equally long; strict costs ~30% here.
-    return [dict(zip(names, row, strict=False)) for row in zip(*columns, strict=False)]
+    if len(names) > _MAX_BUILDER_COLUMNS:
+        # strict=False: the columns come from one batch and are equally long; strict costs ~30% here.
+        return [dict(zip(names, row, strict=False)) for row in zip(*columns, strict=False)]
+    return list(map(_dict_builder(tuple(names)), *columns))
+
+
+#: Widest row built by a generated function; wider ones go through ``dict(zip(...))``.
+_MAX_BUILDER_COLUMNS = 256
+
+
+@functools.lru_cache(maxsize=256)
+def _dict_builder(names: tuple[str, ...]) -> Callable[..., dict[str, Any]]:
+    """A function of one argument per name returning ``{names[0]: arg0, ...}``.
+
+    A dict display with constant keys builds a row about 2.5x faster than ``dict(zip(...))``. The
+    names only enter the generated source as ``repr`` literals, and the argument names are ``_0``...
+    """
+    args = ", ".join(f"_{i}" for i in range(len(names)))
+    items = ", ".join(f"{name!r}: _{i}" for i, name in enumerate(names))
+    code = compile(f"lambda {args}: {{{items}}}", "<row_dicts>", "eval")
+    builder: Callable[..., dict[str, Any]] = eval(code, {"__builtins__": {}})
+    return builder
 
 
 def _blank_nulls(column: pa.Array, values: list[Any]) -> list[Any]:

@@ -8,10 +8,9 @@ import importlib.util
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
-import orjson
 from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
@@ -211,11 +210,11 @@ class ConfluentProducer:
     the path of every acknowledged message; ``flush`` returning with an empty queue and no
     failure reported means every message was acknowledged. librdkafka runs with
     ``enable.gapless.guarantee``: an error that could leave a gap is fatal and fails every later
-    message. Reports are served by ``poll``/``flush`` in the caller's thread, by one callback set
-    for the whole producer: a failed message's stamp is read back from its own headers
-    (:func:`stamp_of`), so nothing is allocated per message in Python to report it. A message sent
+    message. Reports are served by ``poll``/``flush`` in the caller's thread. The messages of one
+    :meth:`send_many` share one report callback (:class:`_Reports`), which finds a failed message's
+    stamp from its key and value: nothing is allocated per message in Python. A message sent
     without a partition goes where librdkafka's ``murmur2_random`` partitioner puts it: the
-    Java-compatible murmur2 of its (never empty) key modulo the partition count librdkafka knows.
+    Java-compatible murmur2 of its (never null) key modulo the partition count librdkafka knows.
     """
 
     key_partitioner: ClassVar[bool] = True
@@ -223,7 +222,7 @@ class ConfluentProducer:
     def __init__(self, options: KafkaOptions, on_error: OnError) -> None:
         self._ck = importlib.import_module("confluent_kafka")
         try:
-            self._producer = self._ck.Producer({**options.confluent_config(), "on_delivery": self._delivered})
+            self._producer = self._ck.Producer(options.confluent_config())
         except self._ck.KafkaException as e:
             raise SinkUnavailableError(f"cannot create a Kafka producer for {','.join(options.bootstrap)}: {e}") from e
         self._options = options
@@ -254,7 +253,8 @@ class ConfluentProducer:
         self, topic: str, key: bytes, value: bytes | None, headers: Headers, partition: int | None, stamp: Stamp
     ) -> None:
         """See :meth:`Producer.send`."""
-        self._produce(topic, key, value, headers, -1 if partition is None else partition, 0)
+        report = _Reports(self._failed, lambda key, value: stamp)
+        self._produce(topic, key, value, headers, -1 if partition is None else partition, report, 0)
         if self._first is None:
             self._first = stamp
         self._unpolled += 1
@@ -267,28 +267,35 @@ class ConfluentProducer:
             return
         if self._first is None:
             self._first = out.stamp(0)
-        produce, topic = self._producer.produce, out.topic
+        produce, topic, report = self._producer.produce, out.topic, _Reports(self._failed, _Finder(out))
         partitions = itertools.repeat(-1) if out.partitions is None else out.partitions  # -1: librdkafka chooses
         messages = zip(out.keys, out.values, out.headers, partitions, strict=False)
         due = _POLL_EVERY - 1 - self._unpolled  # the index of the next message after which reports are served
         for i, (key, value, headers, partition) in enumerate(messages):
             try:
-                produce(topic, value, key, partition, headers=headers)
+                produce(topic, value, key, partition, on_delivery=report, headers=headers)
             except (BufferError, self._ck.KafkaException):
-                self._produce(topic, key, value, headers, partition, i)  # waits for room and retries, or raises
+                self._produce(topic, key, value, headers, partition, report, i)  # waits for room and retries, or raises
             if i == due:
                 self._poll()
                 due += _POLL_EVERY
         self._unpolled = len(out) - 1 - (due - _POLL_EVERY)  # those after the last poll
 
     def _produce(
-        self, topic: str, key: bytes, value: bytes | None, headers: Headers, partition: int, index: int
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes | None,
+        headers: Headers,
+        partition: int,
+        report: _Reports,
+        index: int,
     ) -> None:
         """Produce one message, serving reports while the local queue is full; raises :class:`SendRefused`."""
         deadline = None
         while True:
             try:
-                self._producer.produce(topic, value, key, partition, headers=headers)
+                self._producer.produce(topic, value, key, partition, on_delivery=report, headers=headers)
                 return
             except BufferError:  # the local queue is full: serve reports until there is room
                 deadline = deadline or time.monotonic() + self._options.delivery_timeout_ms / 1000
@@ -304,12 +311,9 @@ class ConfluentProducer:
         self._producer.poll(0)
         self._unpolled = 0
 
-    def _delivered(self, error: Any, message: Any) -> None:
-        if error is None:  # not expected with delivery.report.only.error
-            return
+    def _failed(self, stamp: Stamp, error: Any) -> None:
         if not self._failures:  # send nothing more; purged messages report failures of their own
             self._producer.purge(in_queue=True, in_flight=False, blocking=False)
-        stamp = stamp_of(message.headers(), message.value())
         self._failures.append((stamp, str(error)))
         self._on_error(stamp, str(error))
 
@@ -338,24 +342,39 @@ class ConfluentProducer:
         self._producer.close()
 
 
-#: The stamp given to a message whose headers do not tell its place (never one of the sink's).
-UNKNOWN_STAMP: Stamp = (-1, 0, 0, 0)
+class _Finder:
+    """The stamp of a message of ``out`` from its key and value (the first such message of ``out``)."""
+
+    def __init__(self, out: Outgoing) -> None:
+        self._out = replace(out, headers=())  # kept until every message is delivered: only what is needed
+        self._index: dict[tuple[bytes, bytes | None], int] | None = None
+
+    def __call__(self, key: bytes | None, value: bytes | None) -> Stamp:
+        out = self._out
+        if self._index is None:  # built at the first failure, not before
+            self._index = {}
+            for i, message in enumerate(zip(out.keys, out.values, strict=True)):
+                self._index.setdefault(message, i)
+        found = self._index.get((key or b"", value))
+        return out.stamp(0 if found is None else found)  # not found (never expected): the first one
 
 
-def stamp_of(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes | None) -> Stamp:
-    """A sink message's stamp, read back from its headers (``dt.position``, or ``dt.version`` of a commit event).
+class _Reports:
+    """The delivery report callback of a group of messages; calls ``failed(stamp, error)`` for each failure.
 
-    Returns:
-        :data:`UNKNOWN_STAMP` if the headers lack or garble what is needed.
+    With ``delivery.report.only.error`` it is only called for failures. A failed message's stamp is
+    ``find(key, value)``: for a message identical (key and value) to an earlier one of its group,
+    that earlier one's, which is at or before it in send order.
     """
-    found = dict(headers or ())
-    try:
-        if found.get("dt.change_type") == b"commit":
-            return (int(found["dt.version"] or b""), COMMIT_RANK, -1, 0)
-        pos = orjson.loads(found["dt.position"] or b"")
-        version, index, snapshot = pos["version"], pos["index"], pos["snapshot"]
-    except (KeyError, ValueError, TypeError, orjson.JSONDecodeError):
-        return UNKNOWN_STAMP
-    if type(version) is not int or type(index) is not int or type(snapshot) is not bool:
-        return UNKNOWN_STAMP
-    return (version, 0 if snapshot else 1, index, 0 if value is not None else 1)
+
+    __slots__ = ("_failed", "_find")
+
+    def __init__(
+        self, failed: Callable[[Stamp, Any], None], find: Callable[[bytes | None, bytes | None], Stamp]
+    ) -> None:
+        self._failed = failed
+        self._find = find
+
+    def __call__(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self._failed(self._find(message.key(), message.value()), error)
