@@ -20,7 +20,7 @@ import functools
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -161,7 +161,9 @@ def read_task(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: in
         yield _finish(ctx, task, file_batch)
 
 
-def _task_file_batches(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: int) -> Iterator[FileBatch]:
+def _task_file_batches(
+    storage: Storage, ctx: ReadContext, task: FileTask, batch_size: int
+) -> Generator[FileBatch, None, None]:
     """Stage one of :func:`read_task` (DVs, open, decode, filter): what a worker thread does ahead of time."""
     schema = ctx.schema()
     if task.selection.within is None and task.selection.minus is None:
@@ -243,7 +245,7 @@ class _Prefetch:
 
     _DONE = object()
 
-    def __init__(self, pool: ThreadPoolExecutor, read: Callable[[], Iterator[FileBatch]]) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, read: Callable[[], Generator[FileBatch, None, None]]) -> None:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=READ_AHEAD_BATCHES)
         self._cancelled = threading.Event()
         self._future = pool.submit(self._run, read)
@@ -257,14 +259,17 @@ class _Prefetch:
             return True
         return False
 
-    def _run(self, read: Callable[[], Iterator[FileBatch]]) -> None:
+    def _run(self, read: Callable[[], Generator[FileBatch, None, None]]) -> None:
+        batches = read()
         try:
-            for batch in read():
+            for batch in batches:
                 if not self._put(batch):
                     return
         except BaseException as e:  # handed to the consumer, raised there
             self._put(e)
             return
+        finally:
+            batches.close()  # a cancelled read closes its file now, on this thread
         self._put(self._DONE)
 
     def batches(self) -> Iterator[FileBatch]:
