@@ -549,8 +549,10 @@ class ChangeFeed:
         *,
         starting_timestamp_ms: int | None = None,
         initial_snapshot: bool = False,
-    ) -> Iterator[ChangeBatch]:
+    ) -> Generator[ChangeBatch, None, None]:
         """Every change row of the range, as batches; arguments and errors as :meth:`plans`.
+
+        Closing the generator early (``close()``, or dropping it) stops the read-ahead workers.
 
         Also raises what reading rows raises: ``MissingFileError`` for a missing
         data/cdc/DV file, ``DeletionVectorError`` for a bad DV.
