@@ -31,7 +31,7 @@ from kafka.admin import NewTopic
 
 from sinks.base import ChangeBatch, TableInfo
 from sinks.encoding import ChangeEncoder
-from sinks.kafka import KafkaSink
+from sinks.kafka import KafkaOptions, KafkaSink
 from state.cursor import Position
 
 TABLE = TableInfo("/bench/orders", "bench-table-id", "orders")
@@ -137,18 +137,28 @@ def encoded_messages(batches: list[ChangeBatch], *, headers: bool) -> list[Messa
 
 
 def bare_confluent(bootstrap: str, topic: str, batches: list[ChangeBatch]) -> float:
-    """The same payloads and headers through a bare confluent-kafka producer (librdkafka)."""
+    """The same payloads and headers through a bare confluent-kafka producer (librdkafka).
+
+    It runs with the sink's own librdkafka settings (``KafkaOptions.confluent_config()``: failure-only
+    delivery reports, the ``murmur2_random`` partitioner...) and leaves partitions to librdkafka,
+    as the sink does without ``exactly_once``.
+    """
     ck = importlib.import_module("confluent_kafka")
     messages = encoded_messages(batches, headers=True)
-    config = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 10}
-    producer = ck.Producer({**config, "batch.size": 262_144})
+    options = KafkaOptions.from_uri(f"kafka://{bootstrap}/{topic}?backend=confluent")
+    producer = ck.Producer({k: v for k, v in options.confluent_config().items() if k != "logger"})
     producer.list_topics(topic, timeout=10)
     failed: list[object] = []
+
+    def report(error: object, message: object) -> None:
+        if error is not None:
+            failed.append(error)
+
     started = time.perf_counter()
     for i, (k, v, h) in enumerate(messages):
         while True:
             try:
-                producer.produce(topic, v, k, on_delivery=lambda e, m: failed.append(e) if e else None, headers=h)
+                producer.produce(topic, v, k, on_delivery=report, headers=h)
                 break
             except BufferError:
                 producer.poll(0.01)

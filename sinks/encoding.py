@@ -63,7 +63,7 @@ from __future__ import annotations
 import functools
 import time
 from binascii import b2a_base64
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, Literal
@@ -153,12 +153,21 @@ def row_dicts(names: Sequence[str], columns: Sequence[list[Any]], length: int) -
 
     A repeated name keeps its last column's value, as ``dict(zip(names, row))`` would.
     """
+    return list(iter_row_dicts(names, columns, length))
+
+
+def iter_row_dicts(names: Sequence[str], columns: Sequence[list[Any]], length: int) -> Iterator[dict[str, Any]]:
+    """:func:`row_dicts` one at a time, built as they are taken.
+
+    A dict that is dropped before the next one is taken is freed at once: serialising rows this
+    way keeps thousands of dicts from piling up for the garbage collector to scan.
+    """
     if not names:
-        return [{} for _ in range(length)]
+        return ({} for _ in range(length))
     if len(names) > _MAX_BUILDER_COLUMNS:
         # strict=False: the columns come from one batch and are equally long; strict costs ~30% here.
-        return [dict(zip(names, row, strict=False)) for row in zip(*columns, strict=False)]
-    return list(map(_dict_builder(tuple(names)), *columns))
+        return (dict(zip(names, row, strict=False)) for row in zip(*columns, strict=False))
+    return map(_dict_builder(tuple(names)), *columns)
 
 
 #: Widest row built by a generated function; wider ones go through ``dict(zip(...))``.
@@ -316,7 +325,7 @@ class ChangeEncoder:
         if self.key_columns:
             cols = [json_values(batch.rows.column(c)) for c in self.key_columns]
             names = self.key_columns
-            return [orjson.dumps(d) for d in row_dicts(names, cols, len(batch))]
+            return list(map(orjson.dumps, iter_row_dicts(names, cols, len(batch))))
         start = batch.start
         snap = b"true" if start.snapshot else b"false"
         return [b'{"v":%d,"i":%d,"s":%s}' % (start.version, i, snap) for i in range(start.index, batch.end.index)]
@@ -331,8 +340,7 @@ class ChangeEncoder:
     def _encode_json(self, batch: ChangeBatch, keys: list[bytes], change_types: list[Any]) -> EncodedBatch:
         names = batch.rows.schema.names
         columns = [json_values(c) for c in batch.rows.columns]
-        dumps = orjson.dumps
-        values: list[bytes | None] = [dumps(d) for d in row_dicts(names, columns, len(batch))]
+        values: list[bytes | None] = list(map(orjson.dumps, iter_row_dicts(names, columns, len(batch))))
         for i, ct in enumerate(change_types):
             if ct not in CHANGE_TYPES:
                 raise self._bad_change_type(batch, i, ct)

@@ -38,7 +38,10 @@ by ``open`` always use kafka-python.
 Delivery. The producer is idempotent with ``acks=all`` and retries every
 request, with backoff, for up to ``delivery_timeout_ms``; :meth:`KafkaSink.flush`
 waits for every message and raises :class:`~state.errors.SinkError` naming the
-position of the first one (in send order) that was not acknowledged. The first
+position of the first one (in send order) that was not acknowledged (librdkafka
+reports a failed message without its headers: it is found by key and value
+among the messages of its batch, so a message identical to an earlier one of
+the same batch is named at that earlier position). The first
 failure stops the sink: the producer is stopped from sending anything queued
 (kafka-python: its sender thread is force-closed from the failure callback;
 librdkafka: the queue is purged, and ``enable.gapless.guarantee`` is on), every
@@ -441,14 +444,18 @@ class KafkaSink(Sink):
         return b'{"version":%d,"index":%%d,"snapshot":%s}' % (start.version, snapshot)
 
     def _outgoing(self, batch: ChangeBatch, encoded: EncodedBatch) -> Outgoing:
-        """Every message of ``batch``; the producer chooses the partitions if its choice is the same and cheaper."""
+        """Every message of ``batch``; the producer chooses the partitions if its choice is the same and cheaper.
+
+        The headers are built as the producer takes them: each list is dropped once its message is
+        queued, instead of a batch of them piling up for the garbage collector to scan.
+        """
         start, rows, keys = batch.start, encoded.rows, encoded.keys
         table_id, sink_id = self._fixed_headers
         version, base, position = ("dt.version", b"%d" % start.version), start.index, self._position_header(batch)
-        headers = [
+        headers = (
             [table_id, sink_id, version, ("dt.position", position % (base + row)), _CHANGE_TYPE_HEADERS[change_type]]
             for row, change_type in zip(rows, encoded.change_types, strict=True)
-        ]
+        )
         partitions = None if self._by_producer else [choose_partition(key, self._partitions) for key in keys]
         return Outgoing(
             self.topic, keys, encoded.values, headers, partitions, start.version, start.snapshot_rank, base, rows

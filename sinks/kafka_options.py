@@ -129,6 +129,9 @@ class KafkaOptions:
         ``partitioner`` is ``murmur2_random``: a message produced without a partition goes to
         :func:`choose_partition` of its key (against the partition count librdkafka knows), as
         with Kafka's Java client; only a null key would be placed at random, and the sink has none.
+        ``reconnect.backoff.ms`` is kafka-python's ``reconnect_backoff_ms`` (50 ms, at most
+        ``reconnect_backoff_max_ms``): librdkafka waits up to half of it (its default of 100 ms: ~50 ms)
+        before the first metadata request that ``open`` makes.
         """
         security = {_LIBRDKAFKA_SECURITY[k]: v for k, v in self.security.items() if k != "ssl_check_hostname"}
         if "ssl_check_hostname" in self.security:
@@ -150,6 +153,7 @@ class KafkaOptions:
             "message.timeout.ms": self.delivery_timeout_ms,
             "request.timeout.ms": self.request_timeout_ms,
             "retry.backoff.ms": self.retry_backoff_ms,
+            "reconnect.backoff.ms": min(50, self.reconnect_backoff_max_ms),
             "reconnect.backoff.max.ms": self.reconnect_backoff_max_ms,
             "logger": logging.getLogger("sinks.kafka.librdkafka"),
             **security,

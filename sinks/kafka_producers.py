@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
@@ -52,15 +52,15 @@ class Outgoing:
     """Messages of one change batch for one topic, as parallel lists in send order.
 
     Message ``i`` carries the row at index ``base + rows[i]`` of ``version`` (``rank``: 0 in an
-    initial snapshot, 1 for change rows); a ``None`` value is a tombstone. ``partitions`` is
-    ``None`` when the producer chooses each partition from the key (see
-    :attr:`Producer.key_partitioner`).
+    initial snapshot, 1 for change rows); a ``None`` value is a tombstone. ``headers`` may be an
+    iterator (taken once, in order, by :meth:`Producer.send_many`). ``partitions`` is ``None`` when
+    the producer chooses each partition from the key (see :attr:`Producer.key_partitioner`).
     """
 
     topic: str
     keys: Sequence[bytes]
     values: Sequence[bytes | None]
-    headers: Sequence[Headers]
+    headers: Iterable[Headers]
     partitions: Sequence[int] | None
     version: int
     rank: int

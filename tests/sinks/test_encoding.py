@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from sinks.base import ChangeBatch, TableInfo
-from sinks.encoding import ChangeEncoder, EncodedBatch, json_values
+from sinks.encoding import ChangeEncoder, EncodedBatch, json_values, row_dicts
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 
@@ -123,6 +123,25 @@ def test_sliced_struct_and_dictionary_and_null_columns() -> None:
 
 
 # ------------------------------------------------------------------ json format --
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["id", "name"],
+        ["a b", "x'y", 'q"uote', "back\\slash", "new\nline", "Zoë ✓", "class", "_0", "", "\udc80"],
+        ["k", "v", "k"],  # a repeated name keeps the last value, as dict(zip(...)) does
+        [f"c{i}" for i in range(300)],  # wider than the generated builders
+    ],
+    ids=["plain", "odd-names", "repeated", "wide"],
+)
+def test_row_dicts_match_dict_of_zip(names: list[str]) -> None:
+    columns = [[(i, j) for j in range(4)] for i in range(len(names))]
+    expected = [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+    got = row_dicts(names, columns, 4)
+    assert got == expected and [list(d) for d in got] == [list(d) for d in expected]
+    assert row_dicts(names, [[] for _ in names], 0) == []
+    assert row_dicts([], [], 3) == [{}, {}, {}]
 
 
 def test_json_format_writes_every_column_and_position_keys() -> None:

@@ -23,6 +23,7 @@ from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from sinks.base import ChangeBatch, CommitEvent, TableInfo
 from sinks.kafka import KafkaOptions, KafkaSink, choose_partition, default_sink_id, fill_topic, murmur2
+from sinks.kafka_producers import Outgoing, _Finder
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 
@@ -106,6 +107,10 @@ def test_uri_options_and_defaults() -> None:
     assert (config["linger_ms"], config["compression_type"], config["max_request_size"]) == (5, "gzip", 1_048_576)
     plain = KafkaOptions.from_uri("kafka://127.0.0.1:9092/t", env={})
     assert (plain.format, plain.key_columns, plain.exactly_once, plain.compression) == ("json", (), False, None)
+    librdkafka = plain.confluent_config()
+    assert librdkafka["partitioner"] == "murmur2_random" and librdkafka["reconnect.backoff.ms"] == 50
+    quick = KafkaOptions.from_uri("kafka://127.0.0.1:9092/t?reconnect_backoff_max_ms=20", env={})
+    assert quick.confluent_config()["reconnect.backoff.ms"] == 20
 
 
 def test_security_settings_from_env_and_uri() -> None:
@@ -176,6 +181,49 @@ def test_partition_choice_matches_kafkas_keyed_partitioner() -> None:
         assert murmur2(key) & 0x7FFFFFFF == kafka_murmur2(key) & 0x7FFFFFFF
         assert choose_partition(key, 7) == (kafka_murmur2(key) & 0x7FFFFFFF) % 7
     assert default_sink_id("a", "t") == default_sink_id("a", "t") != default_sink_id("b", "t")
+
+
+def test_librdkafka_partitioner_is_choose_partition(kafka_broker: Any) -> None:
+    # The confluent backend leaves partitions to librdkafka's murmur2_random without exactly_once:
+    # sent without a partition, every key must land where choose_partition puts it.
+    ck = pytest.importorskip("confluent_kafka")
+    topic = kafka_broker.new_topic(7)
+    config = KafkaOptions.from_uri(f"kafka://{kafka_broker.bootstrap}/{topic}?backend=confluent").confluent_config()
+    assert config["partitioner"] == "murmur2_random"
+    producer = ck.Producer({k: v for k, v in config.items() if k != "logger"})
+    rng = random.Random(11)
+    keys = [rng.randbytes(n) for n in range(1, 64)] + [b'{"id":%d}' % i for i in range(300)]
+    keys += ['{"name":"Zoë ✓ %d"}'.encode() % i for i in range(100)]
+    failed: list[Any] = []
+    for key in keys:
+        producer.produce(topic, b"v", key, on_delivery=lambda e, m: failed.append(e) if e else None)
+    assert producer.flush(30) == 0 and not failed
+    records = kafka_broker.consume(topic)
+    assert sorted(r.key for r in records) == sorted(keys)
+    assert all(r.partition == choose_partition(r.key, 7) for r in records)
+
+
+def test_a_failed_message_is_found_by_its_key_and_value() -> None:
+    # confluent-kafka reports a failed message without its headers: its stamp is found from key and value.
+    out = Outgoing("t", [b"a", b"b", b"a", b"a"], [b"1", b"2", b"1", None], [[]] * 4, None, 5, 1, 10, [0, 1, 2, 2])
+    find = _Finder(out)
+    assert find(b"b", b"2") == (5, 1, 11, 0)
+    assert find(b"a", b"1") == (5, 1, 10, 0)  # identical to message 2: named at the first of the two
+    assert find(b"a", None) == (5, 1, 12, 1)  # the tombstone
+    assert find(b"z", b"?") == (5, 1, 10, 0)  # never sent: the first message of the group
+
+
+def test_partitions_follow_the_key_without_exactly_once(kafka: Any) -> None:
+    topic = kafka.new_topic(5)
+    sink = open_sink(kafka.uri(topic, key="name"))
+    ids = list(range(200))
+    sink.write(ChangeBatch(Position.change(3, 0), rows(ids, ["insert"] * len(ids), note="x" * 7)))
+    sink.commit_event(CommitEvent(3, 0, "WRITE"))
+    sink.flush()
+    sink.close()
+    records = kafka.consume(topic)
+    assert len(records) == 200 and len({r.key for r in records}) == 161  # every 5th name is null
+    assert all(r.partition == choose_partition(r.key, 5) for r in records)
 
 
 # ------------------------------------------------------------------ delivery and formats --
@@ -523,19 +571,24 @@ def test_unreachable_broker_fails_open(backend: str) -> None:
 
 
 def outage_uri(kit: Any, topic: str, **extra: object) -> str:
-    return str(kit.uri(topic, exactly_once=True, key="id", request_timeout_ms=1000, open_timeout_ms=10000, **extra))
+    extra.setdefault("exactly_once", True)
+    return str(kit.uri(topic, key="id", request_timeout_ms=1000, open_timeout_ms=10000, **extra))
 
 
-def test_broker_outage_fails_flush_then_a_new_empty_broker(broker_factory: Callable[..., Any]) -> None:
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
+def test_broker_outage_fails_flush_then_a_new_empty_broker(
+    broker_factory: Callable[..., Any], exactly_once: bool
+) -> None:
     kit = broker_factory()
-    uri = outage_uri(kit, "outage", delivery_timeout_ms=3000)
+    uri = outage_uri(kit, "outage", delivery_timeout_ms=3000, exactly_once=exactly_once)
     sink = open_sink(uri)
     sink.write(inserts(1, 0, list(range(20))))
     sink.flush()
     kit.broker.stop()
     sink.write(inserts(2, 0, list(range(20, 30))))
     started = time.monotonic()
-    with pytest.raises(SinkError, match=r"did not acknowledge the message for row at position .*version=2"):
+    first = r"did not acknowledge the message for row at position Position\(version=2, snapshot_rank=1, index=0\)"
+    with pytest.raises(SinkError, match=first):
         sink.flush()  # the tailer keeps its cursor at the start of version 2
     assert time.monotonic() - started < 20
     with pytest.raises(SinkError, match="stopped after an earlier failure"):
