@@ -20,7 +20,10 @@ same local broker:
     way of sending (a delivery callback on every ``produce``, ``poll(0)`` every 1,024 messages):
     the client-side limit. Its clock starts once connected; the tailer's includes connecting.
 
-The figure of merit is the ratio in-process / bare producer (goal: 80% or more). Where the tailer's
+The figure of merit is the ratio in-process / bare producer (goal: 80% or more), against the fastest
+bare producer measured: with confluent-kafka that is usually the one that got its idempotent producer
+id before its clock started (librdkafka otherwise may hold every message ~500 ms at start-up; the
+tailer's own producer may or may not pay that wait, so its ratio is a lower bound). Where the tailer's
 time goes is shown by timing its stages apart over the same backlog: reading the change rows,
 encoding them, choosing partitions in Python (which the sink skips with confluent-kafka without
 ``exactly_once``: librdkafka computes the same), the sink with a do-nothing producer (all of the
@@ -109,6 +112,11 @@ class Timings:
 
     def rate(self, seconds: float) -> float:
         return self.messages / seconds
+
+    @property
+    def limit_s(self) -> float:
+        """The client-side limit: the fastest bare producer measured (a stalled start-up is not the limit)."""
+        return self.bare_s if self.ready_bare_s is None else min(self.bare_s, self.ready_bare_s)
 
 
 class Bench:
@@ -295,12 +303,13 @@ def report(results: dict[str, Timings]) -> None:
     print(header)
     print("-" * len(header))
     for backend, t in results.items():
-        cli, inproc, bare = t.rate(t.cli_s), t.rate(t.in_process_s), t.rate(t.bare_s)
+        cli, inproc, bare = t.rate(t.cli_s), t.rate(t.in_process_s), t.rate(t.limit_s)
         rates = f"{cli:>11,.0f}/s {inproc:>11,.0f}/s {bare:>13,.0f}/s"
         print(f"{backend:<14}{rates} {inproc / bare:>7.0%} {cli / bare:>10.0%}")
     print("ratio = in-process tailer / bare producer; ratio run = deltatail run (process start to exit) / bare")
+    print("bare producer = the faster of the bare runs (confluent: also one with its producer id in hand)")
     for backend, t in results.items():
-        verdict = "meets" if t.bare_s / t.in_process_s >= GOAL else "misses"
+        verdict = "meets" if t.limit_s / t.in_process_s >= GOAL else "misses"
         print(f"{backend}: {verdict} the {GOAL:.0%} goal")
 
 
