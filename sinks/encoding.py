@@ -60,6 +60,7 @@ row, right after its event.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import time
 from binascii import b2a_base64
@@ -135,10 +136,21 @@ def json_values(column: pa.Array) -> list[Any]:
     return list(column.to_pylist())
 
 
+#: Microsecond timestamp columns up to this long are formatted in Python: for a few values (a
+#: followed commit of a row or two) the five compute calls below cost more than formatting them.
+SMALL_TIMESTAMP_COLUMN = 8
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
 def _timestamps(column: pa.Array) -> list[Any]:
     # Casting a naive microsecond timestamp to string is ~30x faster than strftime
     # and always writes six fraction digits; tz-aware values are UTC instants.
     t = column.type
+    if len(column) <= SMALL_TIMESTAMP_COLUMN and t.unit == "us":
+        try:
+            return _few_timestamps(column, zone=t.tz is not None)
+        except OverflowError:
+            pass  # outside datetime's years 1..9999: the compute kernels below write them
     micros = pc.cast(column, pa.timestamp("us", tz=t.tz), safe=False)
     if t.tz is not None:
         micros = pc.cast(micros, pa.timestamp("us"))
@@ -146,6 +158,19 @@ def _timestamps(column: pa.Array) -> list[Any]:
     if t.tz is not None:
         text = pc.binary_join_element_wise(text, _Z, _EMPTY)
     return list(text.to_pylist())
+
+
+def _few_timestamps(column: pa.Array, *, zone: bool) -> list[Any]:
+    """The same strings as :func:`_timestamps`'s kernels, from ``datetime`` (microsecond units only).
+
+    Raises:
+        OverflowError: if a value is outside the years 1..9999.
+    """
+    suffix = "Z" if zone else ""
+    return [
+        None if v is None else (_EPOCH + dt.timedelta(microseconds=v)).isoformat(timespec="microseconds") + suffix
+        for v in column.cast(pa.int64()).to_pylist()
+    ]
 
 
 def row_dicts(names: Sequence[str], columns: Sequence[list[Any]], length: int) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from sinks.base import ChangeBatch, TableInfo
-from sinks.encoding import ChangeEncoder, EncodedBatch, json_values, row_dicts
+from sinks.encoding import SMALL_TIMESTAMP_COLUMN, ChangeEncoder, EncodedBatch, json_values, row_dicts
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 
@@ -76,6 +76,23 @@ def test_timestamps_are_iso_utc_with_microseconds() -> None:
     assert json_values(pa.array([dt.datetime(1, 1, 1)], pa.timestamp("us", tz="UTC"))) == [
         "0001-01-01T00:00:00.000000Z"
     ]
+
+
+@pytest.mark.parametrize("tz", ["UTC", "America/New_York", None])
+def test_short_timestamp_columns_are_written_as_long_ones_are(tz: str | None) -> None:
+    # Columns of at most SMALL_TIMESTAMP_COLUMN values are formatted in Python, longer ones by Arrow kernels.
+    micros = [0, 1, -1, 1_704_164_645_123_456, -62_135_596_800_000_000, 253_402_300_799_999_999, None, 86_399_999_999]
+    assert len(micros) <= SMALL_TIMESTAMP_COLUMN
+    short = pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz=tz))
+    padded = pa.concat_arrays([short, pa.nulls(SMALL_TIMESTAMP_COLUMN, short.type)])
+    assert json_values(short) == json_values(padded)[: len(micros)]
+    assert json_values(short)[3] == "2024-01-02T03:04:05.123456" + ("Z" if tz else "")
+
+
+def test_timestamps_beyond_year_9999_fall_back_to_the_kernels() -> None:
+    beyond = pa.array([253_402_300_800_000_000], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    assert json_values(beyond) == json_values(pa.concat_arrays([beyond] * (SMALL_TIMESTAMP_COLUMN + 1)))[:1]
+    assert json_values(beyond)[0].startswith("10000-01-01")
 
 
 def test_timestamp_ntz_has_no_zone_marker() -> None:
