@@ -34,6 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from sinks.base import ChangeBatch, CommitEvent, Sink, TableInfo
 from state.commit import Commit
 from state.cursor import Position
@@ -80,6 +83,18 @@ def tune_for_latency() -> None:
 STATUS_SECONDS = 30.0
 #: Seconds between listings of the log that look for a gap when no next commit exists.
 GAP_CHECK_SECONDS = 10.0
+
+
+def _count_change_types(column: pa.Array, counts: dict[str, int]) -> None:
+    """Add each change type's number of rows in ``column`` to ``counts``."""
+    if len(column) <= 64:
+        values = column.to_pylist()
+    else:  # one kernel call instead of a Python object per row
+        values = []
+        for item in pc.value_counts(column).to_pylist():
+            counts[item["values"]] = counts.get(item["values"], 0) + item["counts"]
+    for kind in values:
+        counts[kind] = counts.get(kind, 0) + 1
 
 
 @dataclass
@@ -404,8 +419,7 @@ class Tailer:
                 self._unflushed = True
                 crash_point("after_write")
                 self.progress.rows += len(batch)
-                for kind in batch.rows.column("_change_type").to_pylist():
-                    counts[kind] = counts.get(kind, 0) + 1
+                _count_change_types(batch.rows.column("_change_type"), counts)
             self._cursor = batch.end
             if self._stop.is_set():
                 return False

@@ -992,3 +992,15 @@ def test_signal_exits_zero_with_the_cursor_saved(tmp_path: Path, sig: int) -> No
     lines = read_jsonl(out)
     assert_positions(lines)
     assert_rows(rows_of(lines), expected_cdf(root, 0, more))
+
+
+@pytest.mark.parametrize("rows", [1, 64, 65, 5000])
+def test_change_types_are_counted_per_kind_in_short_and_long_batches(rows: int) -> None:
+    kinds = ["insert", "delete", "update_preimage", "update_postimage"]
+    column = pa.array([kinds[(i * 7) % 3 if i % 5 else 3] for i in range(rows)], pa.string())
+    counts = {"insert": 2}
+    run_module._count_change_types(column, counts)
+    expected = {"insert": 2}
+    for kind in column.to_pylist():
+        expected[kind] = expected.get(kind, 0) + 1
+    assert counts == expected
