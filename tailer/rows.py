@@ -163,7 +163,7 @@ def read_file_rows(
         table_name = table if table is not None else table_root
         e.at(table=table_name, version=version, file=resolve_data_path(table_root, path))
         raise
-    columns_of_batches = read_file_columns(
+    file_batches = read_file_batches(
         storage,
         table_root,
         path,
@@ -178,57 +178,8 @@ def read_file_rows(
         table=table,
         version=version,
     )
-    for arrays in columns_of_batches:
-        yield pa.RecordBatch.from_arrays(arrays, schema=out)
-
-
-def read_file_columns(
-    storage: Storage,
-    table_root: str,
-    path: str,
-    *,
-    schema: StructType,
-    partition_columns: tuple[str, ...],
-    partition_values: dict[str, str | None],
-    column_mapping_mode: str,
-    row_filter: RowFilter | None = None,
-    keep_change_type: bool = False,
-    columns: Sequence[str] | None = None,
-    batch_size: int = 65536,
-    table: str | None = None,
-    version: int | None = None,
-) -> Iterator[list[pa.Array]]:
-    """:func:`read_file_rows` without the last step: each batch as its list of columns, in output order.
-
-    For callers that append columns of their own and build each record batch
-    once. Arguments, order, filtering and errors are those of
-    :func:`read_file_rows`; every yielded list is non-empty and its arrays have
-    one common, non-zero length.
-
-    Raises:
-        MissingFileError: if the file does not exist.
-        InvalidLogError: as :func:`read_file_rows`.
-        DeletionVectorError: if the row filter names a row index beyond the end of the file.
-        ConfigError: if ``columns`` names a column the schema does not have.
-        DeltaTailError: if the file is not readable Parquet.
-    """
-    file_batches = read_file_batches(
-        storage,
-        table_root,
-        path,
-        schema=schema,
-        partition_columns=partition_columns,
-        partition_values=partition_values,
-        column_mapping_mode=column_mapping_mode,
-        row_filter=row_filter,
-        keep_change_type=keep_change_type,
-        columns=columns,
-        batch_size=batch_size,
-        table=table,
-        version=version,
-    )
     for file_batch in file_batches:
-        yield file_batch.columns()
+        yield pa.RecordBatch.from_arrays(file_batch.columns(), schema=out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +198,7 @@ class FileBatch:
     file: str
 
     def columns(self) -> list[pa.Array]:
-        """The batch's output columns, in output order (see :func:`read_file_columns`).
+        """The batch's output columns, in the order of :func:`output_schema` (a new list: callers may append).
 
         Raises:
             InvalidLogError: if a file column cannot be converted to the schema's type.
@@ -279,7 +230,7 @@ def read_file_batches(
     table: str | None = None,
     version: int | None = None,
 ) -> Iterator[FileBatch]:
-    """Stage one of :func:`read_file_columns`: open, plan, decode and row-filter, batch by batch.
+    """Stage one of :func:`read_file_rows`: open, plan, decode and row-filter, batch by batch.
 
     Arguments as :func:`read_file_rows`. Every yielded batch has at least one row;
     :meth:`FileBatch.columns` finishes it.
