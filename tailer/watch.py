@@ -133,7 +133,13 @@ class LogWatcher:
         Signals that arrived since the last wait count: they end this one at once.
         """
         fds = [self._wake_r] if self._inotify is None else [self._wake_r, self._inotify]
-        ready, _, _ = select.select(fds, [], [], max(timeout, 0.0))
+        if hasattr(select, "poll"):  # poll has no FD_SETSIZE limit (a busy process may hold > 1024 descriptors)
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            ready = [fd for fd, _ in poller.poll(max(timeout, 0.0) * 1000)]
+        else:
+            ready, _, _ = select.select(fds, [], [], max(timeout, 0.0))
         for fd in ready:
             _drain(fd)
         return bool(ready)

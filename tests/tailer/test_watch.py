@@ -115,3 +115,27 @@ def test_an_unwatchable_directory_falls_back_to_polling(tmp_path: Path) -> None:
         assert watcher.wait(0.1) is False
     finally:
         watcher.close()
+
+
+@linux_only
+def test_waiting_works_with_descriptor_numbers_above_select_limit(log_dir: Path, tmp_path: Path) -> None:
+    # A process holding many files (Spark, Kafka clients) hands out descriptor numbers past 1024.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(tmp_path, os.O_RDONLY) for _ in range(1100)]
+    try:
+        watcher = LogWatcher(str(log_dir))
+        try:
+            assert watcher.watching
+            (log_dir / f"{1:020d}.json").write_bytes(b'{"commitInfo":{}}\n')
+            assert watcher.wait(NEVER) is True
+        finally:
+            watcher.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
