@@ -286,6 +286,11 @@ class _Prefetch:
         finally:
             self.cancel()
 
+    @property
+    def finished(self) -> bool:
+        """Whether the worker is done (read everything, failed, or was cancelled)."""
+        return self._future.done()
+
     def cancel(self) -> None:
         """Stop the worker (if still reading) and drop what it buffered."""
         self._cancelled.set()
@@ -568,22 +573,21 @@ class ChangeFeed:
                 yield from self.plan_batches(plan)
             return
         pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="deltatail-read")
-        pending: deque[tuple[VersionPlan, list[_Prefetch | None]]] = deque()
+        started: list[_Prefetch] = []
         try:
-            for plan, task_batches in self._read_ahead(plans, pool, pending):
+            for plan, task_batches in self._read_ahead(plans, pool, started):
                 yield from self.plan_batches(plan, task_batches)
         finally:
-            for _, fetches in pending:
-                for fetch in fetches:
-                    if fetch is not None:
-                        fetch.cancel()
+            # Every worker still reading stops, including one whose file the consumer never reached.
+            for fetch in started:
+                fetch.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _read_ahead(
         self,
         plans: Iterator[VersionPlan],
         pool: ThreadPoolExecutor,
-        pending: deque[tuple[VersionPlan, list[_Prefetch | None]]],
+        started: list[_Prefetch],
     ) -> Iterator[tuple[VersionPlan, Iterator[Iterable[pa.RecordBatch]]]]:
         """Plan up to ``read_ahead`` tasks ahead and start reading their large files on workers.
 
@@ -591,9 +595,10 @@ class ChangeFeed:
         bounded queue (at most :data:`READ_THREADS` of them ahead at once, so memory
         stays bounded); the rest are read when their turn comes. Rows come out in
         exactly the order of sequential reading, and an error is raised only after
-        every row before it. ``pending`` holds what was started and not yet handed
-        on (the caller cancels it if the consumer stops early).
+        every row before it. ``started`` receives every read started on a worker and
+        not known to be finished (the caller cancels them if the consumer stops early).
         """
+        pending: deque[tuple[VersionPlan, list[_Prefetch | None]]] = deque()
         ahead = 0
         large_ahead = 0
         failure: DeltaTailError | None = None
@@ -608,6 +613,8 @@ class ChangeFeed:
                     failure = e
                 else:
                     fetches = [self._prefetch(pool, plan, t) for t in plan.tasks]
+                    started[:] = [f for f in started if not f.finished]
+                    started.extend(f for f in fetches if f is not None)
                     pending.append((plan, fetches))
                     ahead += len(plan.tasks) or 1
                     large_ahead += sum(f is not None for f in fetches)

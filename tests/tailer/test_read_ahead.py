@@ -77,3 +77,18 @@ def test_a_gap_is_raised_after_every_row_before_it(tmp_path: Path, options: Chan
     with pytest.raises(VersionGapError):
         _rows(ChangeFeed(str(tmp_path), options=options), collected)
     assert [r[2] for r in collected] == list(range(250))
+
+
+def test_a_consumer_that_stops_before_a_started_file_does_not_hang(tmp_path: Path) -> None:
+    # One commit of two 40-row files, read a row per batch: each worker fills its 16-batch queue and
+    # waits; the consumer stops inside the first file, before the second that a worker already reads.
+    rows = pa.table({"id": list(range(80)), "part": ["a"] * 40 + ["b"] * 40})
+    write_deltalake(tmp_path, rows, partition_by=["part"])
+    feed = ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16, read_ahead_min_bytes=0, batch_size=1))
+    batches = feed.batches(0, 0)
+    assert next(batches).rows.num_rows == 1
+    closing = threading.Thread(target=batches.close, daemon=True)
+    closing.start()
+    closing.join(timeout=60)
+    assert not closing.is_alive(), "closing the generator hung on a reader thread"
+    assert not any(t.name.startswith("deltatail-read") for t in threading.enumerate())
