@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import functools
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -201,7 +202,7 @@ def _finish(ctx: ReadContext, task: FileTask, file_batch: FileBatch) -> pa.Recor
 
 def _int64s(value: int, dtype: pa.DataType, n: int) -> pa.Array:
     """``n`` copies of a 64-bit value (int64 or timestamp), straight from one buffer (no scalar boxing)."""
-    return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(value.to_bytes(8, "little", signed=True) * n)])
+    return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(value.to_bytes(8, sys.byteorder, signed=True) * n)])
 
 
 #: Batches up to this many rows share their ``_change_type`` column (small files repeat a few sizes).
