@@ -9,7 +9,7 @@ Life cycle of :meth:`Tailer.run`:
 3. Loop: list the log after the snapshot's version (``start_after``: never
    the whole directory), plan and deliver each new commit in order, and save
    a checkpoint every ``checkpoint_commits`` commits or ``checkpoint_seconds``
-   seconds. Between looks, wait for a watchdog event or the poll interval.
+   seconds. Between looks, wait for a change in ``_delta_log`` (see :mod:`tailer.watch`) or the poll interval.
 4. A checkpoint is: sink flushed → cursor (and, every
    ``snapshot_commits`` commits, the snapshot) saved. After a crash the tailer
    repeats at most the rows after the last saved cursor; with a sink that
@@ -65,16 +65,18 @@ def status(event: str, message: str, *, level: int = logging.INFO, **fields: obj
     log.log(level, "%s", message, extra={"event": event, "fields": fields})
 
 
-#: The GIL switch interval a following tailer process uses (Python's default is 5 ms): a commit seen by
-#: the watcher thread reaches the run loop sooner. Set by :func:`tune_for_latency`.
+#: The GIL switch interval a following tailer process uses (Python's default is 5 ms): work handed to
+#: the run loop by another thread reaches it sooner. Set by :func:`tune_for_latency`.
 SWITCH_INTERVAL = 0.0005
 
 
 def tune_for_latency() -> None:
     """Shorten the interpreter's thread switch interval for this process (the ``deltatail run`` command does).
 
-    A commit is noticed by watchdog's threads and handed to the run loop's thread;
-    with the default 5 ms interval that hand-over often waits for a slice to end.
+    Where a commit is noticed by another thread (watchdog's observer, on platforms
+    without inotify) or a sink works on its own thread (kafka-python's sender), a
+    hand-over to the run loop with the default 5 ms interval often waits for a
+    slice to end. On Linux the run loop waits on inotify itself.
     """
     sys.setswitchinterval(SWITCH_INTERVAL)
 
