@@ -674,7 +674,7 @@ def test_kills_and_restarts_deliver_exactly_once(
         pytest.importorskip("confluent_kafka")
     kills: dict[tuple[Hashable, ...], Kill] = {}
     for name, wanted, first in (
-        ("mixed", 25, ("after_write:2", "kill:0.02", "after_flush:1")),
+        ("mixed", 28, ("after_write:2", "kill:0.02", "after_flush:1")),
         ("large", 9, ("after_save:1", "after_write:5", "kill:0.1", "after_write:20", "kill:0.3", "after_flush:1")),
     ):
         table = tables[name]
