@@ -143,6 +143,8 @@ def _bitmap(storage: Storage, ctx: ReadContext, dv: DeletionVector | None, data_
 
 
 def _row_filter(storage: Storage, ctx: ReadContext, task: FileTask) -> RowFilter | None:
+    if task.selection.within is None and task.selection.minus is None:
+        return None  # the common case: no deletion vector to read
     within = _bitmap(storage, ctx, task.selection.within, task.path)
     minus = _bitmap(storage, ctx, task.selection.minus, task.path)
     if within is None:
@@ -167,12 +169,9 @@ def _task_file_batches(
 ) -> Generator[FileBatch, None, None]:
     """Stage one of :func:`read_task` (DVs, open, decode, filter): what a worker thread does ahead of time."""
     schema = ctx.schema()
-    if task.selection.within is None and task.selection.minus is None:
-        row_filter = None
-    else:
-        row_filter = _row_filter(storage, ctx, task)
-        if row_filter is not None and row_filter.keep and len(row_filter.rows) == 0:
-            return
+    row_filter = _row_filter(storage, ctx, task)
+    if row_filter is not None and row_filter.keep and len(row_filter.rows) == 0:
+        return
     yield from read_file_batches(
         storage,
         ctx.table_root,

@@ -89,14 +89,12 @@ GAP_CHECK_SECONDS = 10.0
 
 def _count_change_types(column: pa.Array, counts: dict[str, int]) -> None:
     """Add each change type's number of rows in ``column`` to ``counts``."""
-    if len(column) <= 64:
-        values = column.to_pylist()
-    else:  # one kernel call instead of a Python object per row
-        values = []
-        for item in pc.value_counts(column).to_pylist():
-            counts[item["values"]] = counts.get(item["values"], 0) + item["counts"]
-    for kind in values:
-        counts[kind] = counts.get(kind, 0) + 1
+    if len(column) > 64:  # one kernel call instead of a Python object per row
+        pairs = [(item["values"], item["counts"]) for item in pc.value_counts(column).to_pylist()]
+    else:
+        pairs = [(kind, 1) for kind in column.to_pylist()]
+    for kind, n in pairs:
+        counts[kind] = counts.get(kind, 0) + n
 
 
 @dataclass

@@ -108,12 +108,16 @@ class LogWatcher:
         os.set_blocking(self._wake_w, False)
         self._inotify: int | None = None
         self._observer: BaseObserver | None = None
+        # poll(), not select(): select refuses descriptor numbers past 1024, which a busy process reaches.
+        self._poller = select.poll()
+        self._poller.register(self._wake_r, select.POLLIN)
         self.watching = False
         if not watch:
             return
         if sys.platform.startswith("linux"):
             try:
                 self._inotify = _open_inotify(log_dir)
+                self._poller.register(self._inotify, select.POLLIN)
                 self.watching = True
                 return
             except (OSError, ImportError, UnsupportedLibcError) as e:
@@ -132,14 +136,7 @@ class LogWatcher:
 
         Signals that arrived since the last wait count: they end this one at once.
         """
-        fds = [self._wake_r] if self._inotify is None else [self._wake_r, self._inotify]
-        if hasattr(select, "poll"):  # poll has no FD_SETSIZE limit (a busy process may hold > 1024 descriptors)
-            poller = select.poll()
-            for fd in fds:
-                poller.register(fd, select.POLLIN)
-            ready = [fd for fd, _ in poller.poll(max(timeout, 0.0) * 1000)]
-        else:
-            ready, _, _ = select.select(fds, [], [], max(timeout, 0.0))
+        ready = [fd for fd, _ in self._poller.poll(max(timeout, 0.0) * 1000)]
         for fd in ready:
             _drain(fd)
         return bool(ready)
