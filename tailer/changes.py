@@ -78,6 +78,9 @@ class ChangeOptions:
         batch_size: the largest number of rows in one output batch.
         read_ahead: how many file tasks :meth:`ChangeFeed.batches` plans ahead of the
             consumer (0: plan and read each file when its turn comes, on the calling thread).
+            Planning resumes only once half of them are consumed, so commits are planned in
+            runs rather than one between every two files (on thousands of one-file commits
+            alternating costs a quarter more time).
         read_ahead_min_bytes: files at least this large are read by worker threads ahead of
             their turn, into a bounded buffer of :data:`READ_AHEAD_BATCHES` batches each (their
             decoding releases the GIL, so two files decode at once). Smaller files are read
@@ -90,7 +93,7 @@ class ChangeOptions:
     require_cdf: bool = False
     allow_non_additive: bool = False
     batch_size: int = 65536
-    read_ahead: int = 16
+    read_ahead: int = 128
     read_ahead_min_bytes: int = 512 << 10
 
 
@@ -591,6 +594,9 @@ class ChangeFeed:
     ) -> Iterator[tuple[VersionPlan, Iterator[Iterable[pa.RecordBatch]]]]:
         """Plan up to ``read_ahead`` tasks ahead and start reading their large files on workers.
 
+        Planning runs in bursts: the window is refilled only once at most half of it
+        is left, which keeps the interpreter on one kind of work for longer.
+
         Files of at least ``read_ahead_min_bytes`` are read on a worker into a
         bounded queue (at most :data:`READ_THREADS` of them ahead at once, so memory
         stays bounded); the rest are read when their turn comes. Rows come out in
@@ -603,8 +609,10 @@ class ChangeFeed:
         large_ahead = 0
         failure: DeltaTailError | None = None
         bs = self.options.batch_size
+        refill = True
         while True:
-            if failure is None and ahead < self.options.read_ahead and large_ahead < READ_THREADS:
+            refill = refill or ahead <= self.options.read_ahead // 2
+            if failure is None and refill and ahead < self.options.read_ahead and large_ahead < READ_THREADS:
                 try:
                     plan = next(plans)
                 except StopIteration:
@@ -619,6 +627,7 @@ class ChangeFeed:
                     ahead += len(plan.tasks) or 1
                     large_ahead += sum(f is not None for f in fetches)
                     continue
+            refill = False
             if not pending:
                 break
             plan, fetches = pending.popleft()

@@ -30,7 +30,11 @@ def _rows(feed: ChangeFeed, collected: list[tuple[int, int, int]]) -> None:
 ON_WORKERS = ChangeOptions(read_ahead=16, read_ahead_min_bytes=0, batch_size=3)
 
 
-@pytest.mark.parametrize("ahead", [ChangeOptions(read_ahead=16), ON_WORKERS], ids=["inline", "workers"])
+@pytest.mark.parametrize(
+    "ahead",
+    [ChangeOptions(read_ahead=16), ChangeOptions(read_ahead=3), ON_WORKERS],
+    ids=["inline", "inline-refilled-often", "workers"],
+)
 def test_read_ahead_gives_the_rows_of_sequential_reading(tmp_path: Path, ahead: ChangeOptions) -> None:
     _table(tmp_path, 40)
     sequential: list[tuple[int, int, int]] = []
