@@ -31,10 +31,11 @@ from typing import BinaryIO
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sinks.base import ChangeBatch, Sink, TableInfo
-from sinks.encoding import json_values
+from sinks.encoding import VECTOR_ROWS, column_texts, concatenated, joined_objects, json_values
 from state.cursor import Position
 from state.errors import SinkError
 
@@ -42,8 +43,20 @@ _POSITION = "_position"
 
 
 def encode_jsonl(batch: ChangeBatch) -> bytes:
-    """The batch as JSON lines, each with its ``_position``."""
+    """The batch as JSON lines, each with its ``_position``.
+
+    Long batches are encoded column by column (:func:`sinks.encoding.column_texts`);
+    the bytes are the same either way.
+    """
     names = batch.rows.schema.names
+    if len(batch) >= VECTOR_ROWS and _POSITION not in names:
+        texts = column_texts(batch.rows)
+        if texts is not None:
+            start = batch.start
+            index = pc.cast(pa.array(range(start.index, batch.end.index), pa.int64()), pa.string())
+            snapshot = "true" if start.snapshot else "false"
+            tail = [pa.scalar(f',"{_POSITION}":[{start.version},'), index, pa.scalar(f",{snapshot}]}}\n")]
+            return concatenated(joined_objects(len(batch), list(texts), list(texts.values()), tail))
     columns = [json_values(batch.rows.column(i)) for i in range(len(names))]
     start = batch.start
     out = bytearray()
