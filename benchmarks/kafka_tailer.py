@@ -20,10 +20,11 @@ same local broker:
     way of sending (a delivery callback on every ``produce``, ``poll(0)`` every 1,024 messages):
     the client-side limit. Its clock starts once connected; the tailer's includes connecting.
 
-The figure of merit is the ratio in-process / bare producer (goal: 80% or more), against the fastest
-bare producer measured: with confluent-kafka that is usually the one that got its idempotent producer
-id before its clock started (librdkafka otherwise may hold every message ~500 ms at start-up; the
-tailer's own producer may or may not pay that wait, so its ratio is a lower bound). Where the tailer's
+The figure of merit is the ratio in-process / bare producer (goal: 80% or more), each the best of
+``--repeat`` interleaved runs (3 by default; the same count on both sides, so that neither gets more
+draws from a noisy machine). For confluent-kafka the bare producer is the one that got its idempotent
+producer id before its clock started (librdkafka otherwise may hold every message ~500 ms at start-up;
+the tailer's own producer may or may not pay that wait, so its ratio is a lower bound). Where the tailer's
 time goes is shown by timing its stages apart over the same backlog: reading the change rows,
 encoding them, choosing partitions in Python (which the sink skips with confluent-kafka without
 ``exactly_once``: librdkafka computes the same), the sink with a do-nothing producer (all of the
@@ -115,8 +116,12 @@ class Timings:
 
     @property
     def limit_s(self) -> float:
-        """The client-side limit: the fastest bare producer measured (a stalled start-up is not the limit)."""
-        return self.bare_s if self.ready_bare_s is None else min(self.bare_s, self.ready_bare_s)
+        """The client-side limit: the bare producer at its best over as many runs as the tailer had.
+
+        For confluent-kafka that is the bare producer with its producer id in hand (a stalled
+        start-up is not the limit); the other bare run is printed for information only.
+        """
+        return self.bare_s if self.ready_bare_s is None else self.ready_bare_s
 
 
 class Bench:
@@ -307,7 +312,7 @@ def report(results: dict[str, Timings]) -> None:
         rates = f"{cli:>11,.0f}/s {inproc:>11,.0f}/s {bare:>13,.0f}/s"
         print(f"{backend:<14}{rates} {inproc / bare:>7.0%} {cli / bare:>10.0%}")
     print("ratio = in-process tailer / bare producer; ratio run = deltatail run (process start to exit) / bare")
-    print("bare producer = the faster of the bare runs (confluent: also one with its producer id in hand)")
+    print("each figure: the best of the same number of interleaved runs (confluent's bare: producer id in hand)")
     for backend, t in results.items():
         verdict = "meets" if t.limit_s / t.in_process_s >= GOAL else "misses"
         print(f"{backend}: {verdict} the {GOAL:.0%} goal")
@@ -420,7 +425,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=None, help="change rows in the backlog (default 200,000)")
     parser.add_argument("--quick", action="store_true", help="a backlog of 20,000 rows")
-    parser.add_argument("--repeat", type=int, default=1, help="measure N times, keep the best of each (default 1)")
+    parser.add_argument("--repeat", type=int, default=3, help="measure N times, keep the best of each (default 3)")
     parser.add_argument("--bootstrap", help="an existing broker (127.0.0.1 only); default: start tansu")
     parser.add_argument("--no-stages", action="store_true", help="skip timing the stages apart")
     parser.add_argument("--profile", action="store_true", help="cProfile the in-process tailer (main thread)")
