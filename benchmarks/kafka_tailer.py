@@ -119,7 +119,7 @@ class Timings:
         """The client-side limit: the bare producer at its best over as many runs as the tailer had.
 
         For confluent-kafka that is the bare producer with its producer id in hand (a stalled
-        start-up is not the limit); the other bare run is printed for information only.
+        start-up is not the limit); the other bare run is shown in the stage breakdown.
         """
         return self.bare_s if self.ready_bare_s is None else self.ready_bare_s
 

@@ -459,16 +459,19 @@ class ChangeEncoder:
         rows = batch.rows
         self._check_columns(batch)
         change_types = rows.column("_change_type").to_pylist()
-        if self.format == "json" and len(batch) >= VECTOR_ROWS:
-            kinds = set(change_types)
-            known = {"_change_type": _text_of(change_types[0])} if len(kinds) == 1 and kinds <= CHANGE_TYPES else {}
-            texts = column_texts(rows, known)
+        if self.format == "debezium":
+            return self._encode_debezium(batch, self._keys(batch), change_types)
+        kinds = set(change_types)
+        if not kinds <= CHANGE_TYPES:
+            i = next(i for i, ct in enumerate(change_types) if ct not in CHANGE_TYPES)
+            raise self._bad_change_type(batch, i, change_types[i])
+        if len(batch) >= VECTOR_ROWS:
+            # A batch of one kind (the common case) writes its change type's text once.
+            one_kind = {"_change_type": pa.scalar(orjson.dumps(change_types[0]).decode())} if len(kinds) == 1 else {}
+            texts = column_texts(rows, one_kind)
             if texts is not None:
                 return self._encode_json_columns(batch, texts, change_types)
-        keys = self._keys(batch)
-        if self.format == "json":
-            return self._encode_json(batch, keys, change_types)
-        return self._encode_debezium(batch, keys, change_types)
+        return self._encode_json(batch, self._keys(batch), change_types)
 
     def _check_columns(self, batch: ChangeBatch) -> None:
         names = set(batch.rows.schema.names)
@@ -485,9 +488,6 @@ class ChangeEncoder:
     ) -> EncodedBatch:
         """:meth:`_encode_json` from column texts (:func:`json_texts`): the same bytes, without a dict per row."""
         n = len(batch)
-        if not set(change_types) <= CHANGE_TYPES:
-            i = next(i for i, ct in enumerate(change_types) if ct not in CHANGE_TYPES)
-            raise self._bad_change_type(batch, i, change_types[i])
         if self.key_columns:
             keys = json_objects(n, self.key_columns, [texts[c] for c in self.key_columns])
         else:
@@ -516,12 +516,10 @@ class ChangeEncoder:
         )
 
     def _encode_json(self, batch: ChangeBatch, keys: list[bytes], change_types: list[Any]) -> EncodedBatch:
+        """The ``json`` format row by row (``change_types`` already checked by :meth:`encode`)."""
         names = batch.rows.schema.names
         columns = [json_values(c) for c in batch.rows.columns]
         values: list[bytes | None] = list(map(orjson.dumps, iter_row_dicts(names, columns, len(batch))))
-        for i, ct in enumerate(change_types):
-            if ct not in CHANGE_TYPES:
-                raise self._bad_change_type(batch, i, ct)
         out = EncodedBatch(list(range(len(values))), keys, values, change_types)
         return self._with_tombstones(out)
 
@@ -591,10 +589,6 @@ class ChangeEncoder:
 _CONSTANT_COLUMNS = frozenset({"_commit_version", "_commit_timestamp"})
 
 
-def _text_of(value: str) -> pa.Scalar:
-    return pa.scalar(orjson.dumps(value).decode(), pa.string())
-
-
 def column_texts(
     rows: pa.RecordBatch, known: dict[str, pa.Scalar] | None = None
 ) -> dict[str, pa.Array | pa.Scalar] | None:
@@ -606,9 +600,10 @@ def column_texts(
     names = rows.schema.names
     if len(set(names)) != len(names):
         return None
+    known = known or {}
     texts: dict[str, pa.Array | pa.Scalar] = {}
     for name, column in zip(names, rows.columns, strict=True):
-        text = (known or {}).get(name) or (constant_text(column) if name in _CONSTANT_COLUMNS else None)
+        text = known.get(name) or (constant_text(column) if name in _CONSTANT_COLUMNS else None)
         if text is None:
             text = json_texts(column)
             if text is None:

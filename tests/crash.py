@@ -9,6 +9,9 @@ random instant up to ``s`` seconds after the run shows progress), or ``clean``.
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
+import time
 from collections.abc import Callable, Sequence, Sized
 
 #: The run loop's crash points (tailer/faults.py).
@@ -50,3 +53,25 @@ def run_campaign(
         if run(spec) == 0 and spec.partition(":")[0] in POINTS:
             break
     assert run("clean") == 0
+
+
+def strike(
+    proc: subprocess.Popen[bytes],
+    spec: str,
+    rng: random.Random,
+    progressed: Callable[[], bool],
+    *,
+    wait: float,
+    tick: float,
+) -> None:
+    """For a ``kill:<s>``/``term:<s>`` spec: once the run shows progress (or ends, or ``wait`` seconds pass),
+    sleep a random part of ``s`` seconds and send SIGKILL/SIGTERM if it still runs. Other specs: nothing."""
+    kind, _, arg = spec.partition(":")
+    if kind not in ("kill", "term"):
+        return
+    deadline = time.monotonic() + wait
+    while proc.poll() is None and not progressed() and time.monotonic() < deadline:
+        time.sleep(tick)
+    time.sleep(rng.uniform(0, float(arg)))
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)

@@ -69,7 +69,7 @@ pytest.importorskip("deltalake")
 from deltalake import DeltaTable, write_deltalake
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
-from crash import POINTS, run_campaign
+from crash import POINTS, run_campaign, strike
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.partitioner.default import murmur2 as kafka_murmur2
@@ -296,8 +296,12 @@ def read_topic(kit: Any, topic: str) -> list[Msg]:
 
 
 def new_topic(bootstrap: str, partitions: int = PARTITIONS, prefix: str = "tail") -> str:
-    """A fresh topic (its own admin client: brokers in these tests come and go)."""
-    name = f"{prefix}-{os.urandom(6).hex()}"
+    """A fresh topic."""
+    return create_topic(bootstrap, f"{prefix}-{os.urandom(6).hex()}", partitions)
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> str:
+    """Create topic ``name`` (with its own admin client: brokers in these tests come and go)."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="tests")
     try:
         admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
@@ -555,24 +559,20 @@ class Campaign:
         extra = ("--until-caught-up", "--checkpoint-commits", "1", "--snapshot-commits", "2")
         return run_args(self.table.root, self.state, self.uri, *extra)
 
+    def _progress_since(self, cursor: Pos | None, size: int) -> Callable[[], bool]:
+        """Whether the run has shown progress: a new saved cursor or new messages in the topic."""
+        return lambda: saved_cursor(self.state) != cursor or self.watch.size() != size
+
     def run(self, spec: str) -> int:
         """``<point>:<k>`` (``DELTATAIL_CRASH_AT``), ``kill:<s>`` / ``term:<s>`` (SIGKILL / SIGTERM at a
         random instant up to ``s`` seconds after the run first shows progress), or ``clean``."""
-        kind, _, arg = spec.partition(":")
+        kind = spec.partition(":")[0]
         before, size = saved_cursor(self.state), self.watch.size()
         env = clean_env(**({"DELTATAIL_CRASH_AT": spec} if kind in POINTS else {}))
         with self.log.open("ab") as log:
             proc = subprocess.Popen(self.args(), cwd=ROOT, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         try:
-            if kind in ("kill", "term"):
-                deadline = time.monotonic() + WAIT
-                while proc.poll() is None and time.monotonic() < deadline:
-                    if saved_cursor(self.state) != before or self.watch.size() != size:
-                        break
-                    time.sleep(0.005)
-                time.sleep(self.rng.uniform(0, float(arg)))
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
+            strike(proc, spec, self.rng, self._progress_since(before, size), wait=WAIT, tick=0.005)
             proc.wait(WAIT)
         finally:
             if proc.poll() is None:
@@ -773,6 +773,55 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT) -> Non
         time.sleep(0.01)
 
 
+@dataclass
+class Outage:
+    """``deltatail run`` following a table that a :class:`Writer` keeps changing, into an exactly-once topic
+    of a broker that the test will stop (short Kafka timeouts, a checkpoint after every commit)."""
+
+    root: Path
+    state: Path
+    log: Path
+    topic: str
+    uri: str
+    writer: Writer
+    tailer: subprocess.Popen[bytes]
+
+    @classmethod
+    def start(cls, kit: Any, tmp_path: Path, open_timeout_ms: int, *extra: str) -> Outage:
+        root, state, log = tmp_path / "table", tmp_path / "state", tmp_path / "tailer.log"
+        write_deltalake(str(root), data(range(40)), configuration=CDF)
+        topic = new_topic(kit.bootstrap)
+        uri = kit.uri(
+            topic,
+            key="id",
+            exactly_once=True,
+            request_timeout_ms=1000,
+            delivery_timeout_ms=3000,
+            reconnect_backoff_max_ms=200,
+            open_timeout_ms=open_timeout_ms,
+        )
+        writer = Writer(root)
+        writer.start()
+        args = run_args(root, state, uri, "--checkpoint-commits", "1", "--poll-interval", "0.05", *extra)
+        try:
+            with log.open("wb") as out:
+                env = clean_env()
+                tailer = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        except BaseException:
+            writer.halt.set()
+            writer.join(WAIT)
+            raise
+        return cls(root, state, log, topic, uri, writer, tailer)
+
+    def stop(self) -> None:
+        """Kill the tailer if it still runs and stop the writer (safe to call twice)."""
+        if self.tailer.poll() is None:
+            self.tailer.kill()
+            self.tailer.wait()
+        self.writer.halt.set()
+        self.writer.join(WAIT)
+
+
 def test_broker_outage_keeps_the_cursor_and_a_new_broker_gets_the_rest(broker_factory: Any, tmp_path: Path) -> None:
     """The broker dies while ``deltatail run`` follows a table that a writer keeps committing to.
 
@@ -791,23 +840,8 @@ def test_broker_outage_keeps_the_cursor_and_a_new_broker_gets_the_rest(broker_fa
     exactly the rows at and after the cursor, each once): nothing after the cursor is lost, and the rows
     before it were all on the old broker."""
     kit = broker_factory()
-    root, state, log = tmp_path / "table", tmp_path / "state", tmp_path / "tailer.log"
-    write_deltalake(str(root), data(range(40)), configuration=CDF)
-    topic = new_topic(kit.bootstrap)
-    uri = kit.uri(
-        topic,
-        key="id",
-        exactly_once=True,
-        request_timeout_ms=1000,
-        delivery_timeout_ms=3000,
-        reconnect_backoff_max_ms=200,
-        open_timeout_ms=5000,
-    )
-    writer = Writer(root)
-    writer.start()
-    args = run_args(root, state, uri, "--checkpoint-commits", "1", "--poll-interval", "0.05", "--sink-retries", "0")
-    with log.open("wb") as out:
-        tailer = subprocess.Popen(args, cwd=ROOT, env=clean_env(), stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+    run = Outage.start(kit, tmp_path, 5000, "--sink-retries", "0")
+    root, state, topic, uri, tailer = run.root, run.state, run.topic, run.uri, run.tailer
     try:
         wait_for("the tailer to deliver ten versions", lambda: (saved_cursor(state) or (0, 0)) >= (10, 0))
         # Freeze it, preferably while the broker holds rows past the saved cursor (sent, not yet checkpointed).
@@ -828,13 +862,9 @@ def test_broker_outage_keeps_the_cursor_and_a_new_broker_gets_the_rest(broker_fa
         tailer.send_signal(signal.SIGCONT)
         assert tailer.wait(WAIT) == 1
     finally:
-        if tailer.poll() is None:
-            tailer.kill()
-            tailer.wait()
-        writer.halt.set()
-        writer.join(WAIT)
-    assert writer.error is None, writer.error
-    output = log.read_text(errors="replace")
+        run.stop()
+    assert run.writer.error is None, run.writer.error
+    output = run.log.read_text(errors="replace")
     assert "deltatail: error:" in output, output[-3000:]
     error = output.split("deltatail: error:")[1]
     assert "Kafka did not acknowledge" in error or "stopped after an earlier failure" in error, error
@@ -850,11 +880,7 @@ def test_broker_outage_keeps_the_cursor_and_a_new_broker_gets_the_rest(broker_fa
 
     kit.broker.start()  # memory-only: a new, empty broker on the same port
     assert new_topic(kit.bootstrap, prefix="probe") and read_topic(kit, new_topic(kit.bootstrap)) == []
-    admin = KafkaAdminClient(bootstrap_servers=kit.bootstrap, client_id="tests")
-    try:
-        admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])
-    finally:
-        admin.close()
+    create_topic(kit.bootstrap, topic)
     run_until_caught_up(root, state, uri)
     resent = read_topic(kit, topic)
     assert Counter(m.position for m in resent) == Counter(p for p in all_positions(expected) if p >= cursor)
@@ -870,23 +896,8 @@ def test_broker_outage_is_waited_out_and_the_tailer_resumes_by_itself(broker_fac
     and after the cursor saved when the outage began (resent from the saved state), each once, and the
     rows before that cursor must all have been on the old broker."""
     kit = broker_factory()
-    root, state, log = tmp_path / "table", tmp_path / "state", tmp_path / "tailer.log"
-    write_deltalake(str(root), data(range(40)), configuration=CDF)
-    topic = new_topic(kit.bootstrap)
-    uri = kit.uri(
-        topic,
-        key="id",
-        exactly_once=True,
-        request_timeout_ms=1000,
-        delivery_timeout_ms=3000,
-        reconnect_backoff_max_ms=200,
-        open_timeout_ms=3000,
-    )
-    writer = Writer(root)
-    writer.start()
-    args = run_args(root, state, uri, "--checkpoint-commits", "1", "--poll-interval", "0.05")
-    with log.open("wb") as out:
-        tailer = subprocess.Popen(args, cwd=ROOT, env=clean_env(), stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+    run = Outage.start(kit, tmp_path, 3000)
+    root, state, log, topic, writer, tailer = run.root, run.state, run.log, run.topic, run.writer, run.tailer
     try:
         wait_for("the tailer to deliver ten versions", lambda: (saved_cursor(state) or (0, 0)) >= (10, 0))
         tailer.send_signal(signal.SIGSTOP)
@@ -900,21 +911,13 @@ def test_broker_outage_is_waited_out_and_the_tailer_resumes_by_itself(broker_fac
         at_outage = saved_cursor(state)
         assert tailer.poll() is None, "the tailer exited instead of waiting for the broker"
         kit.broker.start()  # memory-only: a new, empty broker on the same port
-        admin = KafkaAdminClient(bootstrap_servers=kit.bootstrap, client_id="tests")
-        try:
-            admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])
-        finally:
-            admin.close()
+        create_topic(kit.bootstrap, topic)
         latest = DeltaTable(str(root)).version()
         wait_for("the tailer to catch up on the new broker", lambda: (saved_cursor(state) or (0, 0)) >= (latest + 1, 0))
         tailer.send_signal(signal.SIGTERM)
         assert tailer.wait(WAIT) == 0
     finally:
-        if tailer.poll() is None:
-            tailer.kill()
-            tailer.wait()
-        writer.halt.set()
-        writer.join(WAIT)
+        run.stop()
     assert writer.error is None, writer.error
     assert at_outage is not None
     expected = expected_rows(root)

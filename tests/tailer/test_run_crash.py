@@ -32,7 +32,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
-from crash import POINTS, run_campaign
+from crash import POINTS, run_campaign, strike
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
@@ -215,18 +214,12 @@ class Campaign:
         """One run: ``<point>:<k>`` (crash point), ``kill:<s>`` / ``term:<s>`` (SIGKILL / SIGTERM at a random
         moment up to ``s`` seconds after the run first shows progress), or ``clean``."""
         before = self.fingerprint()
-        kind, _, arg = spec.partition(":")
+        kind = spec.partition(":")[0]
         proc = self._start(spec if kind in POINTS else None)
         out, err = bytearray(), bytearray()
         readers = [_drain(proc.stdout, out), _drain(proc.stderr, err)]
         try:
-            if kind in ("kill", "term"):
-                deadline = time.monotonic() + WAIT
-                while proc.poll() is None and self.fingerprint(len(out)) == before and time.monotonic() < deadline:
-                    time.sleep(0.002)
-                time.sleep(self.rng.uniform(0, float(arg)))
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
+            strike(proc, spec, self.rng, lambda: self.fingerprint(len(out)) != before, wait=WAIT, tick=0.002)
             proc.wait(WAIT)
         finally:
             proc.kill()
