@@ -173,13 +173,18 @@ def bare_confluent(bootstrap: str, topic: str, batches: list[ChangeBatch]) -> fl
 def through_sink(uri: str, batches: list[ChangeBatch]) -> float:
     sink = KafkaSink(uri)
     sink.open(TABLE)
+    return sum(len(b) for b in batches) / writes_seconds(sink, batches)
+
+
+def writes_seconds(sink: KafkaSink, batches: list[ChangeBatch]) -> float:
+    """Seconds for an open sink to write ``batches`` and flush them; closes the sink afterwards."""
     started = time.perf_counter()
     for batch in batches:
         sink.write(batch)
     sink.flush()
     elapsed = time.perf_counter() - started
     sink.close()
-    return sum(len(b) for b in batches) / elapsed
+    return elapsed
 
 
 def main() -> None:

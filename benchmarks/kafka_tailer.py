@@ -67,7 +67,7 @@ from deltalake import write_deltalake
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
-from benchmarks.kafka_sink import tansu_broker
+from benchmarks.kafka_sink import tansu_broker, writes_seconds
 from sinks.base import ChangeBatch, TableInfo
 from sinks.encoding import ChangeEncoder
 from sinks.kafka import KafkaOptions, KafkaSink, choose_partition
@@ -406,13 +406,7 @@ def stages(bench: Bench, backend: str, t: Timings) -> None:
         if backend == "confluent" and client is not None:
             client.produce(bench.topic(), b"warm-up", b"warm-up")
             assert client.flush(30) == 0
-        started = time.perf_counter()
-        for batch in batches:
-            sink.write(batch)
-        sink.flush()
-        elapsed = time.perf_counter() - started
-        sink.close()
-        return elapsed
+        return writes_seconds(sink, batches)
 
     lines = [
         ("read the change rows (ChangeFeed.batches)", timed(read)),
