@@ -1,0 +1,457 @@
+"""Reader processes: small files decoded outside the interpreter that plans them.
+
+Catching up over thousands of small commits is bound by the interpreter: for
+an 80-row file pyarrow's open and decode take ~50 µs, and deltatail's Python
+around them (deletion vectors, column plan, change columns) about as much
+again. Threads do not help: ``ParquetFile``'s set-up holds the GIL, and two
+threads reading small files were measured no faster than one. So
+:class:`ReaderPool` keeps a few child processes (``python -m
+tailer.reader_pool``) that each take a *run* of file tasks, read them exactly
+as :func:`tailer.changes.read_task` does, and answer with one Arrow IPC
+record batch holding the run's rows plus the length of every batch
+``read_task`` yielded. The parent slices that batch back into those batches,
+so a consumer sees the same rows, in the same order and the same batch
+boundaries, as in-process reading.
+
+Contract:
+
+- A run's rows are handed out only in plan order, and only after everything
+  before them (the caller consumes runs in submission order).
+- Errors are never translated across the process boundary: a worker stops a
+  run at the first task it cannot read and says which; the parent reads that
+  task (and the rest of the run) itself, so the genuine error, naming the
+  table, version and file, is raised on the consumer's thread after every
+  row before it.
+- A worker that dies or answers garbage loses nothing: the runs it held are
+  read in-process, a warning is logged, and the pool replaces the worker on
+  its next run (after :data:`MAX_FAILURES` failures it stays off for the life
+  of the process).
+- Workers hold no state between runs and write nothing. They exit when their
+  standard input closes, which includes the parent dying (even by SIGKILL);
+  they ignore SIGINT, so Ctrl-C reaches only the parent.
+- One consumer at a time: a ``ChangeFeed.batches`` generator holds the pool
+  from :meth:`ReaderPool.acquire` to :meth:`ReaderPool.release`; a second
+  concurrent consumer reads in-process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import pickle
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import pyarrow as pa
+
+from state.errors import ConfigError
+
+if TYPE_CHECKING:
+    from state.changes import FileTask
+    from tailer.changes import ReadContext
+    from tailer.storage import Storage
+
+log = logging.getLogger("deltatail")
+
+#: File tasks per run: enough to amortise a round trip (~0.1 ms), few enough to keep both sides busy.
+RUN_FILES = 32
+#: Fewer small files than this in one planning burst are read in-process (the live-tail path: no round trip).
+MIN_FILES = 8
+#: Worker failures after which a pool stops starting workers, for the life of the process.
+MAX_FAILURES = 3
+
+_FRAME = struct.Struct("<Q")
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A worker's answer for one run: batch lengths per task read, where it stopped, and the rows."""
+
+    lengths: list[list[int]]
+    failed: int | None
+    rows: pa.RecordBatch | None
+
+
+class RemoteRun:
+    """A run of file tasks submitted to one worker; its rows are handed out task by task, in order."""
+
+    def __init__(self, worker: _Worker, items: Sequence[tuple[ReadContext, FileTask]]) -> None:
+        self._worker = worker
+        self.items = list(items)
+        self._answer: _Answer | None = None
+        self._done = False
+        self._offsets: list[int] = []
+
+    def _settle(self, answer: _Answer | None) -> None:
+        self._answer = answer
+        self._done = True
+        if answer is not None:
+            offset = 0
+            for lengths in answer.lengths:
+                self._offsets.append(offset)
+                offset += sum(lengths)
+
+    def answer(self) -> _Answer | None:
+        """The worker's answer, waiting for it if need be; ``None`` if the worker failed (read in-process)."""
+        if not self._done:
+            self._worker.receive_until(self)
+        return self._answer
+
+    def remote_batches(self, index: int) -> list[pa.RecordBatch] | None:
+        """The batches of task ``index`` as the worker read them, or ``None``: read that task in-process.
+
+        ``None`` means the worker failed, or stopped at this task or before it
+        (reading it here raises the genuine error, or gives its rows if the
+        failure was transient).
+        """
+        answer = self.answer()
+        if answer is None or (answer.failed is not None and index >= answer.failed):
+            return None
+        if answer.rows is None:
+            return []
+        out = []
+        offset = self._offsets[index]
+        for length in answer.lengths[index]:
+            out.append(answer.rows.slice(offset, length))
+            offset += length
+        return out
+
+
+class _Worker:
+    """One child process and the runs it was given and has not answered, oldest first."""
+
+    def __init__(self, pool: ReaderPool) -> None:
+        self._pool = pool
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tailer.reader_pool"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        self.outstanding: deque[RemoteRun] = deque()
+        self.answered = False
+        self.broken = False
+
+    def submit(self, storage: Storage, items: Sequence[tuple[ReadContext, FileTask]], batch_size: int) -> RemoteRun:
+        run = RemoteRun(self, items)
+        try:
+            assert self.proc.stdin is not None
+            _write_frame(self.proc.stdin, _wire(storage, batch_size, run.items))
+        except (OSError, ValueError, pickle.PicklingError, AttributeError, TypeError) as e:
+            run._settle(None)
+            self.fail(f"could not send it a run: {e}")
+            return run
+        self.outstanding.append(run)
+        return run
+
+    def receive_until(self, run: RemoteRun) -> None:
+        """Receive answers in order until ``run`` has its own (or the worker failed)."""
+        while not run._done:
+            if not self.outstanding:
+                run._settle(None)
+                return
+            head = self.outstanding.popleft()
+            try:
+                answer = self._receive()
+            except (OSError, EOFError, ValueError, pickle.UnpicklingError, pa.ArrowException) as e:
+                head._settle(None)
+                self.fail(f"its answer could not be read: {e}")
+                continue
+            self.answered = True
+            head._settle(answer)
+
+    def _receive(self) -> _Answer:
+        assert self.proc.stdout is not None
+        header = pickle.loads(_read_frame(self.proc.stdout))
+        payload = _read_frame(self.proc.stdout)
+        lengths, failed = header
+        rows = pa.ipc.open_stream(pa.py_buffer(payload)).read_next_batch() if payload else None
+        return _Answer(lengths, failed, rows)
+
+    def fail(self, why: str) -> None:
+        """Give up on this worker: its unanswered runs are read in-process; the pool starts another."""
+        if not self.broken:
+            self.broken = True
+            log.warning("reader process %d failed (%s); its files are read in-process", self.proc.pid, why)
+            self._pool.note_failure(self)
+        while self.outstanding:
+            self.outstanding.popleft()._settle(None)
+        self.stop(kill=True)
+
+    def drain(self) -> None:
+        """Receive and drop the answers of runs nobody consumed (a consumer that stopped early)."""
+        while self.outstanding:
+            self.receive_until(self.outstanding[-1])
+
+    def stop(self, kill: bool = False) -> None:
+        """End the process: close its input (it exits), or kill it."""
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        if kill:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ReaderPool:
+    """Child processes that read runs of small file tasks (see the module docstring for the contract).
+
+    Workers start on the first :meth:`submit` and live until :meth:`close` (or
+    the end of the process).
+
+    Example:
+        >>> pool = ReaderPool(2)                               # doctest: +SKIP
+        >>> if pool.acquire():                                 # doctest: +SKIP
+        ...     run = pool.submit(storage, [(ctx, task)], 65536)
+        ...     batches = run.remote_batches(0)  # None: read the task in-process
+        ...     pool.release()
+    """
+
+    def __init__(self, processes: int) -> None:
+        """A pool of ``processes`` workers (at least 1), none started yet.
+
+        Raises:
+            ConfigError: if ``processes`` is less than 1.
+        """
+        if processes < 1:
+            raise ConfigError(f"a reader pool needs at least one process, not {processes}")
+        self.processes = processes
+        self._lock = threading.Lock()
+        self._workers: list[_Worker] = []
+        self._next = 0
+        self._failures = 0
+        self.files_read = 0
+
+    @property
+    def usable(self) -> bool:
+        """Whether runs can be submitted (false once workers failed :data:`MAX_FAILURES` times)."""
+        return self._failures < MAX_FAILURES
+
+    def acquire(self) -> bool:
+        """Take the pool for one consumer; ``False`` if another consumer holds it or it is off."""
+        if not self.usable:
+            return False
+        return self._lock.acquire(blocking=False)
+
+    def release(self) -> None:
+        """Give the pool back, first receiving (and dropping) answers nobody consumed."""
+        try:
+            for worker in self._workers:
+                worker.drain()
+        finally:
+            self._lock.release()
+
+    def submit(self, storage: Storage, items: Sequence[tuple[ReadContext, FileTask]], batch_size: int) -> RemoteRun:
+        """Send a run to the next worker (starting it if need be); the caller must hold the pool.
+
+        Every task must share one schema string (their rows become one batch). The
+        returned run may answer ``None`` for any task: read it in-process then.
+        """
+        worker = self._worker()
+        run = worker.submit(storage, items, batch_size) if worker is not None else _unread(items)
+        self.files_read += len(items)
+        return run
+
+    def _worker(self) -> _Worker | None:
+        if not self.usable:
+            return None
+        self._workers = [w for w in self._workers if not w.broken]
+        if len(self._workers) < self.processes:
+            try:
+                self._workers.append(_Worker(self))
+            except OSError as e:
+                self._failures += 1
+                log.warning("could not start a reader process (%s); files are read in-process", e)
+                if not self._workers:
+                    return None
+        worker = self._workers[self._next % len(self._workers)]
+        self._next += 1
+        return worker
+
+    def note_failure(self, worker: _Worker) -> None:
+        """Count a worker's failure (a worker that never answered counts as many: it cannot start)."""
+        self._failures += 1 if worker.answered else MAX_FAILURES
+
+    def close(self) -> None:
+        """Stop every worker (they exit when their input closes)."""
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.stop()
+
+
+def _wire(storage: Storage, batch_size: int, items: Sequence[tuple[ReadContext, FileTask]]) -> bytes:
+    """A run as plain tuples (pickling frozen dataclasses field by field costs more than reading a small file)."""
+    contexts: dict[int, int] = {}
+    context_fields: list[tuple[object, ...]] = []
+    tasks = []
+    for ctx, task in items:
+        index = contexts.get(id(ctx))
+        if index is None:
+            index = contexts[id(ctx)] = len(context_fields)
+            context_fields.append(
+                (
+                    ctx.table_root,
+                    ctx.schema_string,
+                    ctx.partition_columns,
+                    ctx.column_mapping_mode,
+                    ctx.version,
+                    ctx.timestamp_ms,
+                )
+            )
+        selection = task.selection
+        tasks.append(
+            (index, task.path, task.partition_values, task.change_type, selection.within, selection.minus, task.size)
+        )
+    return pickle.dumps((storage, batch_size, context_fields, tasks), pickle.HIGHEST_PROTOCOL)
+
+
+def _unwire(request: bytes | bytearray) -> tuple[Storage, int, list[tuple[ReadContext, FileTask]]]:
+    """The inverse of :func:`_wire`."""
+    from state.changes import FileTask, RowSelection
+    from tailer.changes import ReadContext
+
+    storage, batch_size, context_fields, tasks = pickle.loads(request)
+    contexts = [ReadContext(*fields) for fields in context_fields]
+    items = [
+        (contexts[c], FileTask(path, values, change_type, RowSelection(within, minus), size))
+        for c, path, values, change_type, within, minus, size in tasks
+    ]
+    return storage, batch_size, items
+
+
+def _unread(items: Sequence[tuple[ReadContext, FileTask]]) -> RemoteRun:
+    """A run no worker took: every task reads in-process."""
+    run = RemoteRun.__new__(RemoteRun)
+    run.items = list(items)
+    run._settle(None)
+    return run
+
+
+_SHARED: dict[int, ReaderPool] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pool(processes: int) -> ReaderPool:
+    """The process-wide pool of ``processes`` workers (created on first use, closed at exit)."""
+    with _SHARED_LOCK:
+        pool = _SHARED.get(processes)
+        if pool is None:
+            pool = _SHARED[processes] = ReaderPool(processes)
+        return pool
+
+
+@atexit.register
+def _close_shared() -> None:
+    for pool in list(_SHARED.values()):
+        pool.close()
+
+
+# -- framing ---------------------------------------------------------------------------------------
+
+
+def _write_frame(stream: IO[bytes], payload: bytes | memoryview) -> None:
+    stream.write(_FRAME.pack(len(payload)))
+    stream.write(payload)
+    stream.flush()
+
+
+def _read_exactly(stream: IO[bytes], n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        chunk = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        if not chunk:
+            raise EOFError(f"stream ended after {got} of {n} bytes")
+        got += chunk
+    return buf
+
+
+def _read_frame(stream: IO[bytes]) -> bytearray:
+    (n,) = _FRAME.unpack(_read_exactly(stream, _FRAME.size))
+    return _read_exactly(stream, n)
+
+
+# -- the worker ------------------------------------------------------------------------------------
+
+
+def _answer(storage: Storage, batch_size: int, items: list[tuple[ReadContext, FileTask]]) -> tuple[bytes, bytes]:
+    """Read a run as ``read_task`` would; returns the header and the IPC payload (empty if no rows)."""
+    from tailer.changes import read_task
+
+    batches: list[pa.RecordBatch] = []
+    lengths: list[list[int]] = []
+    failed: int | None = None
+    for index, (ctx, task) in enumerate(items):
+        try:
+            read = list(read_task(storage, ctx, task, batch_size))
+        except Exception:  # the parent reads this task itself and raises the genuine error
+            failed = index
+            break
+        batches += read
+        lengths.append([b.num_rows for b in read])
+    payload = b""
+    if batches:
+        rows = pa.Table.from_batches(batches).combine_chunks().to_batches()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batches[0].schema) as writer:
+            for batch in rows:  # one batch, unless a column outgrew 32-bit offsets
+                writer.write_batch(batch)
+        payload = sink.getvalue().to_pybytes()
+    return pickle.dumps((lengths, failed), pickle.HIGHEST_PROTOCOL), payload
+
+
+def _serve(requests: IO[bytes], answers: IO[bytes]) -> int:
+    """The worker's loop: a reader thread queues requests (so the parent never blocks sending one)."""
+    inbox: queue.Queue[bytearray | None] = queue.Queue()
+
+    def read_requests() -> None:
+        try:
+            while True:
+                inbox.put(_read_frame(requests))
+        except (EOFError, OSError):
+            inbox.put(None)
+
+    threading.Thread(target=read_requests, name="deltatail-requests", daemon=True).start()
+    while (request := inbox.get()) is not None:
+        storage, batch_size, items = _unwire(request)
+        header, payload = _answer(storage, batch_size, items)
+        try:
+            _write_frame(answers, header)
+            _write_frame(answers, payload)
+        except (BrokenPipeError, OSError):
+            return 0  # the parent is gone
+    return 0
+
+
+def main() -> int:
+    """Entry point of a worker process (``python -m tailer.reader_pool``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints go to stderr, never into the answers
+    sys.stdout = sys.stderr
+    return _serve(sys.stdin.buffer, answers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Reader processes change nothing a consumer can see: same rows, batches, positions and errors.
+
+The expectation is always in-process reading (``reader_processes=0``) of the same table in the same
+test, which the rest of the suite checks against deltalake and the corpus's reference outputs.
+Runs are made tiny here (``MIN_FILES=1``, ``RUN_FILES=2``) so that even a short table's files are
+split over several runs and both processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from cdf_helpers import peer_copy
+from corpus import manifest_paths, table_root
+from deltalake import DeltaTable, write_deltalake
+
+import tailer.changes
+from state.errors import ConfigError, DeletionVectorError, DeltaTailError, MissingFileError
+from tailer.changes import ChangeFeed, ChangeOptions
+from tailer.reader_pool import MAX_FAILURES, ReaderPool
+
+PROJECT = Path(__file__).resolve().parents[2]
+IN_PROCESS = ChangeOptions(reader_processes=0)
+
+Outcome = tuple[list[tuple[object, pa.RecordBatch]], str | None]
+
+
+@pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[ReaderPool]:
+    """A private two-process pool that every feed in the test uses, with runs of two files."""
+    pool = ReaderPool(2)
+    monkeypatch.setattr(tailer.changes, "shared_pool", lambda processes: pool)
+    monkeypatch.setattr(tailer.changes, "MIN_FILES", 1)
+    monkeypatch.setattr(tailer.changes, "RUN_FILES", 2)
+    yield pool
+    pool.close()
+
+
+def _outcome(feed: ChangeFeed, **kwargs: object) -> Outcome:
+    """Every batch (start position and rows) up to the error, and the error's type and text."""
+    batches: list[tuple[object, pa.RecordBatch]] = []
+    try:
+        for batch in feed.batches(**kwargs):  # type: ignore[arg-type]
+            batches.append((batch.start, batch.rows))
+    except DeltaTailError as e:
+        return batches, f"{type(e).__name__}: {e}"
+    return batches, None
+
+
+def _assert_same(got: Outcome, expected: Outcome) -> None:
+    assert got[1] == expected[1]
+    assert [start for start, _ in got[0]] == [start for start, _ in expected[0]]
+    for (_, rows), (_, want) in zip(got[0], expected[0], strict=True):
+        assert rows.equals(want)
+
+
+def _appends(root: Path, commits: int, rows: int = 10) -> None:
+    for i in range(commits):
+        table = pa.table({"id": [i * rows + j for j in range(rows)], "v": [f"row-{i}-{j}" for j in range(rows)]})
+        write_deltalake(root, table, mode="append")
+
+
+def _ids(outcome: Outcome) -> list[int]:
+    return [i for _, rows in outcome[0] for i in rows.column("id").to_pylist()]
+
+
+def test_appends_read_by_processes_are_the_rows_of_in_process_reading(tmp_path: Path, pool: ReaderPool) -> None:
+    _appends(tmp_path, 30)
+    expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS), starting_version=0)
+    got = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16)), starting_version=0)
+    _assert_same(got, expected)
+    assert _ids(got) == list(range(300))  # what the writer wrote, in commit order
+    assert pool.files_read == 30
+
+
+def test_small_batches_keep_their_boundaries(tmp_path: Path, pool: ReaderPool) -> None:
+    _appends(tmp_path, 12)
+    expected = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(reader_processes=0, batch_size=3)))
+    got = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(batch_size=3)))
+    _assert_same(got, expected)
+    assert [rows.num_rows for _, rows in got[0]][:4] == [3, 3, 3, 1]
+    assert pool.files_read == 12
+
+
+@pytest.mark.parametrize("path", manifest_paths())
+def test_every_corpus_table_reads_the_same_through_processes(path: str, pool: ReaderPool) -> None:
+    # Every table, including those that must fail (missing DV files, unsupported features, absent
+    # data files): the same rows up to the same error. Initial snapshot and then every change.
+    root = str(table_root(path))
+    expected = _outcome(ChangeFeed(root, options=IN_PROCESS), starting_version=0, initial_snapshot=True)
+    got = _outcome(ChangeFeed(root), starting_version=0, initial_snapshot=True)
+    _assert_same(got, expected)
+
+
+def test_the_corpus_comparison_exercises_the_processes(pool: ReaderPool) -> None:
+    # The parametrized test above would pass with the processes never used; this one proves they are.
+    root = str(table_root("kernel-rs/cdf-table-with-dv"))
+    _outcome(ChangeFeed(root), starting_version=0, initial_snapshot=True)
+    assert pool.files_read > 0
+
+
+def test_a_missing_file_is_raised_after_every_row_before_it(tmp_path: Path, pool: ReaderPool) -> None:
+    _appends(tmp_path, 30)
+    new = set(DeltaTable(str(tmp_path), version=20).file_uris()) - set(
+        DeltaTable(str(tmp_path), version=19).file_uris()
+    )
+    (added,) = new
+    os.remove(added)
+    expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
+    got = _outcome(ChangeFeed(str(tmp_path)))
+    _assert_same(got, expected)
+    assert got[1] is not None and got[1].startswith(MissingFileError.__name__) and Path(added).name in got[1]
+    assert _ids(got) == list(range(200))  # versions 0..19, nothing after
+
+
+def test_a_bad_deletion_vector_checksum_is_raised_by_the_consumer(tmp_path: Path, pool: ReaderPool) -> None:
+    root = peer_copy(table_root("kernel-rs/cdf-table-with-dv"), tmp_path / "t")
+    (dv,) = list(root.glob("**/deletion_vector_*.bin"))[:1]
+    data = bytearray(dv.read_bytes())
+    data[-1] ^= 0xFF  # the stored CRC-32 no longer matches
+    dv.write_bytes(bytes(data))
+    expected = _outcome(ChangeFeed(str(root), options=IN_PROCESS), starting_version=0)
+    got = _outcome(ChangeFeed(str(root)), starting_version=0)
+    _assert_same(got, expected)
+    assert got[1] is not None and got[1].startswith(DeletionVectorError.__name__) and dv.name in got[1]
+    assert pool.files_read > 0
+
+
+def test_killed_processes_lose_no_rows(tmp_path: Path, pool: ReaderPool, caplog: pytest.LogCaptureFixture) -> None:
+    _appends(tmp_path, 40)
+    expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
+    feed = ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16))
+    batches = feed.batches()
+    got = [next(batches)]
+    for worker in pool._workers:  # both hold runs the consumer has not reached
+        worker.proc.kill()
+        worker.proc.wait()
+    with caplog.at_level(logging.WARNING, logger="deltatail"):
+        got += list(batches)
+    _assert_same(([(b.start, b.rows) for b in got], None), expected)
+    assert "reader process" in caplog.text and "read in-process" in caplog.text
+    assert pool.usable  # processes that had answered before: replaced on the next run
+
+
+def test_processes_that_cannot_start_turn_the_pool_off(
+    tmp_path: Path, pool: ReaderPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _appends(tmp_path, 10)
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # starts, then exits before answering anything
+    expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
+    got = _outcome(ChangeFeed(str(tmp_path)))
+    _assert_same(got, expected)
+    assert not pool.usable and pool._failures >= MAX_FAILURES
+    assert not pool.acquire()
+
+
+def test_a_consumer_that_stops_early_leaves_the_pool_ready(tmp_path: Path, pool: ReaderPool) -> None:
+    _appends(tmp_path, 30)
+    expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
+    batches = ChangeFeed(str(tmp_path)).batches()
+    next(batches)
+    batches.close()  # runs still unanswered are received and dropped
+    assert all(not worker.outstanding for worker in pool._workers)
+    _assert_same(_outcome(ChangeFeed(str(tmp_path))), expected)
+
+
+def test_a_second_concurrent_consumer_reads_in_process(tmp_path: Path, pool: ReaderPool) -> None:
+    _appends(tmp_path, 20)
+    expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
+    first = ChangeFeed(str(tmp_path)).batches()
+    head = next(first)
+    read = pool.files_read
+    second = _outcome(ChangeFeed(str(tmp_path)))
+    assert pool.files_read == read  # the pool was held by the first consumer
+    _assert_same(second, expected)
+    rest = [(b.start, b.rows) for b in first]
+    _assert_same(([(head.start, head.rows), *rest], None), expected)
+
+
+def test_the_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+    _appends(tmp_path, 20)
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(PROJECT)!r})
+        import tailer.changes
+        from tailer.changes import ChangeFeed
+        from tailer.reader_pool import shared_pool
+        tailer.changes.MIN_FILES = 1
+        tailer.changes.RUN_FILES = 2
+        batches = ChangeFeed({str(tmp_path)!r}).batches()
+        next(batches)
+        print(*(w.proc.pid for w in shared_pool(2)._workers), flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in pids), "a reader process outlived its parent"
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie left for init to reap counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_pool_needs_a_process() -> None:
+    with pytest.raises(ConfigError, match="at least one process"):
+        ReaderPool(0)
