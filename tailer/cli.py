@@ -49,10 +49,25 @@ def _keys(text: str | None) -> tuple[str, ...]:
     return tuple(k.strip() for k in text.split(",") if k.strip()) if text else ()
 
 
+READER_PROCESSES_HELP = "child processes reading small files while catching up (default 2; 0: none)"
+
+
+def _reader_processes(value: int | None, default: int) -> int:
+    if value is None:
+        return default
+    if value < 0:
+        raise ConfigError(f"--reader-processes must be 0 or more, got {value}")
+    return value
+
+
 def _changes(args: argparse.Namespace) -> int:
     if args.key and not args.net_changes:
         raise ConfigError("--key needs --net-changes")
-    options = ChangeOptions(net_changes=args.net_changes, key_columns=_keys(args.key))
+    options = ChangeOptions(
+        net_changes=args.net_changes,
+        key_columns=_keys(args.key),
+        reader_processes=_reader_processes(args.reader_processes, 2),
+    )
     feed = ChangeFeed(args.table, options=options)
     start_ms = None if args.starting_timestamp is None else parse_timestamp_ms(args.starting_timestamp)
     starting = feed.log.latest_version() if args.starting_version == "latest" else args.starting_version
@@ -140,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
             net_changes=bool(s.get("net_changes")),
             key_columns=_keys(s.get("key")),
             allow_non_additive=bool(s.get("allow_non_additive")),
+            reader_processes=_reader_processes(s.get("reader_processes"), 2),
         ),
     )
     uri = s.get("sink", "jsonl:-")
@@ -184,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--net-changes", action="store_true", help="cancel rewrite noise in commits without cdc files")
     ch.add_argument("--key", default=None, help="key columns (COL,...) pairing net changes into updates")
     ch.add_argument("--output", default=None, help="FILE.jsonl or FILE.parquet (default: JSON lines on stdout)")
+    ch.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     ch.set_defaults(handler=_changes)
 
     run = sub.add_parser("run", help="follow a table and deliver its changes to a sink")
@@ -215,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="restarts from the saved cursor while the sink is unavailable (default -1: keep retrying)",
     )
+    run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     run.set_defaults(handler=_run)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")

@@ -44,6 +44,7 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "key": str,
     "allow_non_additive": bool,
     "sink_retries": int,
+    "reader_processes": int,
 }
 
 

@@ -87,6 +87,30 @@ def test_errors_exit_one_with_the_table_named(tmp_path: Path) -> None:
     assert future.returncode == 1 and "version 99 does not exist" in future.stderr
 
 
+def test_reader_processes_flag(tmp_path: Path) -> None:
+    # 12 one-file commits: with the default (2 processes) they are read by the processes; with 0 in-process.
+    for i in range(12):
+        write_deltalake(tmp_path / "t", pa.table({"id": [i]}), mode="append")
+    default = _run("changes", str(tmp_path / "t")).stdout
+    in_process = _run("changes", str(tmp_path / "t"), "--reader-processes", "0").stdout
+    assert default == in_process
+    assert [json.loads(line)["id"] for line in default.splitlines()] == list(range(12))
+    negative = _run("changes", str(tmp_path / "t"), "--reader-processes", "-1", check=False)
+    assert negative.returncode == 1 and "--reader-processes must be 0 or more, got -1" in negative.stderr
+    state = tmp_path / "state"
+    run = _run(
+        "run",
+        str(tmp_path / "t"),
+        "--state-dir",
+        str(state),
+        "--until-caught-up",
+        "--reader-processes",
+        "-2",
+        check=False,
+    )
+    assert run.returncode == 1 and "--reader-processes must be 0 or more, got -2" in run.stderr
+
+
 def test_usage_errors_exit_two(tmp_path: Path) -> None:
     assert _run("snapshot", check=False).returncode == 2
     result = _run(
