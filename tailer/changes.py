@@ -56,7 +56,7 @@ from state.snapshot import Snapshot
 from tailer.deletion_vectors import read_deletion_vector
 from tailer.log import DeltaLog, LogListing
 from tailer.netchanges import net_changes
-from tailer.reader_pool import MIN_FILES, RUN_FILES, ReaderPool, RemoteRun, shared_pool
+from tailer.reader_pool import MIN_FILES, RUN_BYTES, RUN_FILES, ReaderPool, RemoteRun, shared_pool
 from tailer.rows import FileBatch, RowFilter, read_file_batches
 from tailer.storage import Storage
 
@@ -332,24 +332,30 @@ _Small = list[tuple[list[_Fetch], int, VersionPlan]]
 
 
 def _submit_runs(pool: ReaderPool, storage: Storage, batch_size: int, small: _Small, *, whole: bool) -> _Small:
-    """Send small tasks to the reader processes in runs of at most RUN_FILES, each of one schema.
+    """Send small tasks to the reader processes in runs of one schema, at most RUN_FILES files and RUN_BYTES.
 
     With ``whole`` every task goes (the last run may be short); otherwise only full
     runs go and the rest is returned, to be sent with the tasks planned after it.
     """
     run: _Small = []
+    size = 0
 
     def send() -> None:
+        nonlocal size
         remote = pool.submit(storage, [(plan.context, plan.tasks[i]) for _, i, plan in run], batch_size)
         for j, (fetches, i, _) in enumerate(run):
             fetches[i] = (remote, j)
         run.clear()
+        size = 0
 
     for entry in small:
-        if run and (len(run) >= RUN_FILES or run[0][2].context.schema_string != entry[2].context.schema_string):
+        if run and run[0][2].context.schema_string != entry[2].context.schema_string:
             send()
         run.append(entry)
-    if run and (whole or len(run) >= RUN_FILES):
+        size += entry[2].tasks[entry[1]].size or 0
+        if len(run) >= RUN_FILES or size >= RUN_BYTES:
+            send()
+    if run and whole:
         send()
     return run
 
@@ -680,7 +686,12 @@ class ChangeFeed:
                     started[:] = [f for f in started if not f.finished]
                     started.extend(f for f in prefetches if f is not None)
                     fetches: list[_Fetch] = list(prefetches)
-                    small += [(fetches, i, plan) for i, f in enumerate(prefetches) if f is None]
+                    # Only files of known size: one without (a remove may omit it) is streamed in-process.
+                    small += [
+                        (fetches, i, plan)
+                        for i, f in enumerate(prefetches)
+                        if f is None and plan.tasks[i].size is not None
+                    ]
                     pending.append((plan, fetches))
                     ahead += len(plan.tasks) or 1
                     large_ahead += sum(f is not None for f in prefetches)

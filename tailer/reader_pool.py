@@ -66,6 +66,8 @@ log = logging.getLogger("deltatail")
 
 #: File tasks per run: enough to amortise a round trip (~0.1 ms), few enough to keep both sides busy.
 RUN_FILES = 32
+#: A run ends once its files hold this many bytes (what a run's answer holds in memory, twice, stays bounded).
+RUN_BYTES = 4 << 20
 #: Fewer small files than this in one planning burst are read in-process (the live-tail path: no round trip).
 MIN_FILES = 8
 #: Worker failures after which a pool stops starting workers, for the life of the process.
@@ -180,7 +182,15 @@ class _Worker:
         header = pickle.loads(_read_frame(self.proc.stdout))
         payload = _read_frame(self.proc.stdout)
         lengths, failed = header
-        rows = pa.ipc.open_stream(pa.py_buffer(payload)).read_next_batch() if payload else None
+        rows = None
+        if payload:
+            stream = pa.ipc.open_stream(pa.py_buffer(payload))
+            rows = stream.read_next_batch()
+            try:
+                stream.read_next_batch()
+            except StopIteration:
+                return _Answer(lengths, failed, rows)
+            raise ValueError("the answer holds more than one record batch")
         return _Answer(lengths, failed, rows)
 
     def fail(self, why: str) -> None:
@@ -241,6 +251,7 @@ class ReaderPool:
         self._next = 0
         self._failures = 0
         self.files_read = 0
+        self.runs_sent = 0
 
     @property
     def usable(self) -> bool:
@@ -270,6 +281,7 @@ class ReaderPool:
         worker = self._worker()
         run = worker.submit(storage, items, batch_size) if worker is not None else _unread(items)
         self.files_read += len(items)
+        self.runs_sent += 1
         return run
 
     def _worker(self) -> _Worker | None:
@@ -412,13 +424,21 @@ def _answer(storage: Storage, batch_size: int, items: list[tuple[ReadContext, Fi
         lengths.append([b.num_rows for b in read])
     payload = b""
     if batches:
-        rows = pa.Table.from_batches(batches).combine_chunks().to_batches()
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batches[0].schema) as writer:
-            for batch in rows:  # one batch, unless a column outgrew 32-bit offsets
-                writer.write_batch(batch)
-        payload = sink.getvalue().to_pybytes()
+        try:
+            payload = _ipc(batches)
+        except (pa.ArrowException, MemoryError):  # e.g. a string column past 2 GiB: the parent reads the run
+            lengths, failed, payload = [], 0, b""
     return pickle.dumps((lengths, failed), pickle.HIGHEST_PROTOCOL), payload
+
+
+def _ipc(batches: list[pa.RecordBatch]) -> bytes:
+    """The batches as one Arrow IPC stream of one record batch."""
+    rows = pa.Table.from_batches(batches).combine_chunks()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write_table(rows)
+    payload: bytes = sink.getvalue().to_pybytes()
+    return payload
 
 
 def _serve(requests: IO[bytes], answers: IO[bytes]) -> int:

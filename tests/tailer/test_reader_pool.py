@@ -8,8 +8,10 @@ split over several runs and both processes.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -25,9 +27,11 @@ from corpus import manifest_paths, table_root
 from deltalake import DeltaTable, write_deltalake
 
 import tailer.changes
+import tailer.reader_pool
 from state.errors import ConfigError, DeletionVectorError, DeltaTailError, MissingFileError
 from tailer.changes import ChangeFeed, ChangeOptions
 from tailer.reader_pool import MAX_FAILURES, ReaderPool
+from tailer.storage import LocalStorage
 
 PROJECT = Path(__file__).resolve().parents[2]
 IN_PROCESS = ChangeOptions(reader_processes=0)
@@ -81,6 +85,49 @@ def test_appends_read_by_processes_are_the_rows_of_in_process_reading(tmp_path: 
     _assert_same(got, expected)
     assert _ids(got) == list(range(300))  # what the writer wrote, in commit order
     assert pool.files_read == 30
+
+
+def test_runs_end_at_their_byte_budget(tmp_path: Path, pool: ReaderPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    _appends(tmp_path, 10)
+    monkeypatch.setattr(tailer.changes, "RUN_FILES", 32)
+    monkeypatch.setattr(tailer.changes, "RUN_BYTES", 1)  # every file alone fills a run
+    expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
+    _assert_same(_outcome(ChangeFeed(str(tmp_path))), expected)
+    assert pool.files_read == 10 and pool.runs_sent == 10
+
+
+def test_files_of_unknown_size_are_streamed_in_process(tmp_path: Path, pool: ReaderPool) -> None:
+    # A remove may omit its size; such a file could be large, so it is never sent to a process.
+    _appends(tmp_path, 12)
+    DeltaTable(str(tmp_path)).delete()
+    commit = tmp_path / "_delta_log" / f"{12:020d}.json"
+    lines = [json.loads(line) for line in commit.read_text().splitlines()]
+    for action in lines:
+        if "remove" in action:
+            action["remove"].pop("size", None)
+    commit.write_text("".join(json.dumps(a) + "\n" for a in lines))
+    expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS), starting_version=12)
+    got = _outcome(ChangeFeed(str(tmp_path)), starting_version=12)
+    _assert_same(got, expected)
+    assert sorted(_ids(got)) == list(range(120))
+    assert pool.files_read == 0
+
+
+def test_a_run_whose_rows_cannot_be_packed_is_handed_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The worker side, in-process: when packing the rows fails (a string column past 2 GiB, say), the
+    # answer says "stopped at task 0" with no rows, so the consumer reads the whole run itself.
+    _appends(tmp_path, 3)
+    feed = ChangeFeed(str(tmp_path), options=IN_PROCESS)
+    items = [(plan.context, task) for plan in feed.plans(0, None) for task in plan.tasks]
+    header, payload = tailer.reader_pool._answer(LocalStorage(), 65536, items)
+    assert pickle.loads(header) == ([[10], [10], [10]], None) and payload
+
+    def refuse(batches: list[pa.RecordBatch]) -> bytes:
+        raise pa.ArrowInvalid("offset overflow")
+
+    monkeypatch.setattr(tailer.reader_pool, "_ipc", refuse)
+    header, payload = tailer.reader_pool._answer(LocalStorage(), 65536, items)
+    assert pickle.loads(header) == ([], 0) and payload == b""
 
 
 def test_small_batches_keep_their_boundaries(tmp_path: Path, pool: ReaderPool) -> None:
