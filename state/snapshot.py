@@ -160,6 +160,14 @@ class Snapshot:
         return self._files
 
     @property
+    def handed_on(self) -> bool:
+        """Whether :meth:`apply` moved this snapshot's file tables on to the next version.
+
+        Such a snapshot still tells its version, protocol and metadata, but not its files.
+        """
+        return self._files is None
+
+    @property
     def tombstones(self) -> FileTable:
         """The ``remove`` tombstones. Raises ``StateError`` like :attr:`files`."""
         if self._tombstones is None:

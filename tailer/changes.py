@@ -621,9 +621,25 @@ class ChangeFeed:
             starting_timestamp_ms=starting_timestamp_ms,
             initial_snapshot=initial_snapshot,
         )
+        for plan, task_batches in self.read_plans(plans):
+            yield from self.plan_batches(plan, task_batches)
+
+    def read_plans(
+        self, plans: Iterator[VersionPlan]
+    ) -> Generator[tuple[VersionPlan, Iterable[Iterable[pa.RecordBatch]] | None], None, None]:
+        """Each plan of ``plans`` with the rows of its tasks, read ahead (for :meth:`plan_batches`).
+
+        ``plans`` is consumed up to ``read_ahead`` file tasks ahead of the caller;
+        large files are decoded on worker threads and small ones (while catching up)
+        by the reader processes, as :meth:`batches` describes. An error raised by
+        ``plans`` is raised here only after every plan before it was yielded, so
+        the caller sees it exactly where sequential planning would have raised it.
+        Close the generator (or exhaust it) to stop the workers and give the reader
+        processes back; the second element is ``None`` when reading ahead is off.
+        """
         if self.options.read_ahead <= 0:
             for plan in plans:
-                yield from self.plan_batches(plan)
+                yield plan, None
             return
         pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="deltatail-read")
         started: list[_Prefetch] = []
@@ -631,8 +647,7 @@ class ChangeFeed:
         if processes is not None and not processes.acquire():
             processes = None  # another consumer holds them: read in-process
         try:
-            for plan, task_batches in self._read_ahead(plans, pool, started, processes):
-                yield from self.plan_batches(plan, task_batches)
+            yield from self._read_ahead(plans, pool, started, processes)
         finally:
             # Every worker still reading stops, including one whose file the consumer never reached.
             for fetch in started:

@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -55,6 +55,7 @@ from tailer.changes import ChangeFeed, ChangeOptions, VersionPlan
 from tailer.faults import crash_point
 from tailer.log import DeltaLog
 from tailer.state_store import SavedState, StateStore
+from tailer.storage import FileInfo
 from tailer.watch import LogWatcher
 
 log = logging.getLogger("deltatail")
@@ -275,11 +276,7 @@ class Tailer:
             except DeltaTailError:
                 self._checkpoint()  # keep what was delivered: a restart then refuses or resumes from here
                 raise
-            for v in versions:
-                if self._stop.is_set():
-                    break
-                self._deliver_version(v, remaining=versions[-1] - v)
-                self._maybe_checkpoint()
+            self._deliver_versions(versions)
             if self._stop.is_set():
                 break
             if not versions:
@@ -367,21 +364,84 @@ class Tailer:
                 ) from e
         raise AssertionError("unreachable")
 
-    def _deliver_version(self, version: int, remaining: int) -> None:
-        assert self._snap is not None
-        commit = self._read_commit(version)
-        info = self.log.storage.stat(self.log.commit_path(version))
-        mtime = info.modification_time
+    def _deliver_versions(self, versions: list[int]) -> None:
+        """Deliver new versions in order, planning and reading ahead of delivery within reach of a snapshot save.
+
+        Planning a commit moves the snapshot's file tables on (:meth:`Snapshot.apply`),
+        so while versions are planned ahead the snapshot in hand is exact only for
+        the newest planned one. A checkpoint saves the snapshot once it is
+        ``snapshot_commits`` versions past the saved one (or when none is saved
+        yet); so versions are planned ahead in stretches that end at that version
+        (or, once it is passed, at the next checkpoint by commit count), where a
+        checkpoint is taken with the now exact snapshot before the next stretch
+        starts. A checkpoint inside a stretch (one due by time) saves the cursor
+        against the snapshot saved before, never a snapshot handed on.
+        """
+        i = 0
+        while i < len(versions) and not self._stop.is_set():
+            saved = self._saved_snapshot
+            due = None if saved is None else saved[0] + self.config.snapshot_commits
+            if due is None or due <= versions[i]:
+                # Any checkpoint would save the snapshot: plan ahead only up to the next one by commit count.
+                due = versions[i] + max(self.config.checkpoint_commits - self._since_checkpoint, 1) - 1
+            j = i + 1
+            while j < len(versions) and versions[j] <= due:
+                j += 1
+            stretch = versions[i:j]
+            if not self._deliver_stretch(stretch, last=versions[-1]):
+                return
+            if stretch[-1] >= due and self._since_checkpoint:
+                self._checkpoint()  # the snapshot is due and exact here
+            i = j
+
+    def _deliver_stretch(self, versions: list[int], last: int) -> bool:
+        """Plan ``versions`` ahead of their delivery and deliver them; ``False`` if stopped inside one."""
+        planned: dict[int, tuple[Snapshot, FileInfo]] = {}
+        reading = self.feed.read_plans(self._plan_versions(versions, planned))
         try:
-            snap, plan = self.feed.plan_commit(self._snap, commit, mtime, self._prev_ts)
-        except (UnsupportedFeatureError, SchemaChangeError):
-            log.error("stopping before version %d; everything before it is delivered and checkpointed", version)
+            for plan, task_batches in reading:
+                version = plan.context.version
+                if self._stop.is_set():
+                    return False
+                if not self._deliver_version(plan, *planned.pop(version), task_batches, remaining=last - version):
+                    return False
+                self._maybe_checkpoint()
+        except (UnsupportedFeatureError, SchemaChangeError) as e:
+            log.error("stopping before version %s; everything before it is delivered and checkpointed", e.version)
             self._checkpoint()
             raise
+        finally:
+            reading.close()
+        return True
+
+    def _plan_versions(
+        self, versions: list[int], planned: dict[int, tuple[Snapshot, FileInfo]]
+    ) -> Iterator[VersionPlan]:
+        """Plan ``versions`` in order from the snapshot in hand; each one's snapshot and commit go to ``planned``."""
+        assert self._snap is not None
+        snap, previous_ms = self._snap, self._prev_ts
+        for version in versions:
+            commit = self._read_commit(version)
+            info = self.log.storage.stat(self.log.commit_path(version))
+            snap, plan = self.feed.plan_commit(snap, commit, info.modification_time, previous_ms)
+            previous_ms = plan.context.timestamp_ms
+            planned[version] = (snap, info)
+            yield plan
+
+    def _deliver_version(
+        self,
+        plan: VersionPlan,
+        snap: Snapshot,
+        info: FileInfo,
+        task_batches: Iterable[Iterable[pa.RecordBatch]] | None,
+        remaining: int,
+    ) -> bool:
+        """Deliver one planned version; ``False`` if stopped inside it (the cursor points at its next row)."""
+        version = plan.context.version
         self._snap = snap
         self._last_commit_id = (info.size, info.modification_time)
-        if not self._deliver(plan):
-            return  # stopped inside the version: the cursor points at its next row
+        if not self._deliver(plan, task_batches):
+            return False
         self._prev_ts = plan.context.timestamp_ms
         self._cursor = Position.change(version + 1, 0)
         self._since_checkpoint += 1
@@ -398,21 +458,27 @@ class Tailer:
                 rows_done=self.progress.rows,
                 rows_per_second=round(rate),
             )
+        return True
 
     def _deliver_initial_snapshot(self) -> None:
         assert self._snap is not None
         snap = self._snap
         ts = self.feed.snapshot_time(snap)
-        if not self._deliver(self.feed.plan_snapshot(snap, ts)):
-            return
+        reading = self.feed.read_plans(iter([self.feed.plan_snapshot(snap, ts)]))
+        try:
+            for plan, task_batches in reading:  # one plan: its files read ahead (by the reader processes if small)
+                if not self._deliver(plan, task_batches):
+                    return
+        finally:
+            reading.close()
         self._prev_ts = ts
         self._cursor = Position.change(snap.version + 1, 0)
         self._checkpoint()
 
-    def _deliver(self, plan: VersionPlan) -> bool:
+    def _deliver(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]] | None = None) -> bool:
         """Write a version's rows (skipping delivered ones); returns ``False`` if stopped inside it."""
         counts: dict[str, int] = {}
-        for batch in self.feed.plan_batches(plan):
+        for batch in self.feed.plan_batches(plan, task_batches):
             batch = self._skip_delivered(batch)
             if len(batch):
                 self.sink.write(batch)
@@ -494,7 +560,8 @@ class Tailer:
         )
         saved = self._saved_snapshot
         due = saved is None or snap.version - saved[0] >= self.config.snapshot_commits
-        if at_boundary and due and snap.protocol is not None:
+        if at_boundary and due and snap.protocol is not None and not snap.handed_on:
+            # (A snapshot handed on belongs to a version planned ahead of delivery: the next save will do.)
             if self._prev_ts is not None:
                 snap.expire_tombstones(self._prev_ts)
             saved = (snap.version, self.store.save_snapshot(snap))

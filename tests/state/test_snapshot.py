@@ -355,7 +355,9 @@ def test_remove_with_a_different_dv_does_not_remove_the_live_file() -> None:
 
 def test_apply_moves_the_file_tables_on() -> None:
     old = replay(_V0, commit(1, add("a")))
+    assert not old.handed_on
     new, _ = old.apply(commit(2, add("b")))
+    assert old.handed_on and not new.handed_on
     with pytest.raises(StateError):
         _ = old.files
     with pytest.raises(StateError):

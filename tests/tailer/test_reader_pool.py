@@ -19,6 +19,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -28,9 +29,15 @@ from deltalake import DeltaTable, write_deltalake
 
 import tailer.changes
 import tailer.reader_pool
+from sinks.base import ChangeBatch
+from sinks.embedded import JsonLinesSink
+from state.cursor import Position
 from state.errors import ConfigError, DeletionVectorError, DeltaTailError, MissingFileError
 from tailer.changes import ChangeFeed, ChangeOptions
+from tailer.log import DeltaLog
 from tailer.reader_pool import MAX_FAILURES, ReaderPool
+from tailer.run import Tailer, TailerConfig
+from tailer.state_store import StateStore
 from tailer.storage import LocalStorage
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -68,10 +75,12 @@ def _assert_same(got: Outcome, expected: Outcome) -> None:
         assert rows.equals(want)
 
 
-def _appends(root: Path, commits: int, rows: int = 10) -> None:
-    for i in range(commits):
+def _appends(root: Path, commits: int, rows: int = 10, first: int = 0) -> None:
+    """``commits`` one-file appends of ``rows`` rows with ids ``first``, ``first + 1``, ..."""
+    for c in range(commits):
+        i = first // rows + c
         table = pa.table({"id": [i * rows + j for j in range(rows)], "v": [f"row-{i}-{j}" for j in range(rows)]})
-        write_deltalake(root, table, mode="append")
+        write_deltalake(root, table, mode="append", configuration={"delta.enableChangeDataFeed": "true"})
 
 
 def _ids(outcome: Outcome) -> list[int]:
@@ -187,6 +196,8 @@ def test_killed_processes_lose_no_rows(tmp_path: Path, pool: ReaderPool, caplog:
     _appends(tmp_path, 40)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
     feed = ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16))
+    _assert_same(_outcome(feed), expected)  # both processes have answered (a process that never did counts more)
+    assert len(pool._workers) == 2 and all(worker.answered for worker in pool._workers)
     batches = feed.batches()
     got = [next(batches)]
     for worker in pool._workers:  # both hold runs the consumer has not reached
@@ -278,3 +289,74 @@ def _alive(pid: int) -> bool:
 def test_a_pool_needs_a_process() -> None:
     with pytest.raises(ConfigError, match="at least one process"):
         ReaderPool(0)
+
+
+# -- the tailer's run loop reads ahead too ------------------------------------------------------------
+
+
+class _CheckingSink(JsonLinesSink):
+    """JSON lines, checking at every write that the saved snapshot is the table's at its version."""
+
+    def __init__(self, path: Path, state: Path, root: Path) -> None:
+        super().__init__(str(path))
+        self.state, self.root = state, root
+        self.checked: set[int] = set()
+
+    def write(self, batch: ChangeBatch) -> None:
+        store = StateStore(str(self.state))
+        saved = store.load()
+        if saved is not None and saved.snapshot_version not in self.checked:
+            snap = store.load_snapshot(saved)
+            assert snap.live_keys() == DeltaLog(str(self.root)).snapshot(saved.snapshot_version).live_keys()
+            self.checked.add(saved.snapshot_version)
+        super().write(batch)
+
+
+def _tail(root: Path, state: Path, sink: JsonLinesSink, **options: Any) -> None:
+    config = TailerConfig(
+        table=str(root),
+        state_dir=str(state),
+        until_caught_up=True,
+        checkpoint_commits=options.pop("checkpoint_commits", 50),
+        checkpoint_seconds=options.pop("checkpoint_seconds", 5.0),
+        snapshot_commits=options.pop("snapshot_commits", 1000),
+        options=ChangeOptions(**options),
+    )
+    Tailer(config, sink).run()
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_tailer_catches_up_through_the_processes(tmp_path: Path, pool: ReaderPool) -> None:
+    root = tmp_path / "t"
+    _appends(root, 40)
+    _tail(root, tmp_path / "s0", JsonLinesSink(str(tmp_path / "in-process.jsonl")), reader_processes=0)
+    assert pool.files_read == 0
+    _tail(root, tmp_path / "s2", JsonLinesSink(str(tmp_path / "processes.jsonl")))
+    assert pool.files_read == 40
+    assert (tmp_path / "processes.jsonl").read_bytes() == (tmp_path / "in-process.jsonl").read_bytes()
+    assert [r["id"] for r in _lines(tmp_path / "processes.jsonl")] == list(range(400))
+
+
+def test_saved_snapshots_stay_exact_while_the_tailer_plans_ahead(tmp_path: Path, pool: ReaderPool) -> None:
+    # A checkpoint due by time at every version, a snapshot due every 7 versions: planning ahead
+    # must neither save a snapshot that was handed on (StateError) nor one of the wrong version.
+    root, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
+    _appends(root, 30)
+    DeltaTable(str(root)).delete("id % 3 = 0")  # removes too, so the live files really change
+    _appends(root, 30, first=300)
+    sink = _CheckingSink(out, state, root)
+    _tail(root, state, sink, checkpoint_commits=5, checkpoint_seconds=0.0, snapshot_commits=7)
+    assert len(sink.checked) >= 5  # snapshots saved along the way, each checked
+    latest = DeltaTable(str(root)).version()
+    saved = StateStore(str(state)).load()
+    assert saved is not None and saved.cursor == Position.change(latest + 1, 0)
+    assert saved.snapshot_version == latest
+    _appends(root, 3, first=600)  # and a restart resumes exactly where the run stopped
+    _tail(root, state, JsonLinesSink(str(out)))
+    inserted = [r["id"] for r in _lines(out) if r["_change_type"] == "insert"]
+    deleted = [r["id"] for r in _lines(out) if r["_change_type"] == "delete"]
+    assert inserted == list(range(630))
+    assert sorted(deleted) == [i for i in range(300) if i % 3 == 0]
