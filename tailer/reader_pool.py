@@ -89,7 +89,7 @@ class _Answer:
 class RemoteRun:
     """A run of file tasks submitted to one worker; its rows are handed out task by task, in order."""
 
-    def __init__(self, worker: _Worker, items: Sequence[tuple[ReadContext, FileTask]]) -> None:
+    def __init__(self, worker: _Worker | None, items: Sequence[tuple[ReadContext, FileTask]]) -> None:
         self._worker = worker
         self.items = list(items)
         self._answer: _Answer | None = None
@@ -108,6 +108,7 @@ class RemoteRun:
     def answer(self) -> _Answer | None:
         """The worker's answer, waiting for it if need be; ``None`` if the worker failed (read in-process)."""
         if not self._done:
+            assert self._worker is not None  # a run without a worker is settled when made
             self._worker.receive_until(self)
         return self._answer
 
@@ -134,12 +135,13 @@ class RemoteRun:
 class _Worker:
     """One child process and the runs it was given and has not answered, oldest first."""
 
-    def __init__(self, pool: ReaderPool) -> None:
+    def __init__(self, pool: ReaderPool, command: Sequence[str] | None = None) -> None:
+        """Start ``command`` (by default ``python -m tailer.reader_pool``) as the pool's worker."""
         self._pool = pool
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tailer.reader_pool"],
+            [sys.executable, "-m", "tailer.reader_pool"] if command is None else list(command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -169,7 +171,7 @@ class _Worker:
                 return
             head = self.outstanding.popleft()
             try:
-                answer = self._receive()
+                answer = self._receive(len(head.items))
             except (OSError, EOFError, ValueError, pickle.UnpicklingError, pa.ArrowException) as e:
                 head._settle(None)
                 self.fail(f"its answer could not be read: {e}")
@@ -177,20 +179,28 @@ class _Worker:
             self.answered = True
             head._settle(answer)
 
-    def _receive(self) -> _Answer:
+    def _receive(self, tasks: int) -> _Answer:
+        """The next answer, checked against a run of ``tasks`` tasks.
+
+        Raises:
+            ValueError: if the answer does not add up (task count, row count, more than one batch).
+        """
         assert self.proc.stdout is not None
-        header = pickle.loads(_read_frame(self.proc.stdout))
+        lengths, failed = pickle.loads(_read_frame(self.proc.stdout))
         payload = _read_frame(self.proc.stdout)
-        lengths, failed = header
         rows = None
         if payload:
             stream = pa.ipc.open_stream(pa.py_buffer(payload))
             rows = stream.read_next_batch()
             try:
                 stream.read_next_batch()
+                raise ValueError("the answer holds more than one record batch")
             except StopIteration:
-                return _Answer(lengths, failed, rows)
-            raise ValueError("the answer holds more than one record batch")
+                pass
+        read = tasks if failed is None else failed
+        total = sum(sum(n) for n in lengths)
+        if len(lengths) != read or not 0 <= read <= tasks or total != (0 if rows is None else rows.num_rows):
+            raise ValueError(f"the answer does not add up: {len(lengths)} of {tasks} tasks, {total} rows")
         return _Answer(lengths, failed, rows)
 
     def fail(self, why: str) -> None:
@@ -353,8 +363,7 @@ def _unwire(request: bytes | bytearray) -> tuple[Storage, int, list[tuple[ReadCo
 
 def _unread(items: Sequence[tuple[ReadContext, FileTask]]) -> RemoteRun:
     """A run no worker took: every task reads in-process."""
-    run = RemoteRun.__new__(RemoteRun)
-    run.items = list(items)
+    run = RemoteRun(None, items)
     run._settle(None)
     return run
 

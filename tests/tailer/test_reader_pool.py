@@ -360,3 +360,46 @@ def test_saved_snapshots_stay_exact_while_the_tailer_plans_ahead(tmp_path: Path,
     deleted = [r["id"] for r in _lines(out) if r["_change_type"] == "delete"]
     assert inserted == list(range(630))
     assert sorted(deleted) == [i for i in range(300) if i % 3 == 0]
+
+
+_ANSWERS = {
+    # One answer to any request, in the worker's framing: a pickled (lengths, failed) header, then the rows.
+    "too few tasks": ("header = ([[1]], None); rows = pa.table({'x': [1]})", "does not add up"),
+    "too many rows": ("header = ([[1], [1]], None); rows = pa.table({'x': [1, 2, 3]})", "does not add up"),
+    "two batches": (
+        "header = ([[1], [1]], None); rows = pa.concat_tables([pa.table({'x': [1]})] * 2)",
+        "more than one record batch",
+    ),
+}
+
+
+@pytest.mark.parametrize("answer", sorted(_ANSWERS))
+def test_an_answer_that_does_not_add_up_is_refused(
+    tmp_path: Path, answer: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _appends(tmp_path, 2)
+    script = textwrap.dedent(
+        f"""
+        import pickle, struct, sys
+        import pyarrow as pa
+        frame = struct.Struct("<Q")
+        n, = frame.unpack(sys.stdin.buffer.read(8)); sys.stdin.buffer.read(n)
+        {_ANSWERS[answer][0]}
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rows.schema) as w:
+            for batch in rows.to_batches():
+                w.write_batch(batch)
+        for part in (pickle.dumps(header), sink.getvalue().to_pybytes()):
+            sys.stdout.buffer.write(frame.pack(len(part)) + part)
+        sys.stdout.buffer.flush()
+        sys.stdin.buffer.read()
+        """
+    )
+    pool = ReaderPool(1)
+    worker = tailer.reader_pool._Worker(pool, [sys.executable, "-c", script])
+    items = [(plan.context, task) for plan in ChangeFeed(str(tmp_path)).plans(0, None) for task in plan.tasks]
+    run = worker.submit(LocalStorage(), items, 65536)
+    with caplog.at_level(logging.WARNING, logger="deltatail"):
+        assert run.remote_batches(0) is None and run.remote_batches(1) is None  # both read in-process
+    assert _ANSWERS[answer][1] in caplog.text
+    assert worker.broken and worker.proc.poll() is not None
