@@ -28,7 +28,8 @@ Contract:
   of the process).
 - Workers hold no state between runs and write nothing. They exit when their
   standard input closes, which includes the parent dying (even by SIGKILL);
-  they ignore SIGINT, so Ctrl-C reaches only the parent.
+  they ignore SIGINT and SIGTERM, so Ctrl-C or a stop sent to the whole process
+  group reaches only the parent, which stops gracefully (and they follow).
 - One consumer at a time: a ``ChangeFeed.batches`` generator holds the pool
   from :meth:`ReaderPool.acquire` to :meth:`ReaderPool.release`; a second
   concurrent consumer reads in-process.
@@ -476,6 +477,7 @@ def _serve(requests: IO[bytes], answers: IO[bytes]) -> int:
 def main() -> int:
     """Entry point of a worker process (``python -m tailer.reader_pool``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints go to stderr, never into the answers
     sys.stdout = sys.stderr

@@ -277,6 +277,21 @@ def test_the_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
         parent.kill()
 
 
+def test_the_processes_ignore_stop_signals_meant_for_their_parent(tmp_path: Path, pool: ReaderPool) -> None:
+    # Ctrl-C or `kill -TERM -<group>` reaches the workers too; only the parent acts on it (gracefully).
+    _appends(tmp_path, 12)
+    expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
+    _assert_same(_outcome(ChangeFeed(str(tmp_path))), expected)
+    workers = list(pool._workers)
+    for worker in workers:
+        worker.proc.send_signal(signal.SIGINT)
+        worker.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert all(worker.proc.poll() is None for worker in workers)
+    _assert_same(_outcome(ChangeFeed(str(tmp_path))), expected)
+    assert pool._workers == workers and not any(worker.broken for worker in workers)
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie left for init to reap counts as gone)."""
     try:
