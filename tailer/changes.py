@@ -21,7 +21,7 @@ import queue
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -209,6 +209,65 @@ def _finish(ctx: ReadContext, task: FileTask, file_batch: FileBatch) -> pa.Recor
     columns.append(_int64s(ctx.version, pa.int64(), n))
     columns.append(_int64s(ctx.timestamp_ms * 1000, TIMESTAMP, n))
     return pa.RecordBatch.from_arrays(columns, schema=change_schema(ctx.schema()))
+
+
+#: What :func:`read_run` returns: per task read, the lengths of its batches; the index of the task that
+#: failed (``None``: none did); the rows of every task read, in one record batch (``None``: no rows).
+RunRows = tuple[list[list[int]], int | None, pa.RecordBatch | None]
+
+
+def read_run(storage: Storage, items: Sequence[tuple[ReadContext, FileTask]], batch_size: int = 65536) -> RunRows:
+    """The rows of several file tasks, as :func:`read_task` gives them, packed into one record batch.
+
+    What a reader process does with a run (:mod:`tailer.reader_pool`). Every
+    task must share one schema string. The rows are those of ``read_task``, task
+    after task, batch after batch: slicing the batch by the returned lengths
+    gives exactly its batches. The change columns are built once for the run
+    rather than once per batch. The first task that raises ends the run (its
+    rows are dropped, whatever the error): the caller reads it itself, to raise
+    the genuine error where it belongs. Packing is left to pyarrow: a column
+    that outgrows 32-bit offsets (over 2 GiB in one run) fails there, with
+    pyarrow's own error, which the reader processes answer by handing the whole
+    run back.
+    """
+    columns: list[list[pa.Array]] = []
+    lengths: list[list[int]] = []
+    commits: list[tuple[int, int, int]] = []  # (version, timestamp in µs, rows) of each batch
+    failed: int | None = None
+    for index, (ctx, task) in enumerate(items):
+        mark = len(commits)
+        read: list[int] = []
+        try:
+            for file_batch in _task_file_batches(storage, ctx, task, batch_size):
+                arrays = file_batch.columns()
+                n = len(arrays[0])
+                if task.change_type is not None:
+                    arrays.append(_change_types(task.change_type, n))
+                columns = columns or [[] for _ in arrays]
+                for column, array in zip(columns, arrays, strict=True):
+                    column.append(array)
+                commits.append((ctx.version, ctx.timestamp_ms * 1000, n))
+                read.append(n)
+        except Exception:  # the caller reads this task itself and raises the genuine error
+            for column in columns:
+                del column[mark:]
+            del commits[mark:]
+            failed = index
+            break
+        lengths.append(read)
+    if not commits:
+        return lengths, failed, None
+    total = sum(n for _, _, n in commits)
+    arrays = [pa.concat_arrays(column) for column in columns]
+    arrays.append(_runs_of(pa.int64(), [(version, n) for version, _, n in commits], total))
+    arrays.append(_runs_of(TIMESTAMP, [(micros, n) for _, micros, n in commits], total))
+    return lengths, failed, pa.RecordBatch.from_arrays(arrays, schema=change_schema(items[0][0].schema()))
+
+
+def _runs_of(dtype: pa.DataType, runs: list[tuple[int, int]], total: int) -> pa.Array:
+    """``total`` 64-bit values given as ``(value, count)`` runs, from one buffer."""
+    data = b"".join(value.to_bytes(8, sys.byteorder, signed=True) * n for value, n in runs)
+    return pa.Array.from_buffers(dtype, total, [None, pa.py_buffer(data)])
 
 
 def _int64s(value: int, dtype: pa.DataType, n: int) -> pa.Array:

@@ -418,35 +418,27 @@ def _read_frame(stream: IO[bytes]) -> bytearray:
 
 
 def _answer(storage: Storage, batch_size: int, items: list[tuple[ReadContext, FileTask]]) -> tuple[bytes, bytes]:
-    """Read a run as ``read_task`` would; returns the header and the IPC payload (empty if no rows)."""
-    from tailer.changes import read_task
+    """Read a run as ``read_task`` would (:func:`tailer.changes.read_run`); returns the header and the IPC payload.
 
-    batches: list[pa.RecordBatch] = []
-    lengths: list[list[int]] = []
-    failed: int | None = None
-    for index, (ctx, task) in enumerate(items):
-        try:
-            read = list(read_task(storage, ctx, task, batch_size))
-        except Exception:  # the parent reads this task itself and raises the genuine error
-            failed = index
-            break
-        batches += read
-        lengths.append([b.num_rows for b in read])
-    payload = b""
-    if batches:
-        try:
-            payload = _ipc(batches)
-        except (pa.ArrowException, MemoryError):  # e.g. a string column past 2 GiB: the parent reads the run
-            lengths, failed, payload = [], 0, b""
+    The payload is empty when the run has no rows, or when they could not be
+    packed (e.g. a string column past 2 GiB): then the header says the run
+    stopped at its first task, and the parent reads it all.
+    """
+    from tailer.changes import read_run
+
+    try:
+        lengths, failed, rows = read_run(storage, items, batch_size)
+        payload = b"" if rows is None else _ipc(rows)
+    except (pa.ArrowException, MemoryError):
+        lengths, failed, payload = [], 0, b""
     return pickle.dumps((lengths, failed), pickle.HIGHEST_PROTOCOL), payload
 
 
-def _ipc(batches: list[pa.RecordBatch]) -> bytes:
-    """The batches as one Arrow IPC stream of one record batch."""
-    rows = pa.Table.from_batches(batches).combine_chunks()
+def _ipc(rows: pa.RecordBatch) -> bytes:
+    """One record batch as an Arrow IPC stream."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, rows.schema) as writer:
-        writer.write_table(rows)
+        writer.write_batch(rows)
     payload: bytes = sink.getvalue().to_pybytes()
     return payload
 

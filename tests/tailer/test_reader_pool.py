@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from cdf_helpers import peer_copy
+from cdf_helpers import HandTable, peer_copy
 from corpus import manifest_paths, table_root
 from deltalake import DeltaTable, write_deltalake
 
@@ -32,7 +32,7 @@ import tailer.reader_pool
 from sinks.base import ChangeBatch
 from sinks.embedded import JsonLinesSink
 from state.cursor import Position
-from state.errors import ConfigError, DeletionVectorError, DeltaTailError, MissingFileError
+from state.errors import ConfigError, DeletionVectorError, DeltaTailError, InvalidLogError, MissingFileError
 from tailer.changes import ChangeFeed, ChangeOptions
 from tailer.log import DeltaLog
 from tailer.reader_pool import MAX_FAILURES, ReaderPool
@@ -131,12 +131,32 @@ def test_a_run_whose_rows_cannot_be_packed_is_handed_back(tmp_path: Path, monkey
     header, payload = tailer.reader_pool._answer(LocalStorage(), 65536, items)
     assert pickle.loads(header) == ([[10], [10], [10]], None) and payload
 
-    def refuse(batches: list[pa.RecordBatch]) -> bytes:
+    def refuse(rows: pa.RecordBatch) -> bytes:
         raise pa.ArrowInvalid("offset overflow")
 
     monkeypatch.setattr(tailer.reader_pool, "_ipc", refuse)
     header, payload = tailer.reader_pool._answer(LocalStorage(), 65536, items)
     assert pickle.loads(header) == ([], 0) and payload == b""
+
+
+def test_a_task_that_fails_after_some_rows_leaves_none_of_them_in_its_run(tmp_path: Path) -> None:
+    # Two good files around one whose logical type is int but whose Parquet column is int64: its first
+    # batch (batches of 3 rows) fits, its second holds 2**40 and cannot be read. The run keeps the first
+    # file's rows and stops at the second, dropping its partial rows: the caller reads it and raises.
+    table = HandTable(tmp_path / "t", [{"name": "id", "type": "integer", "nullable": True, "metadata": {}}])
+    good = pa.table({"id": pa.array([1, 2, 3, 4], pa.int32())})
+    bad = pa.table({"id": pa.array([5, 6, 7, 2**40], pa.int64())})
+    table.commit([table.add("a.parquet", good), table.add("b.parquet", bad), table.add("c.parquet", good)])
+    feed = ChangeFeed(str(table.root), options=IN_PROCESS)
+    (plan,) = list(feed.plans(0, 0))
+    items = [(plan.context, task) for task in plan.tasks]
+    assert [task.path for _, task in items] == ["a.parquet", "b.parquet", "c.parquet"]
+    lengths, failed, rows = tailer.changes.read_run(LocalStorage(), items, 3)
+    assert (lengths, failed) == ([[3, 1]], 1)
+    assert rows is not None and rows.column("id").to_pylist() == [1, 2, 3, 4]
+    assert rows.column("_commit_version").to_pylist() == [0] * 4
+    with pytest.raises(InvalidLogError, match=r"b\.parquet"):
+        list(tailer.changes.read_task(LocalStorage(), plan.context, items[1][1], 3))
 
 
 def test_small_batches_keep_their_boundaries(tmp_path: Path, pool: ReaderPool) -> None:
