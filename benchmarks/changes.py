@@ -53,7 +53,7 @@ from deltalake import DeltaTable
 
 from benchmarks.cdf_workloads import AppendsSpec, BulkSpec, MixedSpec, Spec, Workload, ensure
 from tailer.changes import ChangeFeed, ChangeOptions
-from tailer.reader_pool import shared_pool
+from tailer.reader_pool import ReaderPool, shared_pool
 
 PROJECT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = PROJECT / "benchmarks" / ".data" / "changes"
@@ -210,20 +210,21 @@ def print_throughput(result: Throughput) -> None:
 
 def bench_throughput(label: str, work: Workload, target: float, repeat: int) -> Throughput:
     """Run, print and return one throughput workload."""
-    reader_files = shared_pool(ChangeOptions().reader_processes).files_read
+    processes = shared_pool(ChangeOptions().reader_processes)
+    reader_files = processes.files_read
     timings = time_sides(work, repeat)
     result = Throughput(label, timings["deltatail"], timings["load_cdf"], target)
     print_throughput(result)
-    if shared_pool(ChangeOptions().reader_processes).files_read > reader_files:
-        print_cold(work, repeat)
+    if processes.files_read > reader_files:
+        print_cold(work, repeat, processes)
     return result
 
 
-def print_cold(work: Workload, repeat: int) -> None:
+def print_cold(work: Workload, repeat: int, processes: ReaderPool) -> None:
     """Time deltatail with its reader processes started inside the run (the runs above reuse them)."""
     samples = []
     for _ in range(repeat):
-        shared_pool(ChangeOptions().reader_processes).close()
+        processes.close()
         gc.collect()
         start = time.perf_counter()
         deltatail_rows(work.uri, work.first, work.last)

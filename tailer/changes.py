@@ -206,8 +206,8 @@ def _finish(ctx: ReadContext, task: FileTask, file_batch: FileBatch) -> pa.Recor
     n = len(columns[0])
     if task.change_type is not None:
         columns.append(_change_types(task.change_type, n))
-    columns.append(_int64s(ctx.version, pa.int64(), n))
-    columns.append(_int64s(ctx.timestamp_ms * 1000, TIMESTAMP, n))
+    columns.append(_int64s(pa.int64(), [(ctx.version, n)]))
+    columns.append(_int64s(TIMESTAMP, [(ctx.timestamp_ms * 1000, n)]))
     return pa.RecordBatch.from_arrays(columns, schema=change_schema(ctx.schema()))
 
 
@@ -257,22 +257,16 @@ def read_run(storage: Storage, items: Sequence[tuple[ReadContext, FileTask]], ba
         lengths.append(read)
     if not commits:
         return lengths, failed, None
-    total = sum(n for _, _, n in commits)
     arrays = [pa.concat_arrays(column) for column in columns]
-    arrays.append(_runs_of(pa.int64(), [(version, n) for version, _, n in commits], total))
-    arrays.append(_runs_of(TIMESTAMP, [(micros, n) for _, micros, n in commits], total))
+    arrays.append(_int64s(pa.int64(), [(version, n) for version, _, n in commits]))
+    arrays.append(_int64s(TIMESTAMP, [(micros, n) for _, micros, n in commits]))
     return lengths, failed, pa.RecordBatch.from_arrays(arrays, schema=change_schema(items[0][0].schema()))
 
 
-def _runs_of(dtype: pa.DataType, runs: list[tuple[int, int]], total: int) -> pa.Array:
-    """``total`` 64-bit values given as ``(value, count)`` runs, from one buffer."""
+def _int64s(dtype: pa.DataType, runs: list[tuple[int, int]]) -> pa.Array:
+    """64-bit values (int64 or timestamp) given as ``(value, count)`` runs, straight from one buffer (no boxing)."""
     data = b"".join(value.to_bytes(8, sys.byteorder, signed=True) * n for value, n in runs)
-    return pa.Array.from_buffers(dtype, total, [None, pa.py_buffer(data)])
-
-
-def _int64s(value: int, dtype: pa.DataType, n: int) -> pa.Array:
-    """``n`` copies of a 64-bit value (int64 or timestamp), straight from one buffer (no scalar boxing)."""
-    return pa.Array.from_buffers(dtype, n, [None, pa.py_buffer(value.to_bytes(8, sys.byteorder, signed=True) * n)])
+    return pa.Array.from_buffers(dtype, len(data) // 8, [None, pa.py_buffer(data)])
 
 
 #: Batches up to this many rows share their ``_change_type`` column (small files repeat a few sizes).
@@ -739,7 +733,7 @@ class ChangeFeed:
         :data:`~tailer.reader_pool.MIN_FILES` of them.
         """
         pending: deque[tuple[VersionPlan, list[_Fetch]]] = deque()
-        small: list[tuple[list[_Fetch], int, VersionPlan]] = []
+        small: _Small = []
         sent_in_burst = False
         ahead = 0
         large_ahead = 0

@@ -25,6 +25,7 @@ after delivering and checkpointing everything before that version.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -397,21 +398,19 @@ class Tailer:
     def _deliver_stretch(self, versions: list[int], last: int) -> bool:
         """Plan ``versions`` ahead of their delivery and deliver them; ``False`` if stopped inside one."""
         planned: dict[int, tuple[Snapshot, FileInfo]] = {}
-        reading = self.feed.read_plans(self._plan_versions(versions, planned))
         try:
-            for plan, task_batches in reading:
-                version = plan.context.version
-                if self._stop.is_set():
-                    return False
-                if not self._deliver_version(plan, *planned.pop(version), task_batches, remaining=last - version):
-                    return False
-                self._maybe_checkpoint()
+            with contextlib.closing(self.feed.read_plans(self._plan_versions(versions, planned))) as reading:
+                for plan, task_batches in reading:
+                    version = plan.context.version
+                    if self._stop.is_set():
+                        return False
+                    if not self._deliver_version(plan, *planned.pop(version), task_batches, remaining=last - version):
+                        return False
+                    self._maybe_checkpoint()
         except (UnsupportedFeatureError, SchemaChangeError) as e:
             log.error("stopping before version %s; everything before it is delivered and checkpointed", e.version)
             self._checkpoint()
             raise
-        finally:
-            reading.close()
         return True
 
     def _plan_versions(
@@ -464,13 +463,10 @@ class Tailer:
         assert self._snap is not None
         snap = self._snap
         ts = self.feed.snapshot_time(snap)
-        reading = self.feed.read_plans(iter([self.feed.plan_snapshot(snap, ts)]))
-        try:
+        with contextlib.closing(self.feed.read_plans(iter([self.feed.plan_snapshot(snap, ts)]))) as reading:
             for plan, task_batches in reading:  # one plan: its files read ahead (by the reader processes if small)
                 if not self._deliver(plan, task_batches):
                     return
-        finally:
-            reading.close()
         self._prev_ts = ts
         self._cursor = Position.change(snap.version + 1, 0)
         self._checkpoint()
