@@ -76,7 +76,7 @@ from binascii import b2a_base64
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import orjson
 import pyarrow as pa
@@ -165,14 +165,29 @@ def _timestamps(column: pa.Array) -> list[Any]:
 
 def _timestamp_text(column: pa.Array) -> pa.Array:
     """The ISO-8601 text of each timestamp (microseconds, ``T``, ``Z`` with a zone) as a string array."""
+    text = _timestamp_body(column)
+    if column.type.tz is not None:
+        text = pc.binary_join_element_wise(text, _Z, _EMPTY)
+    return text
+
+
+#: Microseconds since the epoch of 0000-01-01 and of 10000-01-01: between them Arrow writes a
+#: timestamp as ``YYYY-MM-DD HH:MM:SS.ffffff``, with the space always at byte 10.
+_FOUR_DIGIT_YEARS = (-62_167_219_200_000_000, 253_402_300_800_000_000)
+
+
+def _timestamp_body(column: pa.Array) -> pa.Array:
+    """:func:`_timestamp_text` without the ``Z``."""
     t = column.type
     micros = pc.cast(column, pa.timestamp("us", tz=t.tz), safe=False)
     if t.tz is not None:
         micros = pc.cast(micros, pa.timestamp("us"))
-    text = pc.replace_substring(pc.cast(micros, pa.string()), " ", "T", max_replacements=1)
-    if t.tz is not None:
-        text = pc.binary_join_element_wise(text, _Z, _EMPTY)
-    return text
+    text = pc.cast(micros, pa.string())
+    bounds = pc.min_max(micros.cast(pa.int64()))
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is not None and _FOUR_DIGIT_YEARS[0] <= low and high < _FOUR_DIGIT_YEARS[1]:
+        return pc.binary_replace_slice(text, 10, 11, "T")  # bytes, not characters: 3x faster
+    return pc.replace_substring(text, " ", "T", max_replacements=1)
 
 
 def _few_timestamps(column: pa.Array, *, zone: bool) -> list[Any]:
@@ -203,6 +218,28 @@ _CONTROL = "[\x00-\x1f]"
 _SPECIAL = re.compile(rb'[\x00-\x1f"\\]')
 
 
+@dataclass(frozen=True, slots=True)
+class Wrapped:
+    """JSON texts of a column without nulls, each ``before + body[i] + after``.
+
+    The quotes around strings, decimals, dates, times and timestamps (and a timestamp's ``Z``) are
+    left to the join that assembles whole objects (:func:`joined_objects`), which writes them
+    together with its constant parts: a pass over the column less for each such column.
+    """
+
+    before: str
+    body: pa.Array
+    after: str
+
+    def joined(self) -> pa.Array:
+        """The texts themselves."""
+        return pc.binary_join_element_wise(pa.scalar(self.before), self.body, pa.scalar(self.after), _EMPTY)
+
+
+#: A column's JSON texts: an array of them, one constant text for every row, or a wrapped array.
+Text: TypeAlias = pa.Array | pa.Scalar | Wrapped
+
+
 def json_texts(column: pa.Array) -> pa.Array | None:
     """Each slot's JSON text as a string array without nulls (a null slot is ``null``).
 
@@ -218,41 +255,54 @@ def json_texts(column: pa.Array) -> pa.Array | None:
         than orjson; binary; nested types; null) or a string holds a control
         character or is not valid UTF-8: the caller then encodes row by row.
     """
+    text = column_text(column)
+    return text.joined() if isinstance(text, Wrapped) else text
+
+
+def column_text(column: pa.Array) -> pa.Array | Wrapped | None:
+    """:func:`json_texts`, leaving the quotes of a column without nulls to the caller (:class:`Wrapped`)."""
     t = column.type
     if pa.types.is_dictionary(t):
-        return json_texts(column.dictionary_decode())
+        return column_text(column.dictionary_decode())
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
         text = pc.cast(column, pa.string())
     elif pa.types.is_duration(t):
         text = pc.cast(pc.cast(column, pa.int64()), pa.string())
     elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        text = _quoted_strings(column)
-        if text is None:
-            return None
+        escaped = _escaped_strings(column)
+        return None if escaped is None else _quoted(escaped)
     elif pa.types.is_decimal(t) or pa.types.is_date(t) or pa.types.is_time(t):
-        text = pc.binary_join_element_wise(_QUOTE, pc.cast(column, pa.string()), _QUOTE, _EMPTY)
+        return _quoted(pc.cast(column, pa.string()))
     elif pa.types.is_timestamp(t):
-        text = pc.binary_join_element_wise(_QUOTE, _timestamp_text(column), _QUOTE, _EMPTY)
+        return _quoted(_timestamp_body(column), 'Z"' if t.tz is not None else '"')
     else:
         return None
     return pc.fill_null(text, _NULL) if text.null_count else text
 
 
-def _quoted_strings(column: pa.Array) -> pa.Array | None:
+def _quoted(body: pa.Array, after: str = '"') -> pa.Array | Wrapped:
+    """``"`` + each text + ``after``, or ``null`` for a null slot."""
+    if not body.null_count:
+        return Wrapped('"', body, after)
+    return pc.fill_null(pc.binary_join_element_wise(_QUOTE, body, pa.scalar(after), _EMPTY), _NULL)
+
+
+def _escaped_strings(column: pa.Array) -> pa.Array | None:
+    """The strings with quotes and backslashes escaped (still unquoted), or ``None`` if one cannot be written here."""
     if not pa.types.is_string(column.type):
         column = pc.cast(column, pa.string())
     try:
         column.validate(full=True)  # UTF-8: orjson would refuse what the kernels would copy blindly
     except pa.ArrowInvalid:
         return None
-    data = column.buffers()[2]
-    # One scan of the whole character buffer (a slice's neighbours can only cost a needless check).
-    if data is not None and _SPECIAL.search(memoryview(data)) is not None:
+    # One scan of the slice's characters (only its own: a batch sliced from a packed run of
+    # readers shares the run's buffer, and scanning all of it per slice would be quadratic).
+    if _SPECIAL.search(_characters(column)) is not None:
         if pc.any(pc.match_substring_regex(column, _CONTROL)).as_py():
             return None
         column = pc.replace_substring(column, "\\", "\\\\")
         column = pc.replace_substring(column, '"', '\\"')
-    return pc.binary_join_element_wise(_QUOTE, column, _QUOTE, _EMPTY)
+    return column
 
 
 def constant_text(column: pa.Array) -> pa.Scalar | None:
@@ -272,35 +322,61 @@ def constant_text(column: pa.Array) -> pa.Scalar | None:
 
 
 def joined_objects(
-    length: int, names: Sequence[str], texts: Sequence[pa.Array | pa.Scalar], tail: Sequence[pa.Array | pa.Scalar] = ()
+    length: int, names: Sequence[str], texts: Sequence[Text], tail: Sequence[pa.Array | pa.Scalar] = ()
 ) -> pa.Array:
-    """One JSON object text per row (a string array) from its members' texts (:func:`json_texts`).
+    """One JSON object text per row (a string array) from its members' texts (:func:`column_texts`).
 
     ``tail`` is written after the last member: more texts, ending with the closing
     brace (and a newline, say); by default the brace alone. Names are written as
-    given (the caller keeps them unique).
+    given (the caller keeps them unique). Neighbouring constant parts (names,
+    quotes, constant members) are joined into one before the kernel runs: its
+    cost grows with the number of parts.
     """
-    parts: list[pa.Array | pa.Scalar] = []
+    parts: list[str | pa.Array] = []
+
+    def add(part: str | pa.Array | pa.Scalar) -> None:
+        if isinstance(part, pa.Scalar):
+            part = part.as_py()
+        if isinstance(part, str) and parts and isinstance(parts[-1], str):
+            parts[-1] += part
+        else:
+            parts.append(part)
+
     for i, (name, text) in enumerate(zip(names, texts, strict=True)):
-        parts.append(pa.scalar(("{" if i == 0 else ",") + orjson.dumps(name).decode() + ":", pa.string()))
-        parts.append(text)
+        add(("{" if i == 0 else ",") + orjson.dumps(name).decode() + ":")
+        if isinstance(text, Wrapped):
+            add(text.before)
+            add(text.body)
+            add(text.after)
+        else:
+            add(text)
     if not parts:
-        parts.append(pa.scalar("{", pa.string()))
-    parts.extend(tail or [pa.scalar("}", pa.string())])
-    joined = pc.binary_join_element_wise(*parts, _EMPTY)
-    if isinstance(joined, pa.Scalar):  # every member constant
-        return pa.repeat(joined, length)
+        add("{")
+    for part in tail or ["}"]:
+        add(part)
+    if len(parts) == 1 and isinstance(parts[0], str):  # every member constant
+        return pa.repeat(pa.scalar(parts[0], pa.string()), length)
+    joined: pa.Array = pc.binary_join_element_wise(
+        *(pa.scalar(p, pa.string()) if isinstance(p, str) else p for p in parts), _EMPTY
+    )
     return joined
+
+
+def _characters(text: pa.Array) -> memoryview:
+    """The character bytes of a string array's own slots (not those of the rest of its buffer)."""
+    data = text.buffers()[2]
+    if data is None or not len(text):
+        return memoryview(b"")
+    offsets = memoryview(text.buffers()[1]).cast("i")
+    return memoryview(data)[offsets[text.offset] : offsets[text.offset + len(text)]]
 
 
 def concatenated(text: pa.Array) -> bytes:
     """The characters of every slot of a string array without nulls, one after the other."""
-    offsets = memoryview(text.buffers()[1]).cast("i")
-    first, last = offsets[text.offset], offsets[text.offset + len(text)]
-    return bytes(memoryview(text.buffers()[2])[first:last])
+    return bytes(_characters(text))
 
 
-def json_objects(length: int, names: Sequence[str], texts: Sequence[pa.Array | pa.Scalar]) -> list[bytes]:
+def json_objects(length: int, names: Sequence[str], texts: Sequence[Text]) -> list[bytes]:
     """:func:`joined_objects` as one ``bytes`` per row."""
     return list(pc.cast(joined_objects(length, names, texts), pa.binary()).to_pylist())
 
@@ -458,13 +534,15 @@ class ChangeEncoder:
             return EncodedBatch()
         rows = batch.rows
         self._check_columns(batch)
-        change_types = rows.column("_change_type").to_pylist()
+        column = rows.column("_change_type")
         if self.format == "debezium":
-            return self._encode_debezium(batch, self._keys(batch), change_types)
-        kinds = set(change_types)
-        if not kinds <= CHANGE_TYPES:
+            return self._encode_debezium(batch, self._keys(batch), column.to_pylist())
+        kinds = pc.unique(column).to_pylist()  # a kernel: no Python string per row to check
+        if not set(kinds) <= CHANGE_TYPES:
+            change_types = column.to_pylist()
             i = next(i for i, ct in enumerate(change_types) if ct not in CHANGE_TYPES)
             raise self._bad_change_type(batch, i, change_types[i])
+        change_types = kinds * len(batch) if len(kinds) == 1 else column.to_pylist()
         if len(batch) >= VECTOR_ROWS:
             # A batch of one kind (the common case) writes its change type's text once.
             one_kind = {"_change_type": pa.scalar(orjson.dumps(change_types[0]).decode())} if len(kinds) == 1 else {}
@@ -483,9 +561,7 @@ class ChangeEncoder:
                     version=batch.start.version,
                 )
 
-    def _encode_json_columns(
-        self, batch: ChangeBatch, texts: dict[str, pa.Array | pa.Scalar], change_types: list[Any]
-    ) -> EncodedBatch:
+    def _encode_json_columns(self, batch: ChangeBatch, texts: dict[str, Text], change_types: list[Any]) -> EncodedBatch:
         """:meth:`_encode_json` from column texts (:func:`json_texts`): the same bytes, without a dict per row."""
         n = len(batch)
         if self.key_columns:
@@ -589,10 +665,8 @@ class ChangeEncoder:
 _CONSTANT_COLUMNS = frozenset({"_commit_version", "_commit_timestamp"})
 
 
-def column_texts(
-    rows: pa.RecordBatch, known: dict[str, pa.Scalar] | None = None
-) -> dict[str, pa.Array | pa.Scalar] | None:
-    """Every column's JSON texts by name, or ``None`` if one has no kernel path (or names repeat).
+def column_texts(rows: pa.RecordBatch, known: dict[str, pa.Scalar] | None = None) -> dict[str, Text] | None:
+    """Every column's JSON texts by name (:func:`column_text`), or ``None`` if one has no kernel path (or names repeat).
 
     ``known`` holds the text of columns already known to be constant (the change
     type of a batch of one kind).
@@ -601,11 +675,11 @@ def column_texts(
     if len(set(names)) != len(names):
         return None
     known = known or {}
-    texts: dict[str, pa.Array | pa.Scalar] = {}
+    texts: dict[str, Text] = {}
     for name, column in zip(names, rows.columns, strict=True):
-        text = known.get(name) or (constant_text(column) if name in _CONSTANT_COLUMNS else None)
+        text: Text | None = known.get(name) or (constant_text(column) if name in _CONSTANT_COLUMNS else None)
         if text is None:
-            text = json_texts(column)
+            text = column_text(column)
             if text is None:
                 return None
         texts[name] = text

@@ -78,6 +78,21 @@ def test_column_texts_are_what_orjson_writes_for_the_values(name: str) -> None:
     assert texts.to_pylist() == reference(column)
 
 
+def test_long_timestamp_columns_are_iso_8601_whatever_their_years() -> None:
+    # Long enough for the kernels (not datetime) to write them in every path; the years 0000-9999
+    # take a byte-slice replacement, the others a substring search: both must write the same form.
+    instants = [dt.datetime(1, 1, 1) + dt.timedelta(days=76 * 365 * i, microseconds=i) for i in range(ROWS)]
+    expected = [f'"{t.isoformat(timespec="microseconds")}Z"' for t in instants]
+    column = pa.array(instants, pa.timestamp("us", tz="UTC"))
+    assert json_texts(column).to_pylist() == expected  # type: ignore[union-attr]
+    assert json_values(column) == [e.strip('"') for e in expected]
+    outside = pa.array([*range(ROWS - 2), 253_402_300_800_000_000, -62_167_219_200_000_001], pa.int64())
+    texts = json_texts(outside.cast(pa.timestamp("us")))
+    assert texts is not None
+    assert texts.to_pylist()[-2:] == ['"10000-01-01T00:00:00.000000"', '"-0001-12-31T23:59:59.999999"']
+    assert texts.to_pylist()[1] == '"1970-01-01T00:00:00.000001"'
+
+
 def _invalid_utf8() -> pa.Array:
     return pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(struct.pack("<ii", 0, 1)), pa.py_buffer(b"\xff")])
 
