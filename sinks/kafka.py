@@ -88,9 +88,11 @@ against the last message of their partition of the commit topic.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -431,11 +433,12 @@ class KafkaSink(Sink):
                 the row's position.
         """
         self._check_usable()
-        encoded = self._encoder.encode(batch)
-        if not len(encoded):
-            return
-        out = self._exactly_once(batch, encoded) if self.options.exactly_once else self._outgoing(batch, encoded)
-        self._send_many(out)
+        with collector_paused():
+            encoded = self._encoder.encode(batch)
+            if not len(encoded):
+                return
+            out = self._exactly_once(batch, encoded) if self.options.exactly_once else self._outgoing(batch, encoded)
+            self._send_many(out)
 
     def _position_header(self, batch: ChangeBatch) -> bytes:
         """The ``dt.position`` format of ``batch``'s rows, waiting for the index (``%d``)."""
@@ -621,3 +624,25 @@ def _describe(stamp: Stamp) -> str:
         return f"the commit event of version {version}"
     what = "tombstone" if sub else "row"
     return f"{what} at position {Position(version, rank, index)}"
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the duration (reference counting goes on).
+
+    A producer loop allocates container objects for every message (kafka-python: a future and its
+    callback lists per message; both backends: a header list). Every few hundred of them trigger a
+    collection, and every tenth of those scans the whole older heap again: the tailer's snapshot,
+    its read-ahead, the producer's pending futures. Measured with kafka-python over 200,000 messages,
+    that was half of the sink's time. The loop creates no cycles of its own that reference counting
+    would not free, so pausing loses nothing: collection resumes at the end of the loop, and if the
+    collector was already off, it stays off.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

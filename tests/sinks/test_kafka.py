@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import gc
 import random
 import socket
 import threading
@@ -22,7 +23,15 @@ pytest.importorskip("kafka")
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from sinks.base import ChangeBatch, CommitEvent, TableInfo
-from sinks.kafka import KafkaOptions, KafkaSink, choose_partition, default_sink_id, fill_topic, murmur2
+from sinks.kafka import (
+    KafkaOptions,
+    KafkaSink,
+    choose_partition,
+    collector_paused,
+    default_sink_id,
+    fill_topic,
+    murmur2,
+)
 from sinks.kafka_producers import Outgoing, _Finder
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
@@ -506,6 +515,23 @@ def test_refuses_a_partition_that_lost_a_message(kafka: Any) -> None:
 # ------------------------------------------------------------------ failures --
 
 
+def test_the_collector_is_paused_only_while_sending() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("a failure inside")
+    assert gc.isenabled()
+    gc.disable()  # a caller that keeps the collector off keeps it off
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_oversized_message_stops_the_sink(kafka: Any) -> None:
     topic = kafka.new_topic(1)
     sink = open_sink(kafka.uri(topic, max_message_bytes=2000))
@@ -513,6 +539,7 @@ def test_oversized_message_stops_the_sink(kafka: Any) -> None:
     with pytest.raises(SinkError, match=r"row at position .*index=8.* too large") as e:
         sink.write(ChangeBatch(Position.change(3, 7), big))
     assert e.value.version == 3 and e.value.table == "/data/orders"
+    assert gc.isenabled()  # the collector, paused while sending, is back after the failure
     with pytest.raises(SinkError, match="stopped after an earlier failure"):
         sink.write(inserts(4, 0, [9]))
     with pytest.raises(SinkError, match="stopped after an earlier failure"):
@@ -528,7 +555,9 @@ def test_bad_rows_raise_at_write(kafka: Any) -> None:
     sink = open_sink(kafka.uri(topic))
     with pytest.raises(SinkError, match="unknown change type 'merge'"):
         sink.write(ChangeBatch(Position.change(3, 0), rows([1, 2], ["insert", "merge"])))
+    assert gc.isenabled()
     sink.write(inserts(4, 0, [5]))  # nothing of the bad batch was sent, so the sink goes on
+    assert gc.isenabled()
     sink.flush()
     sink.close()
     assert [position_of(r) for r in kafka.consume(topic)] == [(4, 1, 0, False)]
