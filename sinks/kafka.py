@@ -107,6 +107,7 @@ from sinks.kafka_options import (
     SECURITY_OPTIONS,
     KafkaOptions,
     choose_partition,
+    choose_partitions,
     default_sink_id,
     fill_topic,
     murmur2,
@@ -139,6 +140,7 @@ __all__ = [
     "OnError",
     "SendRefused",
     "choose_partition",
+    "choose_partitions",
     "default_sink_id",
     "fill_topic",
     "murmur2",
@@ -459,7 +461,7 @@ class KafkaSink(Sink):
             [table_id, sink_id, version, ("dt.position", position % (base + row)), _CHANGE_TYPE_HEADERS[change_type]]
             for row, change_type in zip(rows, encoded.change_types, strict=True)
         )
-        partitions = None if self._by_producer else [choose_partition(key, self._partitions) for key in keys]
+        partitions = None if self._by_producer else choose_partitions(keys, self._partitions)
         return Outgoing(
             self.topic, keys, encoded.values, headers, partitions, start.version, start.snapshot_rank, base, rows
         )
@@ -476,10 +478,14 @@ class KafkaSink(Sink):
         headers: list[Headers] = []
         partitions: list[int] = []
         rows: list[int] = []
-        for row, key, value, change_type in zip(
-            encoded.rows, encoded.keys, encoded.values, encoded.change_types, strict=True
+        for row, key, value, change_type, partition in zip(
+            encoded.rows,
+            encoded.keys,
+            encoded.values,
+            encoded.change_types,
+            choose_partitions(encoded.keys, count),
+            strict=True,
         ):
-            partition = choose_partition(key, count)
             stamp: Stamp = (version, rank, base + row, 0 if value is not None else 1)
             if stamp <= sent.get(partition, _BEFORE_ALL):
                 continue

@@ -8,11 +8,14 @@ import importlib.util
 import logging
 import os
 import struct
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from kafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 
 from sinks.base import TableInfo
@@ -320,3 +323,58 @@ def murmur2(data: bytes) -> int:
         h = ((h ^ int.from_bytes(data[end:], "little")) * _MURMUR_M) & _MASK32
     h = ((h ^ (h >> 13)) * _MURMUR_M) & _MASK32
     return h ^ (h >> 15)
+
+
+#: Below this many keys :func:`choose_partitions` hashes in Python: the kernels' set-up costs more.
+_VECTOR_KEYS = 64
+_U32 = pa.uint32()
+
+
+def choose_partitions(keys: Sequence[bytes], partitions: int) -> list[int]:
+    """:func:`choose_partition` of every key, the same numbers, computed with Arrow kernels.
+
+    MurmurHash2 reads each key as little-endian 32-bit words and then its last 1-3 bytes. Keys
+    are grouped by length, so that every key of a group has the same words and tail; a group's
+    words are sliced out as 4-byte values and read as ``uint32`` (on a little-endian machine;
+    elsewhere, and for few keys, each key is hashed in Python). Unchecked ``uint32`` arithmetic
+    wraps around as the hash's ``& 0xFFFFFFFF`` does.
+    """
+    if len(keys) < _VECTOR_KEYS or sys.byteorder != "little":
+        return [choose_partition(key, partitions) for key in keys]
+    column = pa.array(keys, pa.binary())
+    lengths = pc.binary_length(column)
+    order: list[pa.Array] = []
+    hashes: list[pa.Array] = []
+    for length in pc.unique(lengths).to_pylist():
+        rows = pc.indices_nonzero(pc.equal(lengths, length))
+        order.append(rows)
+        hashes.append(_murmur2_of_length(column.take(rows), length))
+    positive = pc.bit_wise_and(pa.concat_arrays(hashes), pa.scalar(0x7FFFFFFF, _U32))
+    remainder = pc.subtract(positive, pc.multiply(pc.divide(positive, pa.scalar(partitions, _U32)), partitions))
+    back = pc.sort_indices(pa.concat_arrays(order))  # where each key's result went
+    return list(remainder.take(back).to_pylist())
+
+
+def _words(column: pa.Array, start: int, size: int) -> pa.Array:
+    """Bytes ``start:start+size`` (``size`` 1-4) of every value, zero-padded, read as little-endian ``uint32``."""
+    part = pc.binary_slice(column, start, start + size)
+    if size < 4:
+        zeros = pa.scalar(b"\0" * (4 - size), pa.binary())
+        part = pc.binary_join_element_wise(part, zeros, pa.scalar(b"", pa.binary()))
+    fixed = pc.cast(part, pa.binary(4))
+    return pa.Array.from_buffers(_U32, len(fixed), [None, fixed.buffers()[1]], offset=fixed.offset)
+
+
+def _murmur2_of_length(column: pa.Array, length: int) -> pa.Array:
+    """:func:`murmur2` of values that are all ``length`` bytes long, as a ``uint32`` array."""
+    m, s13, s15, s24 = (pa.scalar(v, _U32) for v in (_MURMUR_M, 13, 15, 24))  # uint32 operands: no widening
+    h: pa.Array = pa.array([0x9747B28C ^ length] * len(column), _U32)
+    end = length & ~3
+    for start in range(0, end, 4):
+        k = pc.multiply(_words(column, start, 4), m)
+        k = pc.multiply(pc.bit_wise_xor(k, pc.shift_right(k, s24)), m)
+        h = pc.bit_wise_xor(pc.multiply(h, m), k)
+    if end != length:
+        h = pc.multiply(pc.bit_wise_xor(h, _words(column, end, length - end)), m)
+    h = pc.multiply(pc.bit_wise_xor(h, pc.shift_right(h, s13)), m)
+    return pc.bit_wise_xor(h, pc.shift_right(h, s15))

@@ -27,6 +27,7 @@ from sinks.kafka import (
     KafkaOptions,
     KafkaSink,
     choose_partition,
+    choose_partitions,
     collector_paused,
     default_sink_id,
     fill_topic,
@@ -190,6 +191,16 @@ def test_partition_choice_matches_kafkas_keyed_partitioner() -> None:
         assert murmur2(key) & 0x7FFFFFFF == kafka_murmur2(key) & 0x7FFFFFFF
         assert choose_partition(key, 7) == (kafka_murmur2(key) & 0x7FFFFFFF) % 7
     assert default_sink_id("a", "t") == default_sink_id("a", "t") != default_sink_id("b", "t")
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 7, 100, 2**31 - 1])
+def test_partitions_chosen_by_kernels_match_kafkas_keyed_partitioner(partitions: int) -> None:
+    rng = random.Random(partitions)
+    keys = [rng.randbytes(rng.randrange(0, 41)) for _ in range(3000)]  # every length 0-40: words and tails
+    keys += [b'{"id":%d}' % i for i in range(-50, 2000, 7)] + [b""] * 3
+    expected = [(kafka_murmur2(key) & 0x7FFFFFFF) % partitions for key in keys]
+    assert choose_partitions(keys, partitions) == expected
+    assert choose_partitions(keys[:10], partitions) == expected[:10]  # few keys: hashed one by one
 
 
 def test_librdkafka_partitioner_is_choose_partition(kafka_broker: Any) -> None:
