@@ -44,8 +44,9 @@ Where it differs from the sink, because Spark rows carry no position:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -258,15 +259,12 @@ class _Sender:
     """Sends encoded messages with the sink's headers and partitioning; :meth:`wait` checks every ack."""
 
     def __init__(self, producer: Any, job: ProduceJob) -> None:
-        from sinks.kafka import choose_partition
-
         self.job = job
         self.producer = producer
         self.topic = job.topic
         self.table_path = job.table.path
         self.headers = [("dt.table_id", job.table.table_id.encode()), ("dt.sink_id", job.sink_id.encode())]
         self.partitions = len(producer.partitions_for(job.topic) or ())
-        self.choose: Callable[[bytes, int], int] = choose_partition
         self.futures: list[Any] = []
         self.count = 0
 
@@ -278,21 +276,28 @@ class _Sender:
         """
         from kafka.errors import KafkaError
 
+        from sinks.kafka import choose_partitions, collector_paused
+
         version = changes.start.version
         base = [*self.headers, ("dt.version", b"%d" % version), ("dt.spark_batch", b"%d" % self.job.batch_id)]
-        for key, value, change_type in zip(encoded.keys, encoded.values, encoded.change_types, strict=True):
-            headers = [*base, ("dt.change_type", change_type.encode())]
-            partition = self.choose(key, self.partitions) if keyed and self.partitions else None
-            try:
-                future = self.producer.send(
-                    self.topic, key=key if keyed else None, value=value, headers=headers, partition=partition
-                )
-            except (KafkaError, ValueError, TypeError) as e:
-                raise SinkError(
-                    f"cannot send a message of version {version} to topic {self.topic}: {e!r}", table=self.table_path
-                ) from e
-            self.futures.append(future)
-            self.count += 1
+        chosen: Iterable[int | None] = (
+            choose_partitions(encoded.keys, self.partitions) if keyed and self.partitions else itertools.repeat(None)
+        )
+        messages = zip(encoded.keys, encoded.values, encoded.change_types, chosen, strict=False)
+        with collector_paused():
+            for key, value, change_type, partition in messages:
+                headers = [*base, ("dt.change_type", change_type.encode())]
+                try:
+                    future = self.producer.send(
+                        self.topic, key=key if keyed else None, value=value, headers=headers, partition=partition
+                    )
+                except (KafkaError, ValueError, TypeError) as e:
+                    raise SinkError(
+                        f"cannot send a message of version {version} to topic {self.topic}: {e!r}",
+                        table=self.table_path,
+                    ) from e
+                self.futures.append(future)
+                self.count += 1
 
     def wait(self, timeout_s: float) -> None:
         """Wait for every acknowledgement.
