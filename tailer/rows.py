@@ -698,6 +698,7 @@ def _conform_struct(array: pa.Array, dtype: StructType, mode: str, name: str) ->
 def _conform_list(array: pa.Array, dtype: ArrayType, mode: str, name: str) -> pa.Array:
     if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
         raise InvalidLogError(f"column {name!r} is {array.type} in the data file, the schema says array")
+    array = _unsliced(array)
     values = _conform(array.values, dtype.element_type, mode, f"{name}.element")
     offsets = array.offsets.cast(pa.int32())
     return pa.ListArray.from_arrays(offsets, values, type=to_arrow_type(dtype), mask=_null_mask(array))
@@ -706,9 +707,19 @@ def _conform_list(array: pa.Array, dtype: ArrayType, mode: str, name: str) -> pa
 def _conform_map(array: pa.Array, dtype: MapType, mode: str, name: str) -> pa.Array:
     if not pa.types.is_map(array.type):
         raise InvalidLogError(f"column {name!r} is {array.type} in the data file, the schema says map")
+    array = _unsliced(array)
     keys = _conform(array.keys, dtype.key_type, mode, f"{name}.key")
     items = _conform(array.items, dtype.value_type, mode, f"{name}.value")
     return pa.MapArray.from_arrays(array.offsets, keys, items, type=to_arrow_type(dtype), mask=_null_mask(array))
+
+
+def _unsliced(array: pa.Array) -> pa.Array:
+    """A list or map array with offset 0 (a copy if it is a slice).
+
+    Rebuilding a list or map from offsets with a null mask refuses sliced offsets
+    ("Null bitmap with offsets slice not supported").
+    """
+    return pa.concat_arrays([array]) if array.offset else array
 
 
 def _cast(array: pa.Array, target: pa.DataType, name: str) -> pa.Array:

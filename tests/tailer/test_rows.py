@@ -35,6 +35,7 @@ from tailer.deletion_vectors import read_deletion_vector
 from tailer.rows import (
     CHANGE_TYPE_COLUMN,
     RowFilter,
+    _conform,
     output_schema,
     parse_partition_value,
     read_file_rows,
@@ -481,6 +482,40 @@ def test_keep_filter_emits_only_those_row_positions(tmp_path: Path, batch_size: 
     row_filter = RowFilter(BitMap64(kept), keep=True)
     out = read_plain(tmp_path, path, NUMBERED, row_filter=row_filter, batch_size=batch_size)
     assert [r["x"] for r in batches_rows(out)] == [v for i, v in enumerate(values) if i in kept]
+
+
+def test_sliced_nested_columns_conform_like_whole_ones() -> None:
+    # The read path hands whole decoded batches to _conform today; a slice (offset > 0) of a list
+    # or map with nulls must give the same rows, not pyarrow's "offsets slice not supported".
+    schema = schema_of(
+        ("l", {"type": "array", "elementType": "long", "containsNull": True}),
+        ("m", {"type": "map", "keyType": "string", "valueType": "long", "valueContainsNull": True}),
+        (
+            "s",
+            {
+                "type": "struct",
+                "fields": [
+                    {
+                        "name": "a",
+                        "type": {"type": "array", "elementType": "long", "containsNull": True},
+                        "nullable": True,
+                        "metadata": {},
+                    }
+                ],
+            },
+        ),
+    )
+    lists = pa.array([[1, 2], None, [3], [4, None, 6], None, [7]], pa.list_(pa.int64()))
+    maps = pa.array([[("a", 1)], None, [("b", 2), ("c", None)], [], None, [("d", 4)]], pa.map_(pa.string(), pa.int64()))
+    structs = pa.array(
+        [{"a": [1]}, None, {"a": None}, {"a": [2, 3]}, {"a": []}, None], pa.struct([("a", pa.list_(pa.int64()))])
+    )
+    for field, column in zip(schema.fields, (lists, maps, structs), strict=True):
+        whole = _conform(column, field.type, "none", field.name)
+        assert whole.to_pylist() == column.to_pylist()  # same names and types: the values pass unchanged
+        for start, length in ((1, 4), (2, 3), (5, 1), (3, 0)):
+            part = _conform(column.slice(start, length), field.type, "none", field.name)
+            assert part.to_pylist() == whole.slice(start, length).to_pylist()
 
 
 def test_empty_filters_keep_everything_or_nothing(tmp_path: Path) -> None:
