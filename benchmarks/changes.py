@@ -211,11 +211,11 @@ def print_throughput(result: Throughput) -> None:
 def bench_throughput(label: str, work: Workload, target: float, repeat: int) -> Throughput:
     """Run, print and return one throughput workload."""
     processes = shared_pool(ChangeOptions().reader_processes)
-    reader_files = processes.files_read
+    reader_files = processes.files_sent
     timings = time_sides(work, repeat)
     result = Throughput(label, timings["deltatail"], timings["load_cdf"], target)
     print_throughput(result)
-    if processes.files_read > reader_files:
+    if processes.files_sent > reader_files:
         print_cold(work, repeat, processes)
     return result
 

@@ -282,8 +282,7 @@ def bare_confluent(options: KafkaOptions, topic: str, messages: list[Message], w
     producer = ck.Producer({k: v for k, v in options.confluent_config().items() if k != "logger"})
     producer.list_topics(topic, timeout=10)
     if warm_topic is not None:
-        producer.produce(warm_topic, b"warm-up", b"warm-up")
-        assert producer.flush(30) == 0
+        warm_up(producer, warm_topic)
     failed: list[Any] = []
 
     def report(error: Any, message: Any) -> None:
@@ -306,6 +305,12 @@ def bare_confluent(options: KafkaOptions, topic: str, messages: list[Message], w
     elapsed = time.perf_counter() - started
     assert not failed and not remaining, (failed[:3], remaining)
     return elapsed
+
+
+def warm_up(producer: Any, topic: str) -> None:
+    """Deliver one message to ``topic`` through a confluent-kafka producer: afterwards it holds its producer id."""
+    producer.produce(topic, b"warm-up", b"warm-up")
+    assert producer.flush(30) == 0
 
 
 def backends() -> list[str]:
@@ -414,9 +419,7 @@ class _ReadySink(KafkaSink):
 
     def open(self, table: TableInfo) -> Any:
         held = super().open(table)
-        client = self._producer._producer  # type: ignore[union-attr]
-        client.produce(self.scratch, b"warm-up", b"warm-up")
-        assert client.flush(30) == 0
+        warm_up(self._producer._producer, self.scratch)  # type: ignore[union-attr]
         self.ready_at = time.perf_counter()
         return held
 
@@ -468,12 +471,9 @@ def stages(bench: Bench, backend: str, t: Timings) -> None:
         one message to a scratch topic is delivered through the sink's own librdkafka producer before
         the clock starts (reaching into the sink: a real sink never writes anywhere but its topic).
         """
-        sink = KafkaSink(bench.uri(bench.topic(), backend))
+        uri = bench.uri(bench.topic(), backend)
+        sink = _ReadySink(uri, bench.topic()) if backend == "confluent" else KafkaSink(uri)
         sink.open(info)
-        client = getattr(sink._producer, "_producer", None)
-        if backend == "confluent" and client is not None:
-            client.produce(bench.topic(), b"warm-up", b"warm-up")
-            assert client.flush(30) == 0
         return writes_seconds(sink, batches)
 
     lines = [

@@ -200,12 +200,18 @@ def _task_file_batches(
     )
 
 
+def _row_columns(task: FileTask, file_batch: FileBatch) -> list[pa.Array]:
+    """The batch's output columns, with ``_change_type`` for a task that has one (not from a cdc file)."""
+    columns = file_batch.columns()
+    if task.change_type is not None:
+        columns.append(_change_types(task.change_type, len(columns[0])))
+    return columns
+
+
 def _finish(ctx: ReadContext, task: FileTask, file_batch: FileBatch) -> pa.RecordBatch:
     """Stage two of :func:`read_task`: the batch's output columns plus the three change columns."""
-    columns = file_batch.columns()
+    columns = _row_columns(task, file_batch)
     n = len(columns[0])
-    if task.change_type is not None:
-        columns.append(_change_types(task.change_type, n))
     columns.append(_int64s(pa.int64(), [(ctx.version, n)]))
     columns.append(_int64s(TIMESTAMP, [(ctx.timestamp_ms * 1000, n)]))
     return pa.RecordBatch.from_arrays(columns, schema=change_schema(ctx.schema()))
@@ -239,10 +245,8 @@ def read_run(storage: Storage, items: Sequence[tuple[ReadContext, FileTask]], ba
         read: list[int] = []
         try:
             for file_batch in _task_file_batches(storage, ctx, task, batch_size):
-                arrays = file_batch.columns()
+                arrays = _row_columns(task, file_batch)
                 n = len(arrays[0])
-                if task.change_type is not None:
-                    arrays.append(_change_types(task.change_type, n))
                 columns = columns or [[] for _ in arrays]
                 for column, array in zip(columns, arrays, strict=True):
                     column.append(array)

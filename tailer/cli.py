@@ -52,9 +52,9 @@ def _keys(text: str | None) -> tuple[str, ...]:
 READER_PROCESSES_HELP = "child processes reading small files while catching up (default 2; 0: none)"
 
 
-def _reader_processes(value: int | None, default: int) -> int:
+def _reader_processes(value: int | None) -> int:
     if value is None:
-        return default
+        return ChangeOptions().reader_processes
     if value < 0:
         raise ConfigError(f"--reader-processes must be 0 or more, got {value}")
     return value
@@ -66,7 +66,7 @@ def _changes(args: argparse.Namespace) -> int:
     options = ChangeOptions(
         net_changes=args.net_changes,
         key_columns=_keys(args.key),
-        reader_processes=_reader_processes(args.reader_processes, 2),
+        reader_processes=_reader_processes(args.reader_processes),
     )
     feed = ChangeFeed(args.table, options=options)
     start_ms = None if args.starting_timestamp is None else parse_timestamp_ms(args.starting_timestamp)
@@ -155,7 +155,7 @@ def _run(args: argparse.Namespace) -> int:
             net_changes=bool(s.get("net_changes")),
             key_columns=_keys(s.get("key")),
             allow_non_additive=bool(s.get("allow_non_additive")),
-            reader_processes=_reader_processes(s.get("reader_processes"), 2),
+            reader_processes=_reader_processes(s.get("reader_processes")),
         ),
     )
     uri = s.get("sink", "jsonl:-")

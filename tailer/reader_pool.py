@@ -261,7 +261,8 @@ class ReaderPool:
         self._workers: list[_Worker] = []
         self._next = 0
         self._failures = 0
-        self.files_read = 0
+        #: Files sent to the processes (a file a process then fails on is read again in-process).
+        self.files_sent = 0
         self.runs_sent = 0
 
     @property
@@ -291,7 +292,7 @@ class ReaderPool:
         """
         worker = self._worker()
         run = worker.submit(storage, items, batch_size) if worker is not None else _unread(items)
-        self.files_read += len(items)
+        self.files_sent += len(items)
         self.runs_sent += 1
         return run
 
@@ -417,7 +418,9 @@ def _read_frame(stream: IO[bytes]) -> bytearray:
 # -- the worker ------------------------------------------------------------------------------------
 
 
-def _answer(storage: Storage, batch_size: int, items: list[tuple[ReadContext, FileTask]]) -> tuple[bytes, bytes]:
+def _answer(
+    storage: Storage, batch_size: int, items: list[tuple[ReadContext, FileTask]]
+) -> tuple[bytes, bytes | memoryview]:
     """Read a run as ``read_task`` would (:func:`tailer.changes.read_run`); returns the header and the IPC payload.
 
     The payload is empty when the run has no rows, or when they could not be
@@ -428,19 +431,18 @@ def _answer(storage: Storage, batch_size: int, items: list[tuple[ReadContext, Fi
 
     try:
         lengths, failed, rows = read_run(storage, items, batch_size)
-        payload = b"" if rows is None else _ipc(rows)
+        payload: bytes | memoryview = b"" if rows is None else _ipc(rows)
     except (pa.ArrowException, MemoryError):
         lengths, failed, payload = [], 0, b""
     return pickle.dumps((lengths, failed), pickle.HIGHEST_PROTOCOL), payload
 
 
-def _ipc(rows: pa.RecordBatch) -> bytes:
-    """One record batch as an Arrow IPC stream."""
+def _ipc(rows: pa.RecordBatch) -> memoryview:
+    """One record batch as an Arrow IPC stream (a view of Arrow's buffer: not copied into ``bytes``)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, rows.schema) as writer:
         writer.write_batch(rows)
-    payload: bytes = sink.getvalue().to_pybytes()
-    return payload
+    return memoryview(sink.getvalue())
 
 
 def _serve(requests: IO[bytes], answers: IO[bytes]) -> int:

@@ -93,7 +93,7 @@ def test_appends_read_by_processes_are_the_rows_of_in_process_reading(tmp_path: 
     got = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16)), starting_version=0)
     _assert_same(got, expected)
     assert _ids(got) == list(range(300))  # what the writer wrote, in commit order
-    assert pool.files_read == 30
+    assert pool.files_sent == 30
 
 
 def test_runs_end_at_their_byte_budget(tmp_path: Path, pool: ReaderPool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,7 +102,7 @@ def test_runs_end_at_their_byte_budget(tmp_path: Path, pool: ReaderPool, monkeyp
     monkeypatch.setattr(tailer.changes, "RUN_BYTES", 1)  # every file alone fills a run
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
     _assert_same(_outcome(ChangeFeed(str(tmp_path))), expected)
-    assert pool.files_read == 10 and pool.runs_sent == 10
+    assert pool.files_sent == 10 and pool.runs_sent == 10
 
 
 def test_files_of_unknown_size_are_streamed_in_process(tmp_path: Path, pool: ReaderPool) -> None:
@@ -119,7 +119,7 @@ def test_files_of_unknown_size_are_streamed_in_process(tmp_path: Path, pool: Rea
     got = _outcome(ChangeFeed(str(tmp_path)), starting_version=12)
     _assert_same(got, expected)
     assert sorted(_ids(got)) == list(range(120))
-    assert pool.files_read == 0
+    assert pool.files_sent == 0
 
 
 def test_a_run_whose_rows_cannot_be_packed_is_handed_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,7 +165,7 @@ def test_small_batches_keep_their_boundaries(tmp_path: Path, pool: ReaderPool) -
     got = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(batch_size=3)))
     _assert_same(got, expected)
     assert [rows.num_rows for _, rows in got[0]][:4] == [3, 3, 3, 1]
-    assert pool.files_read == 12
+    assert pool.files_sent == 12
 
 
 @pytest.mark.parametrize("path", manifest_paths())
@@ -182,7 +182,7 @@ def test_the_corpus_comparison_exercises_the_processes(pool: ReaderPool) -> None
     # The parametrized test above would pass with the processes never used; this one proves they are.
     root = str(table_root("kernel-rs/cdf-table-with-dv"))
     _outcome(ChangeFeed(root), starting_version=0, initial_snapshot=True)
-    assert pool.files_read > 0
+    assert pool.files_sent > 0
 
 
 def test_a_missing_file_is_raised_after_every_row_before_it(tmp_path: Path, pool: ReaderPool) -> None:
@@ -209,7 +209,7 @@ def test_a_bad_deletion_vector_checksum_is_raised_by_the_consumer(tmp_path: Path
     got = _outcome(ChangeFeed(str(root)), starting_version=0)
     _assert_same(got, expected)
     assert got[1] is not None and got[1].startswith(DeletionVectorError.__name__) and dv.name in got[1]
-    assert pool.files_read > 0
+    assert pool.files_sent > 0
 
 
 def test_killed_processes_lose_no_rows(tmp_path: Path, pool: ReaderPool, caplog: pytest.LogCaptureFixture) -> None:
@@ -257,9 +257,9 @@ def test_a_second_concurrent_consumer_reads_in_process(tmp_path: Path, pool: Rea
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
     first = ChangeFeed(str(tmp_path)).batches()
     head = next(first)
-    read = pool.files_read
+    read = pool.files_sent
     second = _outcome(ChangeFeed(str(tmp_path)))
-    assert pool.files_read == read  # the pool was held by the first consumer
+    assert pool.files_sent == read  # the pool was held by the first consumer
     _assert_same(second, expected)
     rest = [(b.start, b.rows) for b in first]
     _assert_same(([(head.start, head.rows), *rest], None), expected)
@@ -368,9 +368,9 @@ def test_the_tailer_catches_up_through_the_processes(tmp_path: Path, pool: Reade
     root = tmp_path / "t"
     _appends(root, 40)
     _tail(root, tmp_path / "s0", JsonLinesSink(str(tmp_path / "in-process.jsonl")), reader_processes=0)
-    assert pool.files_read == 0
+    assert pool.files_sent == 0
     _tail(root, tmp_path / "s2", JsonLinesSink(str(tmp_path / "processes.jsonl")))
-    assert pool.files_read == 40
+    assert pool.files_sent == 40
     assert (tmp_path / "processes.jsonl").read_bytes() == (tmp_path / "in-process.jsonl").read_bytes()
     assert [r["id"] for r in _lines(tmp_path / "processes.jsonl")] == list(range(400))
 
