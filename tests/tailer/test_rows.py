@@ -28,6 +28,7 @@ from pyroaring import BitMap64
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_root, corpus_table
 
+import tailer.rows
 from state.actions import Add, AddCDCFile, Metadata, Remove, parse_json_actions
 from state.errors import ConfigError, DeletionVectorError, DeltaTailError, InvalidLogError, MissingFileError
 from state.schema import StructField, StructType, parse_schema
@@ -260,8 +261,17 @@ def reference_cdf(relative: str) -> pa.Table:
         "delta-rs/cdc_ict_table",
     ],
 )
-def test_cdc_files_with_change_type_match_verified_reference(table: str) -> None:
-    """A commit with cdc actions has exactly those files' rows as its changes (protocol, Change Data Files)."""
+@pytest.mark.parametrize("dictionary_min_bytes", [0, None], ids=["as-dictionary", "as-strings"])
+def test_cdc_files_with_change_type_match_verified_reference(
+    table: str, dictionary_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit with cdc actions has exactly those files' rows as its changes (protocol, Change Data Files).
+
+    Both ways of reading ``_change_type`` are checked: as a dictionary (large files; here forced for all)
+    and as strings (the corpus files are all below ``DICTIONARY_MIN_BYTES``).
+    """
+    if dictionary_min_bytes is not None:
+        monkeypatch.setattr(tailer.rows, "DICTIONARY_MIN_BYTES", dictionary_min_bytes)
     root = corpus_table(table)
     reference = reference_cdf(table)
     metadata: Metadata | None = None
@@ -347,7 +357,12 @@ def test_change_type_of_cdc_file_is_dropped_unless_requested() -> None:
     assert batches and all(b.schema == output_schema(metadata.schema()) for b in batches)
 
 
-def test_change_type_requested_from_a_data_file_is_an_invalid_log() -> None:
+@pytest.mark.parametrize("dictionary_min_bytes", [0, None], ids=["as-dictionary", "as-strings"])
+def test_change_type_requested_from_a_data_file_is_an_invalid_log(
+    dictionary_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if dictionary_min_bytes is not None:  # pyarrow refuses a missing dictionary column at open: mapped too
+        monkeypatch.setattr(tailer.rows, "DICTIONARY_MIN_BYTES", dictionary_min_bytes)
     root = corpus_table("kernel-rs/table-without-dv-small")
     metadata, [(version, add)] = replay(root)
     with pytest.raises(InvalidLogError, match=CHANGE_TYPE_COLUMN) as info:
