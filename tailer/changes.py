@@ -216,8 +216,8 @@ def _finish(ctx: ReadContext, task: FileTask, file_batch: FileBatch) -> pa.Recor
     """Stage two of :func:`read_task`: the batch's output columns plus the three change columns."""
     columns = _row_columns(task, file_batch)
     n = len(columns[0])
-    columns.append(_int64s(pa.int64(), [(ctx.version, n)]))
-    columns.append(_int64s(TIMESTAMP, [(ctx.timestamp_ms * 1000, n)]))
+    columns.append(_constant_int64s(pa.int64(), ctx.version, n))
+    columns.append(_constant_int64s(TIMESTAMP, ctx.timestamp_ms * 1000, n))
     return pa.RecordBatch.from_arrays(columns, schema=change_schema(ctx.schema()))
 
 
@@ -275,6 +275,17 @@ def _int64s(dtype: pa.DataType, runs: list[tuple[int, int]]) -> pa.Array:
     """64-bit values (int64 or timestamp) given as ``(value, count)`` runs, straight from one buffer (no boxing)."""
     data = b"".join(value.to_bytes(8, sys.byteorder, signed=True) * n for value, n in runs)
     return pa.Array.from_buffers(dtype, len(data) // 8, [None, pa.py_buffer(data)])
+
+
+@functools.lru_cache(maxsize=4)
+def _constant_int64s(dtype: pa.DataType, value: int, n: int) -> pa.Array:
+    """``n`` copies of ``value``, shared by the batches of one commit (a large file's batches have one length).
+
+    Arrays are immutable, so sharing is safe; building a fresh 512 KiB buffer per batch
+    cost ~90 µs on the consumer (page faults of a new allocation), 17 ms for 3,000,000 rows.
+    The cache holds the last two commits' version and timestamp columns.
+    """
+    return _int64s(dtype, [(value, n)])
 
 
 #: Batches up to this many rows share their ``_change_type`` column (small files repeat a few sizes).
