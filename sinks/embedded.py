@@ -55,7 +55,11 @@ def encode_jsonl(batch: ChangeBatch) -> bytes:
             start = batch.start
             index = pc.cast(pa.array(range(start.index, batch.end.index), pa.int64()), pa.string())
             snapshot = "true" if start.snapshot else "false"
-            tail = [pa.scalar(f',"{_POSITION}":[{start.version},'), index, pa.scalar(f",{snapshot}]}}\n")]
+            tail = [
+                pa.scalar(f',"{_POSITION}":[{start.version},', pa.string()),
+                index,
+                pa.scalar(f",{snapshot}]}}\n", pa.string()),
+            ]
             return concatenated(joined_objects(len(batch), list(texts), list(texts.values()), tail))
     columns = [json_values(batch.rows.column(i)) for i in range(len(names))]
     start = batch.start

@@ -268,7 +268,7 @@ def _sparse(n: int, values: dict[int, Any], dtype: pa.DataType) -> pa.Array:
 
 def _absent_as_null(values: list[int]) -> pa.Array:
     array = pa.array(values, pa.int64())
-    return pc.if_else(pc.equal(array, -1), pa.scalar(None, pa.int64()), array)
+    return pc.if_else(pc.equal(array, pa.scalar(-1, pa.int64())), pa.scalar(None, pa.int64()), array)
 
 
 def _file_struct(files: FileTable, time_field: str, kind: pa.StructType) -> pa.StructArray:
@@ -286,7 +286,7 @@ def _file_struct(files: FileTable, time_field: str, kind: pa.StructType) -> pa.S
         "baseRowId": _sparse(n, {r: t[0] for r, t in cols.row_tracking.items()}, pa.int64()),
         "defaultRowCommitVersion": _sparse(n, {r: t[1] for r, t in cols.row_tracking.items()}, pa.int64()),
         time_field: _absent_as_null(cols.timestamps),
-        "dataChange": pa.repeat(pa.scalar(False), n),
+        "dataChange": pa.repeat(pa.scalar(False, pa.bool_()), n),
     }
     return pa.StructArray.from_arrays([arrays[f.name] for f in kind], fields=list(kind))
 
