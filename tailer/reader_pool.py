@@ -26,7 +26,9 @@ Contract:
   read in-process, a warning is logged, and the pool replaces the worker on
   its next run (after :data:`MAX_FAILURES` failures it stays off for the life
   of the process).
-- Workers hold no state between runs and write nothing. They exit when their
+- Workers hold no state between runs and write nothing. A worker reads on while
+  the parent has not received its answers, holding at most
+  :data:`OUTBOX_ANSWERS` of them besides the one it is sending. They exit when their
   standard input closes, which includes the parent dying (even by SIGKILL);
   they ignore SIGINT and SIGTERM, so Ctrl-C or a stop sent to the whole process
   group reaches only the parent, which stops gracefully (and they follow).
@@ -445,9 +447,23 @@ def _ipc(rows: pa.RecordBatch) -> memoryview:
     return memoryview(sink.getvalue())
 
 
+#: Answers a worker may hold while the parent has not read them (it goes on reading the next runs meanwhile).
+OUTBOX_ANSWERS = 2
+
+
 def _serve(requests: IO[bytes], answers: IO[bytes]) -> int:
-    """The worker's loop: a reader thread queues requests (so the parent never blocks sending one)."""
+    """The worker's loop: a reader thread queues requests, a writer thread sends answers.
+
+    The reader thread means the parent never blocks sending a request. The writer thread
+    means the worker never blocks on a full pipe while the parent is busy elsewhere (planning
+    the next commits, say): it reads on, holding at most :data:`OUTBOX_ANSWERS` answers besides
+    the one being written. Before it, a worker whose answer did not fit the pipe waited for the
+    parent, and both workers sat idle for most of every planning burst (500 mixed commits: no
+    worker busy for 28 of 159 ms; now 5 of 130 ms, the planning of the first run).
+    """
     inbox: queue.Queue[bytearray | None] = queue.Queue()
+    outbox: queue.Queue[tuple[bytes, bytes | memoryview] | None] = queue.Queue(maxsize=OUTBOX_ANSWERS)
+    parent_gone = threading.Event()
 
     def read_requests() -> None:
         try:
@@ -456,15 +472,26 @@ def _serve(requests: IO[bytes], answers: IO[bytes]) -> int:
         except (EOFError, OSError):
             inbox.put(None)
 
+    def write_answers() -> None:
+        while (answer := outbox.get()) is not None:
+            try:
+                _write_frame(answers, answer[0])
+                _write_frame(answers, answer[1])
+            except (BrokenPipeError, OSError):
+                parent_gone.set()
+                inbox.put(None)  # stop reading runs nobody will receive
+                while outbox.get() is not None:  # unblock the loop until it stops
+                    pass
+                return
+
     threading.Thread(target=read_requests, name="deltatail-requests", daemon=True).start()
-    while (request := inbox.get()) is not None:
+    writer = threading.Thread(target=write_answers, name="deltatail-answers", daemon=True)
+    writer.start()
+    while not parent_gone.is_set() and (request := inbox.get()) is not None:
         storage, batch_size, items = _unwire(request)
-        header, payload = _answer(storage, batch_size, items)
-        try:
-            _write_frame(answers, header)
-            _write_frame(answers, payload)
-        except (BrokenPipeError, OSError):
-            return 0  # the parent is gone
+        outbox.put(_answer(storage, batch_size, items))
+    outbox.put(None)
+    writer.join()
     return 0
 
 

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -438,3 +439,65 @@ def test_an_answer_that_does_not_add_up_is_refused(
         assert run.remote_batches(0) is None and run.remote_batches(1) is None  # both read in-process
     assert _ANSWERS[answer][1] in caplog.text
     assert worker.broken and worker.proc.poll() is not None
+
+
+class _Serving:
+    """``_serve`` on a thread over two pipes; its ``_answer`` counts runs and answers 256 KiB (over a pipe buffer)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.answered = 0
+
+        def answer(storage: object, batch_size: int, items: list[object]) -> tuple[bytes, bytes]:
+            self.answered += 1
+            return pickle.dumps(self.answered), bytes([self.answered]) * (256 << 10)
+
+        monkeypatch.setattr(tailer.reader_pool, "_answer", answer)
+        requests_in, self._requests_out = os.pipe()
+        self._answers_in, answers_out = os.pipe()
+        self.requests = os.fdopen(self._requests_out, "wb")
+        self.answers = os.fdopen(self._answers_in, "rb")
+        self.returned: list[int] = []
+        self.thread = threading.Thread(
+            target=lambda: self.returned.append(
+                tailer.reader_pool._serve(os.fdopen(requests_in, "rb"), os.fdopen(answers_out, "wb"))
+            ),
+            daemon=True,
+        )
+        self.thread.start()
+
+    def send_runs(self, n: int) -> None:
+        for _ in range(n):
+            tailer.reader_pool._write_frame(self.requests, tailer.reader_pool._wire(LocalStorage(), 65536, []))
+
+    def wait_for(self, answered: int) -> None:
+        deadline = time.monotonic() + 30
+        while self.answered < answered and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.answered == answered
+
+
+def test_a_worker_reads_on_while_its_answers_wait_for_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is received: the worker still reads the next runs, up to a bounded number of answers held."""
+    serving = _Serving(monkeypatch)
+    serving.send_runs(8)
+    held = tailer.reader_pool.OUTBOX_ANSWERS + 2  # one being written, the outbox full, one waiting to enter it
+    serving.wait_for(held)
+    time.sleep(0.2)  # room for a (wrong) further read to happen
+    assert serving.answered == held
+    for n in range(1, 9):  # then every answer arrives, whole and in order
+        assert pickle.loads(tailer.reader_pool._read_frame(serving.answers)) == n
+        assert tailer.reader_pool._read_frame(serving.answers) == bytes([n]) * (256 << 10)
+    serving.requests.close()
+    serving.thread.join(timeout=30)
+    assert serving.returned == [0]
+
+
+def test_a_worker_whose_parent_stops_reading_for_good_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    serving = _Serving(monkeypatch)
+    serving.send_runs(8)
+    serving.wait_for(tailer.reader_pool.OUTBOX_ANSWERS + 2)
+    serving.answers.close()  # the parent is gone: the blocked write fails
+    serving.thread.join(timeout=30)
+    assert serving.returned == [0]
+    assert serving.answered < 8  # runs nobody would receive are not read
+    serving.requests.close()
