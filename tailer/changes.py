@@ -81,11 +81,12 @@ class ChangeOptions:
             consumer (0: plan and read each file when its turn comes, on the calling thread).
             Planning resumes only once half of them are consumed, so commits are planned in
             runs rather than one between every two files (on thousands of one-file commits
-            alternating costs a quarter more time). The window holds plans, not rows (small
-            files are read when their turn comes or by a reader process, which holds one
-            answer at a time; large ones are bounded separately), so it is wide enough that
-            the reader processes still have runs queued while the consumer plans the next
-            burst: at 128 they ran dry at every burst (500 mixed commits: 0.19 s, at 512 0.15 s).
+            alternating costs a quarter more time). The window holds plans, not rows: small
+            files are read when their turn comes or by a reader process (which holds a few
+            answers at most, of at most ``RUN_BYTES`` of files each), large ones into bounded
+            buffers. It is wide enough that the reader processes still have runs queued while
+            the consumer plans the next burst: at 128 they ran dry at every burst (500 mixed
+            commits: 0.19 s, at 512 0.15 s).
         read_ahead_min_bytes: files at least this large are read by worker threads ahead of
             their turn, into a bounded buffer of :data:`READ_AHEAD_BATCHES` batches each (their
             decoding releases the GIL, so two files decode at once). Smaller files are read
