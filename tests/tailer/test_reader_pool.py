@@ -452,10 +452,10 @@ class _Serving:
             return pickle.dumps(self.answered), bytes([self.answered]) * (256 << 10)
 
         monkeypatch.setattr(tailer.reader_pool, "_answer", answer)
-        requests_in, self._requests_out = os.pipe()
-        self._answers_in, answers_out = os.pipe()
-        self.requests = os.fdopen(self._requests_out, "wb")
-        self.answers = os.fdopen(self._answers_in, "rb")
+        requests_in, requests_out = os.pipe()
+        answers_in, answers_out = os.pipe()
+        self.requests = os.fdopen(requests_out, "wb")
+        self.answers = os.fdopen(answers_in, "rb")
         self.returned: list[int] = []
         self.thread = threading.Thread(
             target=lambda: self.returned.append(
