@@ -281,6 +281,16 @@ def read_file_batches(
 #: Change data files at least this large read ``_change_type`` as a dictionary. A dictionary read and its
 #: cast cost ~45 µs more per file and save ~14 ns per row, so small files (thousands of rows at most) skip it.
 DICTIONARY_MIN_BYTES = 256 << 10
+#: Files up to this size are read into memory whole, in one system call (instead of one per column chunk).
+WHOLE_FILE_BYTES = 256 << 10
+#: How much of a larger file's end is read at once to find its footer (a larger footer takes a second read).
+FOOTER_READ_BYTES = 64 << 10
+
+_MAGIC = b"PAR1"
+#: The stored Arrow schema's key as the footer holds it: Thrift's compact protocol writes a string as its
+#: length (12, one byte) and its bytes. Renamed to a key of the same length, the footer's layout is unchanged.
+_ARROW_SCHEMA_KEY = b"\x0cARROW:schema"
+_SET_ASIDE_KEY = b"\x0cARROW:schem_"
 
 
 def _open_parquet(
@@ -288,14 +298,25 @@ def _open_parquet(
 ) -> tuple[pa.NativeFile, pq.ParquetFile]:
     """Open a Parquet file. The one place that assumes a local file system (pyarrow reads the path itself).
 
-    The file is opened as a plain local file without pre-buffering (coalesced
-    reads are for high-latency stores; locally they only add work), which halves
-    the set-up cost of a small file. INT96 timestamps are read at microsecond
-    precision, Delta's timestamp precision. With ``change_types`` (a change data
-    file) of at least :data:`DICTIONARY_MIN_BYTES`, ``_change_type`` is read as a
-    dictionary array: its pages are dictionary-encoded, and decoding the indices
-    skips building a string per row (28 ms for 2,000,000 rows); the one cast to
-    strings later costs 7 ms. The caller closes both returned objects.
+    The file is read without pre-buffering (coalesced reads are for
+    high-latency stores; locally they only add work), and a file of at most
+    :data:`WHOLE_FILE_BYTES` is read into memory in one go. INT96 timestamps are
+    read at microsecond precision, Delta's timestamp precision. With
+    ``change_types`` (a change data file) of at least
+    :data:`DICTIONARY_MIN_BYTES`, ``_change_type`` is read as a dictionary array:
+    its pages are dictionary-encoded, and decoding the indices skips building a
+    string per row (28 ms for 2,000,000 rows); the one cast to strings later
+    costs 7 ms. The caller closes both returned objects.
+
+    The Arrow schema a writer stored in the footer (``ARROW:schema``) is set
+    aside, so columns take the types their Parquet logical types give. Rows are
+    read into the table's logical types in any case (:func:`_assemble`); what
+    the stored schema adds is its writer's in-memory choices, such as delta-rs's
+    ``string_view``, which would then be cast to ``string`` (~10 ns a value: 8%
+    of reading 3,000,000 cdc rows). It is set aside by renaming its key in a
+    copy of the footer, and only where the footer holds that key exactly once
+    and the renamed footer reads back with the renamed key; otherwise the file
+    is read as written.
 
     Raises:
         MissingFileError: if the file does not exist.
@@ -303,22 +324,88 @@ def _open_parquet(
         DeltaTailError: if the file is not readable Parquet.
     """
     try:
-        source = pa.OSFile(to_local_path(location))
+        file = pa.OSFile(to_local_path(location))
     except FileNotFoundError as e:
         raise MissingFileError("data file does not exist", file=location) from e
     except (pa.ArrowException, OSError) as e:
         raise DeltaTailError(f"cannot read Parquet data: {e}", file=location) from e
-    dictionaries = [CHANGE_TYPE_COLUMN] if change_types and source.size() >= DICTIONARY_MIN_BYTES else None
+    source: pa.NativeFile = file
     try:
-        return source, pq.ParquetFile(
-            source, pre_buffer=False, coerce_int96_timestamp_unit="us", read_dictionary=dictionaries
-        )
+        size = file.size()
+        dictionaries = [CHANGE_TYPE_COLUMN] if change_types and size >= DICTIONARY_MIN_BYTES else None
+        if size <= WHOLE_FILE_BYTES:
+            data = bytearray(size)
+            file.readinto(data)
+            file.close()
+            source = pa.BufferReader(pa.py_buffer(data))
+            return source, _open_whole(source, data, dictionaries)
+        metadata = _footer_without_arrow_schema(file, size)
+        return source, _parquet_file(source, metadata, dictionaries)
     except KeyError:  # pyarrow: a dictionary column the file does not have
         source.close()
         raise InvalidLogError(f"change data file has no {CHANGE_TYPE_COLUMN} column", file=location) from None
     except (pa.ArrowException, OSError) as e:
         source.close()
         raise DeltaTailError(f"cannot read Parquet data: {e}", file=location) from e
+
+
+def _parquet_file(
+    source: pa.NativeFile, metadata: pq.FileMetaData | None, dictionaries: list[str] | None
+) -> pq.ParquetFile:
+    return pq.ParquetFile(
+        source, metadata=metadata, pre_buffer=False, coerce_int96_timestamp_unit="us", read_dictionary=dictionaries
+    )
+
+
+def _footer_length(tail: bytes | bytearray, size: int) -> int | None:
+    """The footer's length from a file's last bytes (``tail``), or ``None`` where they do not end a Parquet file."""
+    if len(tail) < 8 or tail[-4:] != _MAGIC:
+        return None
+    length = int.from_bytes(tail[-8:-4], "little")
+    return length if length + 12 <= size else None
+
+
+def _sets_aside(metadata: pq.FileMetaData) -> bool:
+    """Whether ``metadata`` (read from a renamed footer) holds the renamed key, i.e. the rename hit the key."""
+    keys = metadata.metadata
+    return keys is not None and _SET_ASIDE_KEY[1:] in keys
+
+
+def _open_whole(source: pa.NativeFile, data: bytearray, dictionaries: list[str] | None) -> pq.ParquetFile:
+    """Open a file read whole into ``data`` (which ``source`` reads), setting its Arrow schema aside in place."""
+    length = _footer_length(data, len(data))
+    if length is not None:
+        begin, end = len(data) - 8 - length, len(data) - 8
+        if data.count(_ARROW_SCHEMA_KEY, begin, end) == 1:
+            at = data.find(_ARROW_SCHEMA_KEY, begin, end)
+            key = slice(at, at + len(_SET_ASIDE_KEY))
+            data[key] = _SET_ASIDE_KEY
+            try:
+                parquet = _parquet_file(source, None, dictionaries)
+            except (pa.ArrowException, OSError, KeyError):
+                parquet = None  # read as written below, for the genuine error
+            if parquet is not None and _sets_aside(parquet.metadata):
+                return parquet
+            if parquet is not None:
+                parquet.close()
+            data[key] = _ARROW_SCHEMA_KEY  # the bytes renamed were not the key: read the file as written
+    return _parquet_file(source, None, dictionaries)
+
+
+def _footer_without_arrow_schema(file: pa.NativeFile, size: int) -> pq.FileMetaData | None:
+    """A large file's footer with its Arrow schema set aside, or ``None`` to read the file as written."""
+    tail = file.read_at(min(size, FOOTER_READ_BYTES), max(size - FOOTER_READ_BYTES, 0))
+    length = _footer_length(tail, size)
+    if length is None:
+        return None
+    footer = tail[-8 - length : -8] if length + 8 <= len(tail) else file.read_at(length, size - 8 - length)
+    if footer.count(_ARROW_SCHEMA_KEY) != 1:
+        return None
+    try:
+        metadata = pq.read_metadata(pa.BufferReader(footer.replace(_ARROW_SCHEMA_KEY, _SET_ASIDE_KEY) + tail[-8:]))
+    except (pa.ArrowException, OSError):
+        return None  # read as written, for the genuine error
+    return metadata if _sets_aside(metadata) else None
 
 
 def _selected_fields(schema: StructType, columns: Sequence[str] | None) -> list[StructField]:

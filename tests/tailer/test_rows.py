@@ -39,6 +39,7 @@ from tailer.rows import (
     _conform,
     output_schema,
     parse_partition_value,
+    read_file_batches,
     read_file_rows,
     resolve_data_path,
 )
@@ -605,7 +606,17 @@ def test_nested_physical_names_become_logical_names(tmp_path: Path) -> None:
     ]
 
 
-def test_file_types_are_widened_and_timestamps_cast_to_microseconds(tmp_path: Path) -> None:
+@pytest.fixture(params=["whole", "footer", "footer-in-two-reads"])
+def opening(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each way a file is opened: read whole (small files), or by its footer (large ones), found in one read or two."""
+    if request.param != "whole":
+        monkeypatch.setattr(tailer.rows, "WHOLE_FILE_BYTES", 0)
+    if request.param == "footer-in-two-reads":
+        monkeypatch.setattr(tailer.rows, "FOOTER_READ_BYTES", 16)
+    return str(request.param)
+
+
+def test_file_types_are_widened_and_timestamps_cast_to_microseconds(tmp_path: Path, opening: str) -> None:
     moment = dt.datetime(2021, 5, 6, 7, 8, 9, 123456)
     table = pa.table(
         {
@@ -638,6 +649,53 @@ def test_file_types_are_widened_and_timestamps_cast_to_microseconds(tmp_path: Pa
         },
         {"i": None, "l": -5, "f": None, "dec": None, "ts_ns": None, "ts_ms": None, "s": None},
     ]
+
+
+def test_delta_rs_string_views_decode_as_strings_without_the_stored_arrow_schema(tmp_path: Path, opening: str) -> None:
+    root = tmp_path / "views"
+    rows = pa.table({"s": ["a", None, "ccc"], "n": pa.array([1, 2, 3], pa.int64())})
+    write_deltalake(str(root), rows, configuration={"delta.enableChangeDataFeed": "true"})
+    DeltaTable(str(root)).delete("n = 2")
+    metadata, version, cdc = first_cdc(root)
+    assert pq.read_schema(root / cdc.path).field("s").type == pa.string_view()  # what delta-rs stores
+    decoded = list(
+        read_file_batches(
+            STORAGE, str(root), cdc.path, schema=metadata.schema(), partition_columns=(), partition_values={},
+            column_mapping_mode="none", keep_change_type=True, version=version,
+        )
+    )  # fmt: skip
+    assert [b.batch.schema.field("s").type for b in decoded] == [pa.string()]
+    assert [b.columns() for b in decoded] == [
+        [pa.array([None], pa.string()), pa.array([2], pa.int64()), pa.array(["delete"])]
+    ]
+
+
+@pytest.mark.parametrize("store_schema", [False, True], ids=["no-stored-schema", "stored-schema"])
+def test_a_column_named_like_the_arrow_schema_key_is_read_as_written(
+    tmp_path: Path, opening: str, store_schema: bool
+) -> None:
+    # The name is in the footer twice (the schema, the column chunk) besides any stored schema: never renamed.
+    pq.write_table(
+        pa.table({"ARROW:schema": ["x", "y"], "n": [1, 2]}), tmp_path / "odd.parquet", store_schema=store_schema
+    )
+    out = read_plain(tmp_path, "odd.parquet", schema_of(("ARROW:schema", "string"), ("n", "long")))
+    assert batches_rows(out) == [{"ARROW:schema": "x", "n": 1}, {"ARROW:schema": "y", "n": 2}]
+
+
+def test_a_footer_whose_only_arrow_schema_is_another_keys_value_is_read_as_written(
+    tmp_path: Path, opening: str
+) -> None:
+    table = pa.table({"x": pa.array([1, 2], pa.int64())})
+    with pq.ParquetWriter(tmp_path / "kv.parquet", table.schema, store_schema=False) as writer:
+        writer.write_table(table)
+        writer.add_key_value_metadata({"note": "ARROW:schema"})
+    source, parquet = tailer.rows._open_parquet(STORAGE, str(tmp_path / "kv.parquet"))
+    try:
+        assert parquet.metadata.metadata == {b"note": b"ARROW:schema"}
+        assert parquet.read().column("x").to_pylist() == [1, 2]
+    finally:
+        parquet.close()
+        source.close()
 
 
 def test_incompatible_file_type_is_an_invalid_log(tmp_path: Path) -> None:
@@ -802,8 +860,17 @@ def test_missing_data_file_names_table_version_and_file(tmp_path: Path) -> None:
     assert str(tmp_path) in str(error) and "version 3" in str(error)
 
 
-def test_corrupt_parquet_is_a_deltatail_error(tmp_path: Path) -> None:
+def test_corrupt_parquet_is_a_deltatail_error(tmp_path: Path, opening: str) -> None:
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 definitely not parquet PAR1")
     with pytest.raises(DeltaTailError, match="Parquet") as info:
         read_plain(tmp_path, "bad.parquet", NUMBERED)
     assert info.value.file == f"{tmp_path}/bad.parquet" and info.value.version == 3
+
+
+def test_a_damaged_footer_is_a_deltatail_error_naming_the_file(tmp_path: Path, opening: str) -> None:
+    pq.write_table(pa.table({"x": pa.array([1, 2, 3], pa.int64())}), tmp_path / "cut.parquet")
+    data = (tmp_path / "cut.parquet").read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(data[:-40] + data[-8:])  # the footer loses its last 32 bytes
+    with pytest.raises(DeltaTailError, match="Parquet") as info:
+        read_plain(tmp_path, "cut.parquet", NUMBERED)
+    assert info.value.file == f"{tmp_path}/cut.parquet" and info.value.version == 3
