@@ -247,21 +247,14 @@ def read_file_batches(
     table_name = table if table is not None else table_root
     selected = None if columns is None else tuple(columns)
     try:
-        source, parquet = _open_parquet(storage, location, change_types=keep_change_type)
+        opened = _open_parquet(storage, location, change_types=keep_change_type)
     except DeltaTailError as e:
         e.at(table=table_name, version=version, file=location)
         raise
+    source, parquet = opened.source, opened.parquet
     try:
         plan = _bind(
-            _plan(
-                parquet.schema_arrow,
-                schema,
-                selected,
-                tuple(partition_columns),
-                column_mapping_mode,
-                keep_change_type,
-                _field_ids(parquet.schema_arrow) if column_mapping_mode == "id" else (),
-            ),
+            _file_plan(opened, schema, selected, tuple(partition_columns), column_mapping_mode, keep_change_type),
             partition_values,
         )
         if row_filter is not None:
@@ -293,9 +286,21 @@ _ARROW_SCHEMA_KEY = b"\x0cARROW:schema"
 _SET_ASIDE_KEY = b"\x0cARROW:schem_"
 
 
-def _open_parquet(
-    storage: Storage, location: str, *, change_types: bool = False
-) -> tuple[pa.NativeFile, pq.ParquetFile]:
+@dataclass(frozen=True, slots=True)
+class _OpenFile:
+    """An open Parquet file (close ``parquet``, then ``source``) and how its Arrow schema came about.
+
+    ``derived``: the Arrow schema follows from the Parquet schema and the read options alone (no
+    stored Arrow schema is in effect). ``dictionary``: ``_change_type`` is read as a dictionary.
+    """
+
+    source: pa.NativeFile
+    parquet: pq.ParquetFile
+    derived: bool
+    dictionary: bool
+
+
+def _open_parquet(storage: Storage, location: str, *, change_types: bool = False) -> _OpenFile:
     """Open a Parquet file. The one place that assumes a local file system (pyarrow reads the path itself).
 
     The file is read without pre-buffering (coalesced reads are for
@@ -338,9 +343,11 @@ def _open_parquet(
             file.readinto(data)
             file.close()
             source = pa.BufferReader(pa.py_buffer(data))
-            return source, _open_whole(source, data, dictionaries)
-        metadata = _footer_without_arrow_schema(file, size)
-        return source, _parquet_file(source, metadata, dictionaries)
+            parquet, derived = _open_whole(source, data, dictionaries)
+        else:
+            metadata, derived = _footer_without_arrow_schema(file, size)
+            parquet = _parquet_file(source, metadata, dictionaries)
+        return _OpenFile(source, parquet, derived, dictionaries is not None)
     except KeyError:  # pyarrow: a dictionary column the file does not have
         source.close()
         raise InvalidLogError(f"change data file has no {CHANGE_TYPE_COLUMN} column", file=location) from None
@@ -371,12 +378,18 @@ def _sets_aside(metadata: pq.FileMetaData) -> bool:
     return keys is not None and _SET_ASIDE_KEY[1:] in keys
 
 
-def _open_whole(source: pa.NativeFile, data: bytearray, dictionaries: list[str] | None) -> pq.ParquetFile:
-    """Open a file read whole into ``data`` (which ``source`` reads), setting its Arrow schema aside in place."""
+def _open_whole(source: pa.NativeFile, data: bytearray, dictionaries: list[str] | None) -> tuple[pq.ParquetFile, bool]:
+    """Open a file read whole into ``data`` (which ``source`` reads), setting its Arrow schema aside in place.
+
+    Returns the file and whether its Arrow schema is derived (no stored one in effect).
+    """
     length = _footer_length(data, len(data))
     if length is not None:
         begin, end = len(data) - 8 - length, len(data) - 8
-        if data.count(_ARROW_SCHEMA_KEY, begin, end) == 1:
+        found = data.count(_ARROW_SCHEMA_KEY, begin, end)
+        if found == 0:
+            return _parquet_file(source, None, dictionaries), True
+        if found == 1:
             at = data.find(_ARROW_SCHEMA_KEY, begin, end)
             key = slice(at, at + len(_SET_ASIDE_KEY))
             data[key] = _SET_ASIDE_KEY
@@ -385,27 +398,31 @@ def _open_whole(source: pa.NativeFile, data: bytearray, dictionaries: list[str] 
             except (pa.ArrowException, OSError, KeyError):
                 parquet = None  # read as written below, for the genuine error
             if parquet is not None and _sets_aside(parquet.metadata):
-                return parquet
+                return parquet, True
             if parquet is not None:
                 parquet.close()
             data[key] = _ARROW_SCHEMA_KEY  # the bytes renamed were not the key: read the file as written
-    return _parquet_file(source, None, dictionaries)
+    return _parquet_file(source, None, dictionaries), False
 
 
-def _footer_without_arrow_schema(file: pa.NativeFile, size: int) -> pq.FileMetaData | None:
-    """A large file's footer with its Arrow schema set aside, or ``None`` to read the file as written."""
+def _footer_without_arrow_schema(file: pa.NativeFile, size: int) -> tuple[pq.FileMetaData | None, bool]:
+    """A large file's footer with its Arrow schema set aside (``None``: read the footer as written).
+
+    Returns the footer and whether the file's Arrow schema is then derived (no stored one in effect).
+    """
     tail = file.read_at(min(size, FOOTER_READ_BYTES), max(size - FOOTER_READ_BYTES, 0))
     length = _footer_length(tail, size)
     if length is None:
-        return None
+        return None, False
     footer = tail[-8 - length : -8] if length + 8 <= len(tail) else file.read_at(length, size - 8 - length)
-    if footer.count(_ARROW_SCHEMA_KEY) != 1:
-        return None
+    found = footer.count(_ARROW_SCHEMA_KEY)
+    if found != 1:
+        return None, found == 0
     try:
         metadata = pq.read_metadata(pa.BufferReader(footer.replace(_ARROW_SCHEMA_KEY, _SET_ASIDE_KEY) + tail[-8:]))
     except (pa.ArrowException, OSError):
-        return None  # read as written, for the genuine error
-    return metadata if _sets_aside(metadata) else None
+        return None, False  # read as written, for the genuine error
+    return (metadata, True) if _sets_aside(metadata) else (None, False)
 
 
 def _selected_fields(schema: StructType, columns: Sequence[str] | None) -> list[StructField]:
@@ -514,6 +531,65 @@ def _plan(
         change_type_direct,
         any(isinstance(s, _Partition) for s in sources),
     )
+
+
+#: Plans of files whose Arrow schema is derived, by the other arguments of :func:`_plan`: a few
+#: (Parquet schema, plan) pairs each, matched by ``ParquetSchema.equals`` (0.1 µs, where hashing and
+#: comparing Arrow schemas for the ``_plan`` cache costs ~7 µs a file).
+_PLANS_BY_PARQUET_SCHEMA: dict[tuple[object, ...], list[tuple[pq.ParquetSchema, _Plan]]] = {}
+#: Keys of :data:`_PLANS_BY_PARQUET_SCHEMA` (all are dropped when it is full), and Parquet schemas per key
+#: (the oldest goes first).
+PLAN_KEYS = 256
+PARQUET_SCHEMAS = 16
+
+
+def _file_plan(
+    opened: _OpenFile,
+    schema: StructType,
+    columns: tuple[str, ...] | None,
+    partition_columns: tuple[str, ...],
+    mode: str,
+    keep_change_type: bool,
+) -> _Plan:
+    """:func:`_plan` for an open file, found by its Parquet schema where its Arrow schema is derived.
+
+    A derived Arrow schema is a function of the Parquet schema (names, types, repetition, field ids:
+    what ``ParquetSchema.equals`` compares) and the read options (the INT96 unit, fixed; the dictionary
+    read of ``_change_type``, in the key), so equal Parquet schemas give equal plans.
+
+    Raises:
+        InvalidLogError, ConfigError: as :func:`_plan`.
+    """
+    if not opened.derived:
+        return _arrow_plan(opened.parquet, schema, columns, partition_columns, mode, keep_change_type)
+    key = (schema, columns, partition_columns, mode, keep_change_type, opened.dictionary)
+    physical = opened.parquet.metadata.schema
+    known = _PLANS_BY_PARQUET_SCHEMA.get(key)
+    if known is None:
+        if len(_PLANS_BY_PARQUET_SCHEMA) >= PLAN_KEYS:
+            _PLANS_BY_PARQUET_SCHEMA.clear()
+        known = _PLANS_BY_PARQUET_SCHEMA[key] = []
+    for seen, plan in known:
+        if physical.equals(seen):
+            return plan
+    plan = _arrow_plan(opened.parquet, schema, columns, partition_columns, mode, keep_change_type)
+    if len(known) >= PARQUET_SCHEMAS:
+        del known[0]
+    known.append((physical, plan))
+    return plan
+
+
+def _arrow_plan(
+    parquet: pq.ParquetFile,
+    schema: StructType,
+    columns: tuple[str, ...] | None,
+    partition_columns: tuple[str, ...],
+    mode: str,
+    keep_change_type: bool,
+) -> _Plan:
+    file_schema = parquet.schema_arrow
+    field_ids = _field_ids(file_schema) if mode == "id" else ()
+    return _plan(file_schema, schema, columns, partition_columns, mode, keep_change_type, field_ids)
 
 
 def _bind(plan: _Plan, partition_values: dict[str, str | None]) -> _Plan:

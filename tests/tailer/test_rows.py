@@ -574,6 +574,27 @@ def test_id_mode_matches_parquet_field_ids_before_names(tmp_path: Path) -> None:
     assert by_name == [{"a": None, "b": "x", "c": None}, {"a": None, "b": "y", "c": None}]
 
 
+@pytest.mark.parametrize("stored_schema", [True, False], ids=["stored-arrow-schema", "parquet-schema-only"])
+def test_files_alike_but_for_their_field_ids_are_read_by_their_own_ids(
+    tmp_path: Path, opening: str, stored_schema: bool
+) -> None:
+    # Plans are shared by files with equal Parquet schemas; field ids are part of that equality.
+    def write(name: str, ids: tuple[int, int]) -> None:
+        fields = [
+            pa.field(column, pa.int64(), metadata={b"PARQUET:field_id": str(i).encode()})
+            for column, i in zip("pq", ids, strict=True)
+        ]
+        table = pa.table({"p": [1, 2], "q": [10, 20]}, schema=pa.schema(fields))
+        pq.write_table(table, tmp_path / name, store_schema=stored_schema)
+
+    write("one.parquet", (1, 2))
+    write("two.parquet", (2, 1))
+    schema = schema_of(("a", "long"), ("b", "long"), mapping={"a": ("x", 1), "b": ("y", 2)})
+    one, two = (batches_rows(read_plain(tmp_path, f, schema, "id")) for f in ("one.parquet", "two.parquet"))
+    assert one == [{"a": 1, "b": 10}, {"a": 2, "b": 20}]
+    assert two == [{"a": 10, "b": 1}, {"a": 20, "b": 2}]
+
+
 def test_nested_physical_names_become_logical_names(tmp_path: Path) -> None:
     inner = pa.struct([("col-y", pa.int32())])
     file_type = pa.struct([("col-x", pa.list_(inner)), ("col-m", pa.map_(pa.string(), inner))])
@@ -689,13 +710,13 @@ def test_a_footer_whose_only_arrow_schema_is_another_keys_value_is_read_as_writt
     with pq.ParquetWriter(tmp_path / "kv.parquet", table.schema, store_schema=False) as writer:
         writer.write_table(table)
         writer.add_key_value_metadata({"note": "ARROW:schema"})
-    source, parquet = tailer.rows._open_parquet(STORAGE, str(tmp_path / "kv.parquet"))
+    opened = tailer.rows._open_parquet(STORAGE, str(tmp_path / "kv.parquet"))
     try:
-        assert parquet.metadata.metadata == {b"note": b"ARROW:schema"}
-        assert parquet.read().column("x").to_pylist() == [1, 2]
+        assert opened.parquet.metadata.metadata == {b"note": b"ARROW:schema"}
+        assert opened.parquet.read().column("x").to_pylist() == [1, 2]
     finally:
-        parquet.close()
-        source.close()
+        opened.parquet.close()
+        opened.source.close()
 
 
 def test_incompatible_file_type_is_an_invalid_log(tmp_path: Path) -> None:
