@@ -82,8 +82,9 @@ class ChangeOptions:
             Planning resumes only once half of them are consumed, so commits are planned in
             runs rather than one between every two files (on thousands of one-file commits
             alternating costs a quarter more time). The window holds plans, not rows: small
-            files are read when their turn comes or by a reader process (which holds a few
-            answers at most, of at most ``RUN_BYTES`` of files each), large ones into bounded
+            files are read when their turn comes or by a reader process (which holds at most
+            :data:`~tailer.reader_pool.OUTBOX_ANSWERS` answers, of at most ``RUN_BYTES`` of files
+            each, and :data:`~tailer.reader_pool.OUTBOX_BYTES` in all), large ones into bounded
             buffers. It is wide enough that the reader processes still have runs queued while
             the consumer plans the next burst: at 128 they ran dry at every burst (500 mixed
             commits: 0.19 s, at 512 0.15 s).

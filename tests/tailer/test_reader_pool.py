@@ -444,12 +444,14 @@ def test_an_answer_that_does_not_add_up_is_refused(
 class _Serving:
     """``_serve`` on a thread over two pipes; its ``_answer`` counts runs and answers 256 KiB (over a pipe buffer)."""
 
+    ANSWER_BYTES = 256 << 10
+
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.answered = 0
 
         def answer(storage: object, batch_size: int, items: list[object]) -> tuple[bytes, bytes]:
             self.answered += 1
-            return pickle.dumps(self.answered), bytes([self.answered]) * (256 << 10)
+            return pickle.dumps(self.answered), bytes([self.answered]) * self.ANSWER_BYTES
 
         monkeypatch.setattr(tailer.reader_pool, "_answer", answer)
         requests_in, requests_out = os.pipe()
@@ -469,6 +471,11 @@ class _Serving:
         for _ in range(n):
             tailer.reader_pool._write_frame(self.requests, tailer.reader_pool._wire(LocalStorage(), 65536, []))
 
+    def receive_in_order(self, n: int) -> None:
+        for i in range(1, n + 1):
+            assert pickle.loads(tailer.reader_pool._read_frame(self.answers)) == i
+            assert tailer.reader_pool._read_frame(self.answers) == bytes([i % 256]) * self.ANSWER_BYTES
+
     def wait_for(self, answered: int) -> None:
         deadline = time.monotonic() + 30
         while self.answered < answered and time.monotonic() < deadline:
@@ -479,14 +486,39 @@ class _Serving:
 def test_a_worker_reads_on_while_its_answers_wait_for_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing is received: the worker still reads the next runs, up to a bounded number of answers held."""
     serving = _Serving(monkeypatch)
-    serving.send_runs(8)
+    runs = tailer.reader_pool.OUTBOX_ANSWERS + 6
+    serving.send_runs(runs)
     held = tailer.reader_pool.OUTBOX_ANSWERS + 2  # one being written, the outbox full, one waiting to enter it
     serving.wait_for(held)
     time.sleep(0.2)  # room for a (wrong) further read to happen
     assert serving.answered == held
-    for n in range(1, 9):  # then every answer arrives, whole and in order
-        assert pickle.loads(tailer.reader_pool._read_frame(serving.answers)) == n
-        assert tailer.reader_pool._read_frame(serving.answers) == bytes([n]) * (256 << 10)
+    serving.receive_in_order(runs)  # then every answer arrives, whole and in order
+    serving.requests.close()
+    serving.thread.join(timeout=30)
+    assert serving.returned == [0]
+
+
+def test_a_workers_outbox_holds_at_most_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tailer.reader_pool, "OUTBOX_BYTES", 3 * (_Serving.ANSWER_BYTES + 64))  # 64: the header
+    serving = _Serving(monkeypatch)
+    serving.send_runs(8)
+    serving.wait_for(3 + 2)  # three answers fill the outbox's bytes; one being written, one waiting
+    time.sleep(0.2)
+    assert serving.answered == 3 + 2
+    serving.receive_in_order(8)
+    serving.requests.close()
+    serving.thread.join(timeout=30)
+    assert serving.returned == [0]
+
+
+def test_an_answer_larger_than_the_outbox_still_goes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tailer.reader_pool, "OUTBOX_BYTES", _Serving.ANSWER_BYTES // 2)
+    serving = _Serving(monkeypatch)
+    serving.send_runs(4)
+    serving.wait_for(1 + 2)  # one in the outbox (alone), one being written, one waiting
+    time.sleep(0.2)
+    assert serving.answered == 1 + 2
+    serving.receive_in_order(4)
     serving.requests.close()
     serving.thread.join(timeout=30)
     assert serving.returned == [0]
@@ -494,10 +526,11 @@ def test_a_worker_reads_on_while_its_answers_wait_for_the_parent(monkeypatch: py
 
 def test_a_worker_whose_parent_stops_reading_for_good_exits(monkeypatch: pytest.MonkeyPatch) -> None:
     serving = _Serving(monkeypatch)
-    serving.send_runs(8)
+    runs = tailer.reader_pool.OUTBOX_ANSWERS + 6
+    serving.send_runs(runs)
     serving.wait_for(tailer.reader_pool.OUTBOX_ANSWERS + 2)
     serving.answers.close()  # the parent is gone: the blocked write fails
     serving.thread.join(timeout=30)
     assert serving.returned == [0]
-    assert serving.answered < 8  # runs nobody would receive are not read
+    assert serving.answered < runs  # runs nobody would receive are not read
     serving.requests.close()
