@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -533,14 +534,48 @@ def _plan(
     )
 
 
-#: Plans of files whose Arrow schema is derived, by the other arguments of :func:`_plan`: a few
-#: (Parquet schema, plan) pairs each, matched by ``ParquetSchema.equals`` (0.1 µs, where hashing and
-#: comparing Arrow schemas for the ``_plan`` cache costs ~7 µs a file).
-_PLANS_BY_PARQUET_SCHEMA: dict[tuple[object, ...], list[tuple[pq.ParquetSchema, _Plan]]] = {}
-#: Keys of :data:`_PLANS_BY_PARQUET_SCHEMA` (all are dropped when it is full), and Parquet schemas per key
-#: (the oldest goes first).
+class _PlansByParquetSchema:
+    """Plans of files whose Arrow schema is derived, by the other arguments of :func:`_plan` and the Parquet schema.
+
+    A few (Parquet schema, plan) pairs per key, matched by ``ParquetSchema.equals``
+    (0.1 µs, where hashing and comparing Arrow schemas for the ``_plan`` cache costs
+    ~7 µs a file). A Parquet schema keeps its file's whole footer alive, so what is
+    held is bounded by footer bytes (everything is dropped when a new footer would
+    pass :data:`PLAN_FOOTER_BYTES`) as well as by :data:`PLAN_KEYS` keys and
+    :data:`PARQUET_SCHEMAS` schemas per key. Lookups take no lock (a lookup racing
+    an update can only miss); updates take one.
+    """
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[object, ...], list[tuple[pq.ParquetSchema, _Plan, int]]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def find(self, key: tuple[object, ...], physical: pq.ParquetSchema) -> _Plan | None:
+        """The plan remembered for ``key`` and a Parquet schema equal to ``physical``, if any."""
+        for seen, plan, _ in self._by_key.get(key, ()):
+            if physical.equals(seen):
+                return plan
+        return None
+
+    def add(self, key: tuple[object, ...], physical: pq.ParquetSchema, plan: _Plan, footer_bytes: int) -> None:
+        """Remember ``plan`` for ``key`` and ``physical`` (whose footer holds ``footer_bytes``)."""
+        with self._lock:
+            if len(self._by_key) >= PLAN_KEYS or self._bytes + footer_bytes > PLAN_FOOTER_BYTES:
+                self._by_key = {}
+                self._bytes = 0
+            known = self._by_key.setdefault(key, [])
+            if len(known) >= PARQUET_SCHEMAS:
+                self._bytes -= known.pop(0)[2]
+            known.append((physical, plan, footer_bytes))
+            self._bytes += footer_bytes
+
+
+#: Bounds of what :class:`_PlansByParquetSchema` holds: keys, Parquet schemas per key, footer bytes in all.
 PLAN_KEYS = 256
 PARQUET_SCHEMAS = 16
+PLAN_FOOTER_BYTES = 16 << 20
+_PLANS_BY_PARQUET_SCHEMA = _PlansByParquetSchema()
 
 
 def _file_plan(
@@ -563,19 +598,12 @@ def _file_plan(
     if not opened.derived:
         return _arrow_plan(opened.parquet, schema, columns, partition_columns, mode, keep_change_type)
     key = (schema, columns, partition_columns, mode, keep_change_type, opened.dictionary)
-    physical = opened.parquet.metadata.schema
-    known = _PLANS_BY_PARQUET_SCHEMA.get(key)
-    if known is None:
-        if len(_PLANS_BY_PARQUET_SCHEMA) >= PLAN_KEYS:
-            _PLANS_BY_PARQUET_SCHEMA.clear()
-        known = _PLANS_BY_PARQUET_SCHEMA[key] = []
-    for seen, plan in known:
-        if physical.equals(seen):
-            return plan
-    plan = _arrow_plan(opened.parquet, schema, columns, partition_columns, mode, keep_change_type)
-    if len(known) >= PARQUET_SCHEMAS:
-        del known[0]
-    known.append((physical, plan))
+    metadata = opened.parquet.metadata
+    physical = metadata.schema
+    plan = _PLANS_BY_PARQUET_SCHEMA.find(key, physical)
+    if plan is None:
+        plan = _arrow_plan(opened.parquet, schema, columns, partition_columns, mode, keep_change_type)
+        _PLANS_BY_PARQUET_SCHEMA.add(key, physical, plan, metadata.serialized_size)
     return plan
 
 

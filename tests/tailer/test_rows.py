@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pyarrow as pa
@@ -593,6 +593,32 @@ def test_files_alike_but_for_their_field_ids_are_read_by_their_own_ids(
     one, two = (batches_rows(read_plain(tmp_path, f, schema, "id")) for f in ("one.parquet", "two.parquet"))
     assert one == [{"a": 1, "b": 10}, {"a": 2, "b": 20}]
     assert two == [{"a": 10, "b": 1}, {"a": 20, "b": 2}]
+
+
+def test_plans_shared_by_parquet_schema_are_bounded_by_schemas_keys_and_footer_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"x": [1], "y": ["z"]}), tmp_path / "b.parquet")
+
+    def physical(name: str) -> pq.ParquetSchema:
+        return pq.ParquetFile(tmp_path / name).metadata.schema
+
+    first = cast(tailer.rows._Plan, object())  # plans, compared by identity
+    second = cast(tailer.rows._Plan, object())
+    plans = tailer.rows._PlansByParquetSchema()
+    plans.add(("k",), physical("a.parquet"), first, 100)
+    assert plans.find(("k",), physical("a.parquet")) is first  # another file's equal schema
+    assert plans.find(("k",), physical("b.parquet")) is None and plans.find(("other",), physical("a.parquet")) is None
+    monkeypatch.setattr(tailer.rows, "PARQUET_SCHEMAS", 1)
+    plans.add(("k",), physical("b.parquet"), second, 100)  # the oldest schema of the key goes
+    assert plans.find(("k",), physical("a.parquet")) is None and plans.find(("k",), physical("b.parquet")) is second
+    monkeypatch.setattr(tailer.rows, "PLAN_FOOTER_BYTES", 150)
+    plans.add(("k2",), physical("a.parquet"), first, 100)  # 100 + 100 > 150: everything before goes
+    assert plans.find(("k",), physical("b.parquet")) is None and plans.find(("k2",), physical("a.parquet")) is first
+    monkeypatch.setattr(tailer.rows, "PLAN_KEYS", 1)
+    plans.add(("k3",), physical("a.parquet"), second, 1)  # a second key: everything before goes
+    assert plans.find(("k2",), physical("a.parquet")) is None and plans.find(("k3",), physical("a.parquet")) is second
 
 
 def test_nested_physical_names_become_logical_names(tmp_path: Path) -> None:
