@@ -319,10 +319,11 @@ def _open_parquet(storage: Storage, location: str, *, change_types: bool = False
     read into the table's logical types in any case (:func:`_assemble`); what
     the stored schema adds is its writer's in-memory choices, such as delta-rs's
     ``string_view``, which would then be cast to ``string`` (~10 ns a value: 8%
-    of reading 3,000,000 cdc rows). It is set aside by renaming its key in a
-    copy of the footer, and only where the footer holds that key exactly once
-    and the renamed footer reads back with the renamed key; otherwise the file
-    is read as written.
+    of reading 3,000,000 cdc rows). It is set aside by renaming its key in the
+    bytes read (never in the file: in the whole file read into memory, or in a
+    copy of a larger file's footer), and only where the footer holds that key
+    exactly once and the renamed footer reads back with the renamed key;
+    otherwise the file is read as written.
 
     Raises:
         MissingFileError: if the file does not exist.
