@@ -596,29 +596,18 @@ def _file_plan(
     Raises:
         InvalidLogError, ConfigError: as :func:`_plan`.
     """
-    if not opened.derived:
-        return _arrow_plan(opened.parquet, schema, columns, partition_columns, mode, keep_change_type)
-    key = (schema, columns, partition_columns, mode, keep_change_type, opened.dictionary)
+    memo = (schema, columns, partition_columns, mode, keep_change_type, opened.dictionary) if opened.derived else None
     metadata = opened.parquet.metadata
-    physical = metadata.schema
-    plan = _PLANS_BY_PARQUET_SCHEMA.find(key, physical)
-    if plan is None:
-        plan = _arrow_plan(opened.parquet, schema, columns, partition_columns, mode, keep_change_type)
-        _PLANS_BY_PARQUET_SCHEMA.add(key, physical, plan, metadata.serialized_size)
-    return plan
-
-
-def _arrow_plan(
-    parquet: pq.ParquetFile,
-    schema: StructType,
-    columns: tuple[str, ...] | None,
-    partition_columns: tuple[str, ...],
-    mode: str,
-    keep_change_type: bool,
-) -> _Plan:
-    file_schema = parquet.schema_arrow
+    if memo is not None:
+        found = _PLANS_BY_PARQUET_SCHEMA.find(memo, metadata.schema)
+        if found is not None:
+            return found
+    file_schema = opened.parquet.schema_arrow
     field_ids = _field_ids(file_schema) if mode == "id" else ()
-    return _plan(file_schema, schema, columns, partition_columns, mode, keep_change_type, field_ids)
+    plan = _plan(file_schema, schema, columns, partition_columns, mode, keep_change_type, field_ids)
+    if memo is not None:
+        _PLANS_BY_PARQUET_SCHEMA.add(memo, metadata.schema, plan, metadata.serialized_size)
+    return plan
 
 
 def _bind(plan: _Plan, partition_values: dict[str, str | None]) -> _Plan:

@@ -471,10 +471,14 @@ class _Serving:
         for _ in range(n):
             tailer.reader_pool._write_frame(self.requests, tailer.reader_pool._wire(LocalStorage(), 65536, []))
 
-    def receive_in_order(self, n: int) -> None:
-        for i in range(1, n + 1):
+    def finish(self, runs: int) -> None:
+        """Receive the ``runs`` answers (each must arrive whole and in order), then stop: ``_serve`` returns 0."""
+        for i in range(1, runs + 1):
             assert pickle.loads(tailer.reader_pool._read_frame(self.answers)) == i
             assert tailer.reader_pool._read_frame(self.answers) == bytes([i % 256]) * self.ANSWER_BYTES
+        self.requests.close()
+        self.thread.join(timeout=30)
+        assert self.returned == [0]
 
     def wait_for(self, answered: int) -> None:
         deadline = time.monotonic() + 30
@@ -492,10 +496,7 @@ def test_a_worker_reads_on_while_its_answers_wait_for_the_parent(monkeypatch: py
     serving.wait_for(held)
     time.sleep(0.2)  # room for a (wrong) further read to happen
     assert serving.answered == held
-    serving.receive_in_order(runs)  # then every answer arrives, whole and in order
-    serving.requests.close()
-    serving.thread.join(timeout=30)
-    assert serving.returned == [0]
+    serving.finish(runs)  # then every answer arrives, whole and in order
 
 
 def test_a_workers_outbox_holds_at_most_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -505,10 +506,7 @@ def test_a_workers_outbox_holds_at_most_its_bytes(monkeypatch: pytest.MonkeyPatc
     serving.wait_for(3 + 2)  # three answers fill the outbox's bytes; one being written, one waiting
     time.sleep(0.2)
     assert serving.answered == 3 + 2
-    serving.receive_in_order(8)
-    serving.requests.close()
-    serving.thread.join(timeout=30)
-    assert serving.returned == [0]
+    serving.finish(8)
 
 
 def test_an_answer_larger_than_the_outbox_still_goes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -518,10 +516,7 @@ def test_an_answer_larger_than_the_outbox_still_goes_alone(monkeypatch: pytest.M
     serving.wait_for(1 + 2)  # one in the outbox (alone), one being written, one waiting
     time.sleep(0.2)
     assert serving.answered == 1 + 2
-    serving.receive_in_order(4)
-    serving.requests.close()
-    serving.thread.join(timeout=30)
-    assert serving.returned == [0]
+    serving.finish(4)
 
 
 def test_a_worker_whose_parent_stops_reading_for_good_exits(monkeypatch: pytest.MonkeyPatch) -> None:
