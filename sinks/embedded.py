@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from sinks.base import ChangeBatch, Sink, TableInfo
-from sinks.encoding import VECTOR_ROWS, column_texts, concatenated, joined_objects, json_values
+from sinks.encoding import VECTOR_ROWS, column_texts, concatenated, joined_objects, json_values, text_scalar
 from state.cursor import Position
 from state.errors import SinkError
 
@@ -55,11 +55,7 @@ def encode_jsonl(batch: ChangeBatch) -> bytes:
             start = batch.start
             index = pc.cast(pa.array(range(start.index, batch.end.index), pa.int64()), pa.string())
             snapshot = "true" if start.snapshot else "false"
-            tail = [
-                pa.scalar(f',"{_POSITION}":[{start.version},', pa.string()),
-                index,
-                pa.scalar(f",{snapshot}]}}\n", pa.string()),
-            ]
+            tail = [text_scalar(f',"{_POSITION}":[{start.version},'), index, text_scalar(f",{snapshot}]}}\n")]
             return concatenated(joined_objects(len(batch), list(texts), list(texts.values()), tail))
     columns = [json_values(batch.rows.column(i)) for i in range(len(names))]
     start = batch.start

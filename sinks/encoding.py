@@ -210,7 +210,7 @@ def _few_timestamps(column: pa.Array, *, zone: bool) -> list[Any]:
 VECTOR_ROWS = 32
 
 
-def _text(value: str) -> pa.Scalar:
+def text_scalar(value: str) -> pa.Scalar:
     """A string scalar, typed.
 
     pyarrow's type inference tries to import ``dateutil`` each time (~30 µs when it is not
@@ -243,7 +243,7 @@ class Wrapped:
 
     def joined(self) -> pa.Array:
         """The texts themselves."""
-        return pc.binary_join_element_wise(_text(self.before), self.body, _text(self.after), _EMPTY)
+        return pc.binary_join_element_wise(text_scalar(self.before), self.body, text_scalar(self.after), _EMPTY)
 
 
 #: A column's JSON texts: an array of them, one constant text for every row, or a wrapped array.
@@ -294,7 +294,7 @@ def _quoted(body: pa.Array, after: str = '"') -> pa.Array | Wrapped:
     """``"`` + each text + ``after``, or ``null`` for a null slot."""
     if not body.null_count:
         return Wrapped('"', body, after)
-    return pc.fill_null(pc.binary_join_element_wise(_QUOTE, body, _text(after), _EMPTY), _NULL)
+    return pc.fill_null(pc.binary_join_element_wise(_QUOTE, body, text_scalar(after), _EMPTY), _NULL)
 
 
 def _escaped_strings(column: pa.Array) -> pa.Array | None:
@@ -365,8 +365,10 @@ def joined_objects(
     for part in tail or ["}"]:
         add(part)
     if len(parts) == 1 and isinstance(parts[0], str):  # every member constant
-        return pa.repeat(_text(parts[0]), length)
-    joined: pa.Array = pc.binary_join_element_wise(*(_text(p) if isinstance(p, str) else p for p in parts), _EMPTY)
+        return pa.repeat(text_scalar(parts[0]), length)
+    joined: pa.Array = pc.binary_join_element_wise(
+        *(text_scalar(p) if isinstance(p, str) else p for p in parts), _EMPTY
+    )
     return joined
 
 
@@ -553,7 +555,7 @@ class ChangeEncoder:
         change_types = kinds * len(batch) if len(kinds) == 1 else column.to_pylist()
         if len(batch) >= VECTOR_ROWS:
             # A batch of one kind (the common case) writes its change type's text once.
-            one_kind = {"_change_type": _text(orjson.dumps(change_types[0]).decode())} if len(kinds) == 1 else {}
+            one_kind = {"_change_type": text_scalar(orjson.dumps(change_types[0]).decode())} if len(kinds) == 1 else {}
             texts = column_texts(rows, one_kind)
             if texts is not None:
                 return self._encode_json_columns(batch, texts, change_types)

@@ -328,6 +328,8 @@ def murmur2(data: bytes) -> int:
 #: Below this many keys :func:`choose_partitions` hashes in Python: the kernels' set-up costs more.
 _VECTOR_KEYS = 64
 _U32 = pa.uint32()
+#: murmur2's multiplier and shifts as ``uint32`` scalars (operands of one type: no widening).
+_MURMUR_OPERANDS = tuple(pa.scalar(v, _U32) for v in (_MURMUR_M, 13, 15, 24))
 
 
 def choose_partitions(keys: Sequence[bytes], partitions: int) -> list[int]:
@@ -355,7 +357,8 @@ def choose_partitions(keys: Sequence[bytes], partitions: int) -> list[int]:
     count = pa.scalar(partitions, _U32)
     remainder = pc.subtract(positive, pc.multiply(pc.divide(positive, count), count))
     back = pc.sort_indices(pa.concat_arrays(order))  # where each key's result went
-    return list(remainder.take(back).to_pylist())
+    partitions_of_keys: list[int] = remainder.take(back).to_pylist()
+    return partitions_of_keys
 
 
 def _words(column: pa.Array, start: int, size: int) -> pa.Array:
@@ -370,7 +373,7 @@ def _words(column: pa.Array, start: int, size: int) -> pa.Array:
 
 def _murmur2_of_length(column: pa.Array, length: int) -> pa.Array:
     """:func:`murmur2` of values that are all ``length`` bytes long, as a ``uint32`` array."""
-    m, s13, s15, s24 = (pa.scalar(v, _U32) for v in (_MURMUR_M, 13, 15, 24))  # uint32 operands: no widening
+    m, s13, s15, s24 = _MURMUR_OPERANDS
     h: pa.Array = pa.repeat(pa.scalar(0x9747B28C ^ length, _U32), len(column))  # no Python list: 10x faster
     end = length & ~3
     for start in range(0, end, 4):

@@ -423,9 +423,11 @@ def _read_frame(stream: IO[bytes]) -> bytearray:
 # -- the worker ------------------------------------------------------------------------------------
 
 
-def _answer(
-    storage: Storage, batch_size: int, items: list[tuple[ReadContext, FileTask]]
-) -> tuple[bytes, bytes | memoryview]:
+#: A worker's answer to a run: the pickled header (batch lengths, where it stopped) and the IPC payload.
+_Reply = tuple[bytes, bytes | memoryview]
+
+
+def _answer(storage: Storage, batch_size: int, items: list[tuple[ReadContext, FileTask]]) -> _Reply:
     """Read a run as ``read_task`` would (:func:`tailer.changes.read_run`); returns the header and the IPC payload.
 
     The payload is empty when the run has no rows, or when they could not be
@@ -457,8 +459,6 @@ def _ipc(rows: pa.RecordBatch) -> memoryview:
 #: 109 ms); at eight the commits took 8-10% less time.
 OUTBOX_ANSWERS = 8
 OUTBOX_BYTES = 64 << 20
-
-_Reply = tuple[bytes, bytes | memoryview]
 
 
 class _Outbox:

@@ -388,11 +388,10 @@ def _open_whole(source: pa.NativeFile, data: bytearray, dictionaries: list[str] 
     length = _footer_length(data, len(data))
     if length is not None:
         begin, end = len(data) - 8 - length, len(data) - 8
-        found = data.count(_ARROW_SCHEMA_KEY, begin, end)
-        if found == 0:
+        at = data.find(_ARROW_SCHEMA_KEY, begin, end)
+        if at < 0:
             return _parquet_file(source, None, dictionaries), True
-        if found == 1:
-            at = data.find(_ARROW_SCHEMA_KEY, begin, end)
+        if data.find(_ARROW_SCHEMA_KEY, at + 1, end) < 0:  # the key exactly once
             key = slice(at, at + len(_SET_ASIDE_KEY))
             data[key] = _SET_ASIDE_KEY
             try:
