@@ -101,9 +101,18 @@ def _wall_clock_ms() -> int:
 # ---------------------------------------------------------------- columns --
 
 
+def text_scalar(value: str) -> pa.Scalar:
+    """A string scalar, typed.
+
+    pyarrow's type inference tries to import ``dateutil`` each time (~30 µs when it is not
+    installed, 1.5 µs typed), and so does a Python value passed to a kernel.
+    """
+    return pa.scalar(value, pa.string())
+
+
 # Arrow scalars made once: passing Python strings makes pyarrow build them on every call.
-_Z = pa.scalar("Z", pa.string())
-_EMPTY = pa.scalar("", pa.string())
+_Z = text_scalar("Z")
+_EMPTY = text_scalar("")
 
 
 def json_values(column: pa.Array) -> list[Any]:
@@ -209,17 +218,8 @@ def _few_timestamps(column: pa.Array, *, zone: bool) -> list[Any]:
 VECTOR_ROWS = 32
 
 
-def text_scalar(value: str) -> pa.Scalar:
-    """A string scalar, typed.
-
-    pyarrow's type inference tries to import ``dateutil`` each time (~30 µs when it is not
-    installed, 1.5 µs typed), and so does a Python value passed to a kernel.
-    """
-    return pa.scalar(value, pa.string())
-
-
-_QUOTE = pa.scalar('"', pa.string())
-_NULL = pa.scalar("null", pa.string())
+_QUOTE = text_scalar('"')
+_NULL = text_scalar("null")
 #: Characters JSON requires escaped besides the quote and backslash: a string holding one is
 #: left to orjson (the kernels below only escape ``"`` and ``\``).
 _CONTROL = "[\x00-\x1f]"
@@ -306,7 +306,7 @@ def _escaped_strings(column: pa.Array) -> pa.Array | None:
         return None
     # One scan of the slice's characters (only its own: a batch sliced from a packed run of
     # readers shares the run's buffer, and scanning all of it per slice would be quadratic).
-    characters = bytes(_characters(column))
+    characters = concatenated(column)
     # Deleting the special bytes and comparing lengths is a table lookup a byte: ~5x faster than a regex search.
     if len(characters.translate(None, _SPECIAL)) != len(characters):
         if pc.any(pc.match_substring_regex(column, _CONTROL)).as_py():

@@ -374,6 +374,17 @@ def _footer_length(tail: bytes | bytearray, size: int) -> int | None:
     return length if length + 12 <= size else None
 
 
+def _key_once(data: bytes | bytearray, begin: int, end: int) -> int | None:
+    """Where the stored Arrow schema's key is in ``data[begin:end]``.
+
+    Its offset if it is there exactly once, -1 if it is not there, ``None`` if it is there more than once.
+    """
+    at = data.find(_ARROW_SCHEMA_KEY, begin, end)
+    if at >= 0 and data.find(_ARROW_SCHEMA_KEY, at + 1, end) >= 0:
+        return None
+    return at
+
+
 def _sets_aside(metadata: pq.FileMetaData) -> bool:
     """Whether ``metadata`` (read from a renamed footer) holds the renamed key, i.e. the rename hit the key."""
     keys = metadata.metadata
@@ -387,11 +398,10 @@ def _open_whole(source: pa.NativeFile, data: bytearray, dictionaries: list[str] 
     """
     length = _footer_length(data, len(data))
     if length is not None:
-        begin, end = len(data) - 8 - length, len(data) - 8
-        at = data.find(_ARROW_SCHEMA_KEY, begin, end)
-        if at < 0:
+        at = _key_once(data, len(data) - 8 - length, len(data) - 8)
+        if at == -1:
             return _parquet_file(source, None, dictionaries), True
-        if data.find(_ARROW_SCHEMA_KEY, at + 1, end) < 0:  # the key exactly once
+        if at is not None:
             key = slice(at, at + len(_SET_ASIDE_KEY))
             data[key] = _SET_ASIDE_KEY
             try:
@@ -416,11 +426,12 @@ def _footer_without_arrow_schema(file: pa.NativeFile, size: int) -> tuple[pq.Fil
     if length is None:
         return None, False
     footer = tail[-8 - length : -8] if length + 8 <= len(tail) else file.read_at(length, size - 8 - length)
-    found = footer.count(_ARROW_SCHEMA_KEY)
-    if found != 1:
-        return None, found == 0
+    at = _key_once(footer, 0, len(footer))
+    if at is None or at == -1:
+        return None, at == -1
+    renamed = footer[:at] + _SET_ASIDE_KEY + footer[at + len(_SET_ASIDE_KEY) :]
     try:
-        metadata = pq.read_metadata(pa.BufferReader(footer.replace(_ARROW_SCHEMA_KEY, _SET_ASIDE_KEY) + tail[-8:]))
+        metadata = pq.read_metadata(pa.BufferReader(renamed + tail[-8:]))
     except (pa.ArrowException, OSError):
         return None, False  # read as written, for the genuine error
     return (metadata, True) if _sets_aside(metadata) else (None, False)
