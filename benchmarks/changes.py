@@ -52,8 +52,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from benchmarks.cdf_workloads import AppendsSpec, BulkSpec, MixedSpec, Spec, Workload, ensure
-from tailer.changes import ChangeFeed, ChangeOptions
-from tailer.reader_pool import ReaderPool, shared_pool
+from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.read.reader_pool import ReaderPool, shared_pool
 
 PROJECT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = PROJECT / "benchmarks" / ".data" / "changes"

@@ -29,10 +29,10 @@ import pyarrow as pa
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
-from sinks.base import ChangeBatch, TableInfo
 from sinks.encoding import ChangeEncoder
 from sinks.kafka import KafkaOptions, KafkaSink
 from state.cursor import Position
+from state.feed import ChangeBatch, TableInfo
 
 TABLE = TableInfo("/bench/orders", "bench-table-id", "orders")
 BATCH_ROWS = 10_000

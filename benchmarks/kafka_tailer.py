@@ -9,7 +9,7 @@ same local broker:
     the command line, ``deltatail run TABLE --until-caught-up --sink kafka://...?key=id&backend=B``,
     timed from process start to exit (interpreter start, imports and connecting included);
 ``in-process``
-    :class:`tailer.run.Tailer` with a :class:`sinks.kafka.KafkaSink`, timed around ``run()``: the
+    :class:`tailer.follow.tailer.Tailer` with a :class:`sinks.kafka.KafkaSink`, timed around ``run()``: the
     same work without the interpreter's start;
 ``producer ready`` (confluent-kafka)
     the same, timed from the moment the sink's producer holds its idempotent producer id (one
@@ -76,12 +76,14 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from benchmarks.kafka_sink import tansu_broker, writes_seconds
-from sinks.base import ChangeBatch, TableInfo
+from sinks.collector import collector_paused
 from sinks.encoding import ChangeEncoder
-from sinks.kafka import KafkaOptions, KafkaSink, choose_partitions, collector_paused
+from sinks.kafka import KafkaOptions, KafkaSink
 from sinks.kafka_producers import ConfluentProducer, Outgoing, PythonProducer
-from tailer.changes import ChangeFeed
-from tailer.run import Tailer, TailerConfig
+from sinks.partitioner import choose_partitions
+from state.feed import ChangeBatch, TableInfo
+from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.read.feed import ChangeFeed
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT_ROWS = 10_000

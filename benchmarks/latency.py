@@ -5,7 +5,7 @@ smoke run of a few seconds. Sections:
 
 1. Commit-to-flush latency: the benchmark writes small valid commits (an ``add`` of a one-row Parquet
    file written beforehand) into ``_delta_log`` by atomic rename, one every ``--cadence`` seconds, and
-   records the time just before each rename; a :class:`~tailer.run.Tailer` runs in a thread into the
+   records the time just before each rename; a :class:`~tailer.follow.tailer.Tailer` runs in a thread into the
    JSON lines file sink, wrapped to time-stamp every flush (flush = written and fsynced). Latency is
    flush time minus rename time, per commit: p50/p99/max, with watching (inotify) and with polling.
 2. Catch-up over many small commits (one-file appends, a checkpoint every 100 commits as delta-rs
@@ -56,10 +56,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
-from sinks.base import ChangeBatch, CommitEvent, Sink, TableInfo
 from sinks.embedded import JsonLinesSink
 from state.cursor import Position
-from tailer.run import Tailer, TailerConfig, tune_for_latency
+from state.feed import ChangeBatch, CommitEvent, TableInfo
+from tailer.cli.process import tune_for_latency
+from tailer.follow.sink import Sink
+from tailer.follow.tailer import Tailer, TailerConfig
 
 CDF = {"delta.enableChangeDataFeed": "true"}
 CHECKPOINT_EVERY = 100

@@ -40,7 +40,7 @@ from deltalake import DeltaTable
 
 from benchmarks.workload import GeneratedTable, SyntheticFiles, TableSpec, generate_table
 from state.snapshot import Snapshot
-from tailer.log import DeltaLog
+from tailer.log.delta_log import DeltaLog
 
 MEMORY_TARGET = 400
 """Bytes per live file the snapshot may retain."""

@@ -1,4 +1,4 @@
-"""Figures for the Spark source (:mod:`sinks.spark`), next to the standalone :class:`~tailer.changes.ChangeFeed`.
+"""Figures for the Spark source (:mod:`sinks.spark`), next to the standalone :class:`~tailer.read.feed.ChangeFeed`.
 
 Run ``.venv/bin/python -m benchmarks.spark_source`` (a few minutes on two cores)
 or add ``--quick`` for a smoke run. Sections:
@@ -40,7 +40,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from benchmarks.workload import TableSpec, generate_table
 from sinks.spark import DeltaTailDataSource, DeltaTailStreamReader, register
-from tailer.changes import ChangeFeed
+from tailer.read.feed import ChangeFeed
 
 NEW_COMMITS = 10
 

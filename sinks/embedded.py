@@ -34,10 +34,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sinks.base import ChangeBatch, Sink, TableInfo
 from sinks.encoding import VECTOR_ROWS, column_texts, concatenated, joined_objects, json_values, text_scalar
 from state.cursor import Position
 from state.errors import SinkError
+from state.feed import ChangeBatch, TableInfo
+from tailer.follow.sink import Sink
 
 _POSITION = "_position"
 

@@ -45,7 +45,7 @@ Formats (see :class:`ChangeEncoder`):
     columns). ``source.ts_ms`` is the commit timestamp in milliseconds;
     the top-level ``ts_ms`` is the time of encoding. ``source.operation`` is
     always ``null``: the sink contract hands over the commit's operation only
-    in the :class:`~sinks.base.CommitEvent` that follows the rows.
+    in the :class:`~state.feed.CommitEvent` that follows the rows.
 
     ``op`` is ``r`` for rows of an initial snapshot, ``c`` for inserts and
     ``d`` for deletes. Updates: with key columns, the ``update_preimage`` and
@@ -81,8 +81,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.base import CHANGE_COLUMNS, ChangeBatch, TableInfo
 from state.errors import ConfigError, SinkError
+from state.feed import CHANGE_COLUMNS, ChangeBatch, TableInfo
 
 Format = Literal["json", "debezium"]
 FORMATS: tuple[Format, ...] = ("json", "debezium")
@@ -479,7 +479,7 @@ def _maps(column: pa.Array) -> list[Any]:
 
 @dataclass(slots=True)
 class EncodedBatch:
-    """The messages of one :class:`~sinks.base.ChangeBatch`, as parallel lists, in send order.
+    """The messages of one :class:`~state.feed.ChangeBatch`, as parallel lists, in send order.
 
     Message ``m`` carries the position of row ``rows[m]`` of the batch (for a
     paired update: the later image). A ``None`` value is a tombstone; it

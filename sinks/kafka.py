@@ -88,11 +88,9 @@ against the last message of their partition of the commit topic.
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,18 +98,9 @@ import orjson
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from sinks.base import ChangeBatch, CommitEvent, Sink, TableInfo
+from sinks.collector import collector_paused
 from sinks.encoding import CHANGE_TYPES, UPDATE, ChangeEncoder, EncodedBatch
-from sinks.kafka_options import (
-    BACKENDS,
-    SECURITY_OPTIONS,
-    KafkaOptions,
-    choose_partition,
-    choose_partitions,
-    default_sink_id,
-    fill_topic,
-    murmur2,
-)
+from sinks.kafka_options import BACKENDS, SECURITY_OPTIONS, KafkaOptions, default_sink_id, fill_topic
 from sinks.kafka_producers import (
     COMMIT_RANK,
     ConfluentProducer,
@@ -123,8 +112,11 @@ from sinks.kafka_producers import (
     SendRefused,
     Stamp,
 )
+from sinks.partitioner import choose_partition, choose_partitions
 from state.cursor import Position
 from state.errors import SinkError, SinkUnavailableError, StateError
+from state.feed import ChangeBatch, CommitEvent, TableInfo
+from tailer.follow.sink import Sink
 
 _BEFORE_ALL: Stamp = (-1, 0, 0, 0)
 #: The ``dt.change_type`` header of each change type the encoder emits.
@@ -139,11 +131,8 @@ __all__ = [
     "KafkaSink",
     "OnError",
     "SendRefused",
-    "choose_partition",
-    "choose_partitions",
     "default_sink_id",
     "fill_topic",
-    "murmur2",
 ]
 
 # ---------------------------------------------------------------- tails --
@@ -630,25 +619,3 @@ def _describe(stamp: Stamp) -> str:
         return f"the commit event of version {version}"
     what = "tombstone" if sub else "row"
     return f"{what} at position {Position(version, rank, index)}"
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the duration (reference counting goes on).
-
-    A producer loop allocates container objects for every message (kafka-python: a future and its
-    callback lists per message; both backends: a header list). Every few hundred of them trigger a
-    collection, and every tenth of those scans the whole older heap again: the tailer's snapshot,
-    its read-ahead, the producer's pending futures. Measured with kafka-python over 200,000 messages,
-    that was half of the sink's time. The loop creates no cycles of its own that reference counting
-    would not free, so pausing loses nothing: collection resumes at the end of the loop, and if the
-    collector was already off, it stays off.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from tailer.cli import build_parser
-from tailer.sink_uri import open_sink
+from tailer.cli.main import build_parser
+from tailer.cli.sink_uri import open_sink
 
 ROOT = Path(__file__).resolve().parents[1]
 

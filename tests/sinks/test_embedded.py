@@ -9,12 +9,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sinks.base import ChangeBatch, TableInfo
 from sinks.embedded import JsonLinesSink, ParquetDirSink
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
-from tailer.settings import load_toml, parse_timestamp_ms
-from tailer.sink_uri import open_sink
+from state.feed import ChangeBatch, TableInfo
+from tailer.cli.settings import load_toml
+from tailer.cli.sink_uri import open_sink
 
 TABLE = TableInfo("/data/t", "table-id", "t")
 
@@ -134,12 +134,3 @@ def test_bad_settings_are_config_errors(tmp_path: Path) -> None:
         load_toml(str(wrong))
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_toml(str(tmp_path / "absent.toml"))
-
-
-def test_timestamps() -> None:
-    assert parse_timestamp_ms("2024-01-02T03:04:05Z") == 1704164645000
-    assert parse_timestamp_ms("2024-01-02T03:04:05") == 1704164645000  # no zone means UTC
-    assert parse_timestamp_ms("2024-01-02T04:04:05+01:00") == 1704164645000
-    assert parse_timestamp_ms("1704164645000") == 1704164645000
-    with pytest.raises(ConfigError, match="invalid timestamp"):
-        parse_timestamp_ms("yesterday")

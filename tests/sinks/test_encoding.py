@@ -11,10 +11,10 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sinks.base import ChangeBatch, TableInfo
 from sinks.encoding import SMALL_TIMESTAMP_COLUMN, ChangeEncoder, EncodedBatch, json_values, row_dicts
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
+from state.feed import ChangeBatch, TableInfo
 
 TABLE = TableInfo("/data/orders", "0f1e2d3c-table-id", "orders")
 UTC = dt.UTC

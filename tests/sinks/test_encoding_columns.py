@@ -19,10 +19,10 @@ import pytest
 
 import sinks.embedded as embedded
 import sinks.encoding as encoding
-from sinks.base import ChangeBatch, TableInfo
 from sinks.encoding import ChangeEncoder, EncodedBatch, concatenated, constant_text, json_texts, json_values
 from state.cursor import Position
 from state.errors import SinkError
+from state.feed import ChangeBatch, TableInfo
 
 TABLE = TableInfo("/data/orders", "0f1e2d3c-table-id", "orders")
 UTC = dt.UTC

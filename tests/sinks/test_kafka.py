@@ -22,20 +22,13 @@ pytest.importorskip("kafka")
 
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from sinks.base import ChangeBatch, CommitEvent, TableInfo
-from sinks.kafka import (
-    KafkaOptions,
-    KafkaSink,
-    choose_partition,
-    choose_partitions,
-    collector_paused,
-    default_sink_id,
-    fill_topic,
-    murmur2,
-)
+from sinks.collector import collector_paused
+from sinks.kafka import KafkaOptions, KafkaSink, default_sink_id, fill_topic
 from sinks.kafka_producers import Outgoing, _Finder
+from sinks.partitioner import choose_partition, choose_partitions, murmur2
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
+from state.feed import ChangeBatch, CommitEvent, TableInfo
 
 TABLE = TableInfo("/data/orders", "tid-orders", "orders")
 OTHER = TableInfo("/data/users", "tid-users", "users")

@@ -74,7 +74,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from tailer.changes import ChangeFeed
+from tailer.read.feed import ChangeFeed
 
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}

@@ -36,22 +36,13 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # cdf_helpers (tests/ is not a package)
 from cdf_helpers import assert_same_rows, corpus_table, load_cdf
 
-from sinks.base import TableInfo
 from sinks.encoding import ChangeEncoder
-from sinks.spark import (
-    ChangePartition,
-    DeltaTailBatchReader,
-    DeltaTailDataSource,
-    DeltaTailStreamReader,
-    Offset,
-    SourceOptions,
-    arrow_target,
-    parse_bytes,
-    parse_timestamp_ms,
-    read_partition,
-    register,
-)
-from sinks.spark_kafka import kafka_batch_writer, version_batches
+from sinks.spark import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
+from sinks.spark.kafka_writer import kafka_batch_writer, version_batches
+from sinks.spark.offsets import Offset
+from sinks.spark.options import SourceOptions
+from sinks.spark.partitions import ChangePartition, read_partition
+from sinks.spark.schema import arrow_target
 from state.errors import (
     ConfigError,
     DeletionVectorError,
@@ -64,8 +55,10 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from tailer.changes import ChangeFeed, ChangeOptions
-from tailer.storage import FileInfo, LocalStorage
+from state.feed import TableInfo
+from tailer.parse import parse_bytes, parse_timestamp_ms
+from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.storage import FileInfo, LocalStorage, Storage
 
 CDF = {"delta.enableChangeDataFeed": "true"}
 #: kafka-python's first import warns (legacy ``importlib.resources`` calls); the helper imports it lazily.
@@ -103,11 +96,12 @@ def source(root: Path, **options: object) -> DeltaTailDataSource:
     )
 
 
-def stream_reader(root: Path, *, check_seconds: float = 0.0, **options: object) -> DeltaTailStreamReader:
+def stream_reader(
+    root: Path, *, check_seconds: float = 0.0, storage: Storage | None = None, **options: object
+) -> DeltaTailStreamReader:
     """A stream reader as Spark makes one; it checks for gaps on every idle poll unless told otherwise."""
     ds = source(root, **options)
-    reader = ds.streamReader(ds.schema())
-    assert isinstance(reader, DeltaTailStreamReader)
+    reader = DeltaTailStreamReader(SourceOptions.parse(ds.options), ds.schema(), storage)
     reader.planner.check_seconds = check_seconds
     return reader
 
@@ -170,7 +164,9 @@ def test_options_parse_with_defaults_and_units() -> None:
     assert SourceOptions.parse({"path": "/t", "maxFilesPerTrigger": "7"}).read_limit() == ReadMaxFiles(7)
     assert SourceOptions.parse({"path": "/t", "startingVersion": "Latest"}).starting_latest
     assert (
-        parse_bytes("x", "1048576") == 1 << 20 and parse_bytes("x", "2gb") == 2 << 30 and parse_bytes("x", "3K") == 3072
+        parse_bytes("1048576", name="x") == 1 << 20
+        and parse_bytes("2gb", name="x") == 2 << 30
+        and parse_bytes("3K", name="x") == 3072
     )
     assert parse_timestamp_ms("1700000000000") == 1_700_000_000_000
     assert parse_timestamp_ms("2024-01-02") == parse_timestamp_ms("2024-01-02T00:00:00Z") == 1_704_153_600_000
@@ -186,7 +182,7 @@ def test_options_parse_with_defaults_and_units() -> None:
         ({"path": "/t", "startingTimestamp": "yesterday"}, "ISO-8601"),
         ({"path": "/t", "maxFilesPerTrigger": "0"}, "maxFilesPerTrigger"),
         ({"path": "/t", "maxBytesPerTrigger": "10 parsecs"}, "byte size"),
-        ({"path": "/t", "netChanges": "yes"}, "true or false"),
+        ({"path": "/t", "netChanges": "maybe"}, "true or false"),
         ({"path": "/t", "keyColumns": "id"}, "netChanges"),
     ],
 )
@@ -337,16 +333,16 @@ class CountingStorage(LocalStorage):
 
 def test_idle_polls_and_new_commits_do_not_list_the_log(tmp_path: Path) -> None:
     root = new_table(tmp_path / "t")
-    reader = stream_reader(root, startingVersion=0, check_seconds=3600)
-    start = run_batches(reader, reader.initialOffset())[-1][1]  # its last, idle poll checked for gaps
     storage = CountingStorage()
-    reader.planner.log.storage = storage
+    reader = stream_reader(root, startingVersion=0, check_seconds=3600, storage=storage)
+    start = run_batches(reader, reader.initialOffset())[-1][1]  # its last, idle poll checked for gaps
+    listed = storage.listings
     assert all(reader.latestOffset(start, ReadAllAvailable()) == start for _ in range(50))
     append(root, [6])
     append(root, [7])
     end = reader.latestOffset(start, ReadAllAvailable())
     assert end["version"] == 3 and len(reader.partitions(start, end)) == 2
-    assert storage.listings == 0
+    assert storage.listings == listed
 
 
 def test_max_files_splits_plain_commits_between_files(tmp_path: Path) -> None:
@@ -808,7 +804,7 @@ def test_spark_kafka_foreach_batch(spark: SparkSession, tmp_path: Path, kafka_br
 
 def check_kafka_records(root: Path, records: list[Any], fmt: str) -> None:
     """Same messages as the sink's encoder makes of the standalone rows; each key's in commit order."""
-    from sinks.kafka_options import choose_partition
+    from sinks.partitioner import choose_partition
 
     rows = ChangeFeed(str(root)).read_table(0)
     encoder = ChangeEncoder(

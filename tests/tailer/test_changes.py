@@ -1,4 +1,4 @@
-"""Change rows (issue "Change rows"): :class:`tailer.changes.ChangeFeed` against the peer and the protocol.
+"""Change rows (issue "Change rows"): :class:`tailer.read.feed.ChangeFeed` against the peer and the protocol.
 
 Oracles, never a value computed by deltatail:
 
@@ -73,8 +73,9 @@ from state.errors import (
     VersionNotFoundError,
 )
 from state.schema import StructType, parse_schema
-from tailer.changes import ChangeFeed, ChangeOptions
-from tailer.netchanges import net_changes
+from tailer.log.starts import version_at_or_after
+from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.read.net_changes import net_changes
 
 CDF_ON = {"delta.enableChangeDataFeed": "true"}
 UTC = dt.UTC
@@ -482,15 +483,15 @@ def test_starting_timestamp_picks_the_first_commit_at_or_after_it(tmp_path: Path
     for i, mtime in enumerate(mtimes):
         table.commit([table.add(f"f{i}.parquet", id_rows(i))], mtime_ms=mtime)
     feed = ChangeFeed(str(table.root))
-    assert feed.version_at_or_after(mtimes[0] - 5) == 0
-    assert feed.version_at_or_after(mtimes[1]) == 1
-    assert feed.version_at_or_after(mtimes[1] + 1) == 2
-    assert feed.version_at_or_after(mtimes[3]) == 3
+    assert version_at_or_after(feed.log, mtimes[0] - 5) == 0
+    assert version_at_or_after(feed.log, mtimes[1]) == 1
+    assert version_at_or_after(feed.log, mtimes[1] + 1) == 2
+    assert version_at_or_after(feed.log, mtimes[3]) == 3
     got = feed.read_table(starting_timestamp_ms=mtimes[1] + 1)
     assert sorted(got["_commit_version"].to_pylist()) == [2, 3]
     assert sorted(got["id"].to_pylist()) == [2, 3]
     with pytest.raises(VersionNotFoundError, match="no commit at or after"):
-        feed.version_at_or_after(mtimes[3] + 1)
+        version_at_or_after(feed.log, mtimes[3] + 1)
     with pytest.raises(VersionNotFoundError):
         feed.read_table(starting_timestamp_ms=mtimes[3] + 1)
 
@@ -508,9 +509,9 @@ def test_starting_timestamp_uses_in_commit_timestamps(tmp_path: Path) -> None:
             extra_info={"inCommitTimestamp": ict},
         )
     feed = ChangeFeed(str(table.root))
-    assert feed.version_at_or_after(1_500_000) == 1
-    assert feed.version_at_or_after(2_000_000) == 1
-    assert feed.version_at_or_after(2_000_001) == 2
+    assert version_at_or_after(feed.log, 1_500_000) == 1
+    assert version_at_or_after(feed.log, 2_000_000) == 1
+    assert version_at_or_after(feed.log, 2_000_001) == 2
 
 
 def test_initial_snapshot_then_changes(tmp_path: Path) -> None:

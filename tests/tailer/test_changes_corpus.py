@@ -49,7 +49,7 @@ from cdf_helpers import (
 from deltalake import DeltaTable
 
 from state.errors import MissingFileError, VersionNotFoundError
-from tailer.changes import ChangeFeed, ChangeOptions
+from tailer.read.feed import ChangeFeed, ChangeOptions
 
 REFERENCE_DIR = "_reference-outputs/deltalake-1.6.6"
 

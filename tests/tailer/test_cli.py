@@ -161,8 +161,8 @@ def test_starting_version_latest(tmp_path: Path) -> None:
 def test_json_logs_are_one_object_per_line_with_status_fields(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from tailer.logs import JsonFormatter
-    from tailer.run import status
+    from tailer.cli.logs import JsonFormatter
+    from tailer.follow.status import status
 
     _table(tmp_path / "t")
     result = _run(

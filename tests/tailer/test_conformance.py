@@ -1,4 +1,4 @@
-"""Conformance of :class:`tailer.log.DeltaLog` snapshots over every table of the shared corpus.
+"""Conformance of :class:`tailer.log.delta_log.DeltaLog` snapshots over every table of the shared corpus.
 
 For every table in ``manifest.json`` (one test each, id = the table path):
 
@@ -62,7 +62,7 @@ from state.errors import (
     VersionNotFoundError,
 )
 from state.files import FileKey
-from tailer.log import DeltaLog
+from tailer.log.delta_log import DeltaLog
 
 EXPECTATIONS = Path(__file__).resolve().parents[1] / "expectations" / "snapshot_expectations.json"
 

@@ -25,7 +25,7 @@ from corpus import corpus_table
 
 from state.actions import Add, DeletionVector, Remove, parse_json_actions
 from state.errors import DeletionVectorError, InvalidLogError, MissingFileError
-from tailer.deletion_vectors import MAGIC, decode_bitmap, dv_file_location, read_deletion_vector
+from tailer.read.deletion_vectors import MAGIC, decode_bitmap, dv_file_location, read_deletion_vector
 from tailer.storage import LocalStorage
 
 STORAGE = LocalStorage()

@@ -22,9 +22,9 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from tailer.last_checkpoint import canonicalize, checksum, parse_last_checkpoint
-from tailer.log import DeltaLog
-from tailer.logfiles import LogFileKind, classify, start_after_for
+from tailer.log.delta_log import DeltaLog
+from tailer.log.files import LogFileKind, classify, start_after_for
+from tailer.log.last_checkpoint import canonicalize, checksum, parse_last_checkpoint
 from tailer.storage import LocalStorage
 
 PROTOCOL_VECTOR = (

@@ -11,7 +11,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from state.errors import MissingFileError, VersionGapError
-from tailer.changes import ChangeFeed, ChangeOptions
+from tailer.read.feed import ChangeFeed, ChangeOptions
 
 
 def _table(root: Path, commits: int) -> None:

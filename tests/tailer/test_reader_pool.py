@@ -2,7 +2,7 @@
 
 The expectation is always in-process reading (``reader_processes=0``) of the same table in the same
 test, which the rest of the suite checks against deltalake and the corpus's reference outputs.
-Runs are made tiny here (``MIN_FILES=1``, ``RUN_FILES=2``) so that even a short table's files are
+Runs are made tiny here (``RunLimits(files=2, min_files=1)``) so that even a short table's files are
 split over several runs and both processes.
 """
 
@@ -28,18 +28,21 @@ from cdf_helpers import HandTable, peer_copy
 from corpus import manifest_paths, table_root
 from deltalake import DeltaTable, write_deltalake
 
-import tailer.changes
-import tailer.reader_pool
-from sinks.base import ChangeBatch
+import tailer.read.reader_pool
 from sinks.embedded import JsonLinesSink
+from state.changes import FileTask
 from state.cursor import Position
 from state.errors import ConfigError, DeletionVectorError, DeltaTailError, InvalidLogError, MissingFileError
-from tailer.changes import ChangeFeed, ChangeOptions
-from tailer.log import DeltaLog
-from tailer.reader_pool import MAX_FAILURES, ReaderPool
-from tailer.run import Tailer, TailerConfig
-from tailer.state_store import StateStore
-from tailer.storage import LocalStorage
+from state.feed import ChangeBatch
+from state.planning import ReadContext
+from tailer.follow.state_store import StateStore
+from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.log.delta_log import DeltaLog
+from tailer.read import reader_worker
+from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.read.reader_pool import MAX_FAILURES, ReaderPool, RunLimits
+from tailer.read.tasks import read_run, read_task
+from tailer.storage import LocalStorage, Storage
 
 PROJECT = Path(__file__).resolve().parents[2]
 IN_PROCESS = ChangeOptions(reader_processes=0)
@@ -47,13 +50,14 @@ IN_PROCESS = ChangeOptions(reader_processes=0)
 Outcome = tuple[list[tuple[object, pa.RecordBatch]], str | None]
 
 
+#: Tiny runs: even a short table's files are split over several runs and both processes.
+TINY_RUNS = RunLimits(files=2, min_files=1)
+
+
 @pytest.fixture
-def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[ReaderPool]:
-    """A private two-process pool that every feed in the test uses, with runs of two files."""
-    pool = ReaderPool(2)
-    monkeypatch.setattr(tailer.changes, "shared_pool", lambda processes: pool)
-    monkeypatch.setattr(tailer.changes, "MIN_FILES", 1)
-    monkeypatch.setattr(tailer.changes, "RUN_FILES", 2)
+def pool() -> Iterator[ReaderPool]:
+    """A private two-process pool, with runs of two files, that the test's feeds are given."""
+    pool = ReaderPool(2, TINY_RUNS)
     yield pool
     pool.close()
 
@@ -91,19 +95,21 @@ def _ids(outcome: Outcome) -> list[int]:
 def test_appends_read_by_processes_are_the_rows_of_in_process_reading(tmp_path: Path, pool: ReaderPool) -> None:
     _appends(tmp_path, 30)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS), starting_version=0)
-    got = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16)), starting_version=0)
+    got = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16), pool=pool), starting_version=0)
     _assert_same(got, expected)
     assert _ids(got) == list(range(300))  # what the writer wrote, in commit order
     assert pool.files_sent == 30
 
 
-def test_runs_end_at_their_byte_budget(tmp_path: Path, pool: ReaderPool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_runs_end_at_their_byte_budget(tmp_path: Path) -> None:
     _appends(tmp_path, 10)
-    monkeypatch.setattr(tailer.changes, "RUN_FILES", 32)
-    monkeypatch.setattr(tailer.changes, "RUN_BYTES", 1)  # every file alone fills a run
-    expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
-    _assert_same(_outcome(ChangeFeed(str(tmp_path))), expected)
-    assert pool.files_sent == 10 and pool.runs_sent == 10
+    pool = ReaderPool(2, RunLimits(files=32, bytes=1, min_files=1))  # every file alone fills a run
+    try:
+        expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
+        _assert_same(_outcome(ChangeFeed(str(tmp_path), pool=pool)), expected)
+        assert pool.files_sent == 10 and pool.runs_sent == 10
+    finally:
+        pool.close()
 
 
 def test_files_of_unknown_size_are_streamed_in_process(tmp_path: Path, pool: ReaderPool) -> None:
@@ -117,26 +123,25 @@ def test_files_of_unknown_size_are_streamed_in_process(tmp_path: Path, pool: Rea
             action["remove"].pop("size", None)
     commit.write_text("".join(json.dumps(a) + "\n" for a in lines))
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS), starting_version=12)
-    got = _outcome(ChangeFeed(str(tmp_path)), starting_version=12)
+    got = _outcome(ChangeFeed(str(tmp_path), pool=pool), starting_version=12)
     _assert_same(got, expected)
     assert sorted(_ids(got)) == list(range(120))
     assert pool.files_sent == 0
 
 
-def test_a_run_whose_rows_cannot_be_packed_is_handed_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_whose_rows_cannot_be_packed_is_handed_back(tmp_path: Path) -> None:
     # The worker side, in-process: when packing the rows fails (a string column past 2 GiB, say), the
     # answer says "stopped at task 0" with no rows, so the consumer reads the whole run itself.
     _appends(tmp_path, 3)
     feed = ChangeFeed(str(tmp_path), options=IN_PROCESS)
     items = [(plan.context, task) for plan in feed.plans(0, None) for task in plan.tasks]
-    header, payload = tailer.reader_pool._answer(LocalStorage(), 65536, items)
+    header, payload = reader_worker.answer(LocalStorage(), 65536, items)
     assert pickle.loads(header) == ([[10], [10], [10]], None) and payload
 
     def refuse(rows: pa.RecordBatch) -> bytes:
         raise pa.ArrowInvalid("offset overflow")
 
-    monkeypatch.setattr(tailer.reader_pool, "_ipc", refuse)
-    header, payload = tailer.reader_pool._answer(LocalStorage(), 65536, items)
+    header, payload = reader_worker.answer(LocalStorage(), 65536, items, ipc=refuse)
     assert pickle.loads(header) == ([], 0) and payload == b""
 
 
@@ -152,18 +157,18 @@ def test_a_task_that_fails_after_some_rows_leaves_none_of_them_in_its_run(tmp_pa
     (plan,) = list(feed.plans(0, 0))
     items = [(plan.context, task) for task in plan.tasks]
     assert [task.path for _, task in items] == ["a.parquet", "b.parquet", "c.parquet"]
-    lengths, failed, rows = tailer.changes.read_run(LocalStorage(), items, 3)
+    lengths, failed, rows = read_run(LocalStorage(), items, 3)
     assert (lengths, failed) == ([[3, 1]], 1)
     assert rows is not None and rows.column("id").to_pylist() == [1, 2, 3, 4]
     assert rows.column("_commit_version").to_pylist() == [0] * 4
     with pytest.raises(InvalidLogError, match=r"b\.parquet"):
-        list(tailer.changes.read_task(LocalStorage(), plan.context, items[1][1], 3))
+        list(read_task(LocalStorage(), plan.context, items[1][1], 3))
 
 
 def test_small_batches_keep_their_boundaries(tmp_path: Path, pool: ReaderPool) -> None:
     _appends(tmp_path, 12)
-    expected = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(reader_processes=0, batch_size=3)))
-    got = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(batch_size=3)))
+    expected = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(reader_processes=0, batch_size=3), pool=pool))
+    got = _outcome(ChangeFeed(str(tmp_path), options=ChangeOptions(batch_size=3), pool=pool))
     _assert_same(got, expected)
     assert [rows.num_rows for _, rows in got[0]][:4] == [3, 3, 3, 1]
     assert pool.files_sent == 12
@@ -175,14 +180,14 @@ def test_every_corpus_table_reads_the_same_through_processes(path: str, pool: Re
     # data files): the same rows up to the same error. Initial snapshot and then every change.
     root = str(table_root(path))
     expected = _outcome(ChangeFeed(root, options=IN_PROCESS), starting_version=0, initial_snapshot=True)
-    got = _outcome(ChangeFeed(root), starting_version=0, initial_snapshot=True)
+    got = _outcome(ChangeFeed(root, pool=pool), starting_version=0, initial_snapshot=True)
     _assert_same(got, expected)
 
 
 def test_the_corpus_comparison_exercises_the_processes(pool: ReaderPool) -> None:
     # The parametrized test above would pass with the processes never used; this one proves they are.
     root = str(table_root("kernel-rs/cdf-table-with-dv"))
-    _outcome(ChangeFeed(root), starting_version=0, initial_snapshot=True)
+    _outcome(ChangeFeed(root, pool=pool), starting_version=0, initial_snapshot=True)
     assert pool.files_sent > 0
 
 
@@ -194,7 +199,7 @@ def test_a_missing_file_is_raised_after_every_row_before_it(tmp_path: Path, pool
     (added,) = new
     os.remove(added)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
-    got = _outcome(ChangeFeed(str(tmp_path)))
+    got = _outcome(ChangeFeed(str(tmp_path), pool=pool))
     _assert_same(got, expected)
     assert got[1] is not None and got[1].startswith(MissingFileError.__name__) and Path(added).name in got[1]
     assert _ids(got) == list(range(200))  # versions 0..19, nothing after
@@ -207,7 +212,7 @@ def test_a_bad_deletion_vector_checksum_is_raised_by_the_consumer(tmp_path: Path
     data[-1] ^= 0xFF  # the stored CRC-32 no longer matches
     dv.write_bytes(bytes(data))
     expected = _outcome(ChangeFeed(str(root), options=IN_PROCESS), starting_version=0)
-    got = _outcome(ChangeFeed(str(root)), starting_version=0)
+    got = _outcome(ChangeFeed(str(root), pool=pool), starting_version=0)
     _assert_same(got, expected)
     assert got[1] is not None and got[1].startswith(DeletionVectorError.__name__) and dv.name in got[1]
     assert pool.files_sent > 0
@@ -216,7 +221,7 @@ def test_a_bad_deletion_vector_checksum_is_raised_by_the_consumer(tmp_path: Path
 def test_killed_processes_lose_no_rows(tmp_path: Path, pool: ReaderPool, caplog: pytest.LogCaptureFixture) -> None:
     _appends(tmp_path, 40)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
-    feed = ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16))
+    feed = ChangeFeed(str(tmp_path), options=ChangeOptions(read_ahead=16), pool=pool)
     _assert_same(_outcome(feed), expected)  # both processes have answered (a process that never did counts more)
     assert len(pool._workers) == 2 and all(worker.answered for worker in pool._workers)
     batches = feed.batches()
@@ -231,13 +236,11 @@ def test_killed_processes_lose_no_rows(tmp_path: Path, pool: ReaderPool, caplog:
     assert pool.usable  # processes that had answered before: replaced on the next run
 
 
-def test_processes_that_cannot_start_turn_the_pool_off(
-    tmp_path: Path, pool: ReaderPool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_processes_that_cannot_start_turn_the_pool_off(tmp_path: Path) -> None:
     _appends(tmp_path, 10)
-    monkeypatch.setattr(sys, "executable", "/bin/false")  # starts, then exits before answering anything
+    pool = ReaderPool(2, TINY_RUNS, command=["/bin/false"])  # starts, then exits before answering anything
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
-    got = _outcome(ChangeFeed(str(tmp_path)))
+    got = _outcome(ChangeFeed(str(tmp_path), pool=pool))
     _assert_same(got, expected)
     assert not pool.usable and pool._failures >= MAX_FAILURES
     assert not pool.acquire()
@@ -246,20 +249,20 @@ def test_processes_that_cannot_start_turn_the_pool_off(
 def test_a_consumer_that_stops_early_leaves_the_pool_ready(tmp_path: Path, pool: ReaderPool) -> None:
     _appends(tmp_path, 30)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
-    batches = ChangeFeed(str(tmp_path)).batches()
+    batches = ChangeFeed(str(tmp_path), pool=pool).batches()
     next(batches)
     batches.close()  # runs still unanswered are received and dropped
     assert all(not worker.outstanding for worker in pool._workers)
-    _assert_same(_outcome(ChangeFeed(str(tmp_path))), expected)
+    _assert_same(_outcome(ChangeFeed(str(tmp_path), pool=pool)), expected)
 
 
 def test_a_second_concurrent_consumer_reads_in_process(tmp_path: Path, pool: ReaderPool) -> None:
     _appends(tmp_path, 20)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
-    first = ChangeFeed(str(tmp_path)).batches()
+    first = ChangeFeed(str(tmp_path), pool=pool).batches()
     head = next(first)
     read = pool.files_sent
-    second = _outcome(ChangeFeed(str(tmp_path)))
+    second = _outcome(ChangeFeed(str(tmp_path), pool=pool))
     assert pool.files_sent == read  # the pool was held by the first consumer
     _assert_same(second, expected)
     rest = [(b.start, b.rows) for b in first]
@@ -272,14 +275,12 @@ def test_the_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
         f"""
         import sys, time
         sys.path.insert(0, {str(PROJECT)!r})
-        import tailer.changes
-        from tailer.changes import ChangeFeed
-        from tailer.reader_pool import shared_pool
-        tailer.changes.MIN_FILES = 1
-        tailer.changes.RUN_FILES = 2
-        batches = ChangeFeed({str(tmp_path)!r}).batches()
+        from tailer.read.feed import ChangeFeed
+        from tailer.read.reader_pool import ReaderPool, RunLimits
+        pool = ReaderPool(2, RunLimits(files=2, min_files=1))
+        batches = ChangeFeed({str(tmp_path)!r}, pool=pool).batches()
         next(batches)
-        print(*(w.proc.pid for w in shared_pool(2)._workers), flush=True)
+        print(*(w.proc.pid for w in pool._workers), flush=True)
         time.sleep(600)
         """
     )
@@ -302,14 +303,14 @@ def test_the_processes_ignore_stop_signals_meant_for_their_parent(tmp_path: Path
     # Ctrl-C or `kill -TERM -<group>` reaches the workers too; only the parent acts on it (gracefully).
     _appends(tmp_path, 12)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
-    _assert_same(_outcome(ChangeFeed(str(tmp_path))), expected)
+    _assert_same(_outcome(ChangeFeed(str(tmp_path), pool=pool)), expected)
     workers = list(pool._workers)
     for worker in workers:
         worker.proc.send_signal(signal.SIGINT)
         worker.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     assert all(worker.proc.poll() is None for worker in workers)
-    _assert_same(_outcome(ChangeFeed(str(tmp_path))), expected)
+    _assert_same(_outcome(ChangeFeed(str(tmp_path), pool=pool)), expected)
     assert pool._workers == workers and not any(worker.broken for worker in workers)
 
 
@@ -348,7 +349,7 @@ class _CheckingSink(JsonLinesSink):
         super().write(batch)
 
 
-def _tail(root: Path, state: Path, sink: JsonLinesSink, **options: Any) -> None:
+def _tail(root: Path, state: Path, sink: JsonLinesSink, pool: ReaderPool, **options: Any) -> None:
     config = TailerConfig(
         table=str(root),
         state_dir=str(state),
@@ -358,7 +359,7 @@ def _tail(root: Path, state: Path, sink: JsonLinesSink, **options: Any) -> None:
         snapshot_commits=options.pop("snapshot_commits", 1000),
         options=ChangeOptions(**options),
     )
-    Tailer(config, sink).run()
+    Tailer(config, sink, feed=ChangeFeed(str(root), options=config.options, pool=pool)).run()
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -368,9 +369,9 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 def test_the_tailer_catches_up_through_the_processes(tmp_path: Path, pool: ReaderPool) -> None:
     root = tmp_path / "t"
     _appends(root, 40)
-    _tail(root, tmp_path / "s0", JsonLinesSink(str(tmp_path / "in-process.jsonl")), reader_processes=0)
+    _tail(root, tmp_path / "s0", JsonLinesSink(str(tmp_path / "in-process.jsonl")), pool, reader_processes=0)
     assert pool.files_sent == 0
-    _tail(root, tmp_path / "s2", JsonLinesSink(str(tmp_path / "processes.jsonl")))
+    _tail(root, tmp_path / "s2", JsonLinesSink(str(tmp_path / "processes.jsonl")), pool)
     assert pool.files_sent == 40
     assert (tmp_path / "processes.jsonl").read_bytes() == (tmp_path / "in-process.jsonl").read_bytes()
     assert [r["id"] for r in _lines(tmp_path / "processes.jsonl")] == list(range(400))
@@ -384,14 +385,14 @@ def test_saved_snapshots_stay_exact_while_the_tailer_plans_ahead(tmp_path: Path,
     DeltaTable(str(root)).delete("id % 3 = 0")  # removes too, so the live files really change
     _appends(root, 30, first=300)
     sink = _CheckingSink(out, state, root)
-    _tail(root, state, sink, checkpoint_commits=5, checkpoint_seconds=0.0, snapshot_commits=7)
+    _tail(root, state, sink, pool, checkpoint_commits=5, checkpoint_seconds=0.0, snapshot_commits=7)
     assert len(sink.checked) >= 5  # snapshots saved along the way, each checked
     latest = DeltaTable(str(root)).version()
     saved = StateStore(str(state)).load()
     assert saved is not None and saved.cursor == Position.change(latest + 1, 0)
     assert saved.snapshot_version == latest
     _appends(root, 3, first=600)  # and a restart resumes exactly where the run stopped
-    _tail(root, state, JsonLinesSink(str(out)))
+    _tail(root, state, JsonLinesSink(str(out)), pool)
     inserted = [r["id"] for r in _lines(out) if r["_change_type"] == "insert"]
     deleted = [r["id"] for r in _lines(out) if r["_change_type"] == "delete"]
     assert inserted == list(range(630))
@@ -432,7 +433,7 @@ def test_an_answer_that_does_not_add_up_is_refused(
         """
     )
     pool = ReaderPool(1)
-    worker = tailer.reader_pool._Worker(pool, [sys.executable, "-c", script])
+    worker = tailer.read.reader_pool._Worker(pool, [sys.executable, "-c", script])
     items = [(plan.context, task) for plan in ChangeFeed(str(tmp_path)).plans(0, None) for task in plan.tasks]
     run = worker.submit(LocalStorage(), items, 65536)
     with caplog.at_level(logging.WARNING, logger="deltatail"):
@@ -446,14 +447,13 @@ class _Serving:
 
     ANSWER_BYTES = 256 << 10
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, outbox: reader_worker.Outbox | None = None) -> None:
         self.answered = 0
 
-        def answer(storage: object, batch_size: int, items: list[object]) -> tuple[bytes, bytes]:
+        def answer(storage: Storage, batch_size: int, items: list[tuple[ReadContext, FileTask]]) -> reader_worker.Reply:
             self.answered += 1
             return pickle.dumps(self.answered), bytes([self.answered]) * self.ANSWER_BYTES
 
-        monkeypatch.setattr(tailer.reader_pool, "_answer", answer)
         requests_in, requests_out = os.pipe()
         answers_in, answers_out = os.pipe()
         self.requests = os.fdopen(requests_out, "wb")
@@ -461,7 +461,9 @@ class _Serving:
         self.returned: list[int] = []
         self.thread = threading.Thread(
             target=lambda: self.returned.append(
-                tailer.reader_pool._serve(os.fdopen(requests_in, "rb"), os.fdopen(answers_out, "wb"))
+                reader_worker.serve(
+                    os.fdopen(requests_in, "rb"), os.fdopen(answers_out, "wb"), read=answer, outbox=outbox
+                )
             ),
             daemon=True,
         )
@@ -469,13 +471,13 @@ class _Serving:
 
     def send_runs(self, n: int) -> None:
         for _ in range(n):
-            tailer.reader_pool._write_frame(self.requests, tailer.reader_pool._wire(LocalStorage(), 65536, []))
+            reader_worker.write_frame(self.requests, reader_worker.wire(LocalStorage(), 65536, []))
 
     def finish(self, runs: int) -> None:
         """Receive the ``runs`` answers (each must arrive whole and in order), then stop: ``_serve`` returns 0."""
         for i in range(1, runs + 1):
-            assert pickle.loads(tailer.reader_pool._read_frame(self.answers)) == i
-            assert tailer.reader_pool._read_frame(self.answers) == bytes([i % 256]) * self.ANSWER_BYTES
+            assert pickle.loads(reader_worker.read_frame(self.answers)) == i
+            assert reader_worker.read_frame(self.answers) == bytes([i % 256]) * self.ANSWER_BYTES
         self.requests.close()
         self.thread.join(timeout=30)
         assert self.returned == [0]
@@ -487,21 +489,20 @@ class _Serving:
         assert self.answered == answered
 
 
-def test_a_worker_reads_on_while_its_answers_wait_for_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_reads_on_while_its_answers_wait_for_the_parent() -> None:
     """Nothing is received: the worker still reads the next runs, up to a bounded number of answers held."""
-    serving = _Serving(monkeypatch)
-    runs = tailer.reader_pool.OUTBOX_ANSWERS + 6
+    serving = _Serving()
+    runs = reader_worker.OUTBOX_ANSWERS + 6
     serving.send_runs(runs)
-    held = tailer.reader_pool.OUTBOX_ANSWERS + 2  # one being written, the outbox full, one waiting to enter it
+    held = reader_worker.OUTBOX_ANSWERS + 2  # one being written, the outbox full, one waiting to enter it
     serving.wait_for(held)
     time.sleep(0.2)  # room for a (wrong) further read to happen
     assert serving.answered == held
     serving.finish(runs)  # then every answer arrives, whole and in order
 
 
-def test_a_workers_outbox_holds_at_most_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tailer.reader_pool, "OUTBOX_BYTES", 3 * (_Serving.ANSWER_BYTES + 64))  # 64: the header
-    serving = _Serving(monkeypatch)
+def test_a_workers_outbox_holds_at_most_its_bytes() -> None:
+    serving = _Serving(reader_worker.Outbox(size=3 * (_Serving.ANSWER_BYTES + 64)))  # 64: the header
     serving.send_runs(8)
     serving.wait_for(3 + 2)  # three answers fill the outbox's bytes; one being written, one waiting
     time.sleep(0.2)
@@ -509,9 +510,8 @@ def test_a_workers_outbox_holds_at_most_its_bytes(monkeypatch: pytest.MonkeyPatc
     serving.finish(8)
 
 
-def test_an_answer_larger_than_the_outbox_still_goes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tailer.reader_pool, "OUTBOX_BYTES", _Serving.ANSWER_BYTES // 2)
-    serving = _Serving(monkeypatch)
+def test_an_answer_larger_than_the_outbox_still_goes_alone() -> None:
+    serving = _Serving(reader_worker.Outbox(size=_Serving.ANSWER_BYTES // 2))
     serving.send_runs(4)
     serving.wait_for(1 + 2)  # one in the outbox (alone), one being written, one waiting
     time.sleep(0.2)
@@ -519,11 +519,11 @@ def test_an_answer_larger_than_the_outbox_still_goes_alone(monkeypatch: pytest.M
     serving.finish(4)
 
 
-def test_a_worker_whose_parent_stops_reading_for_good_exits(monkeypatch: pytest.MonkeyPatch) -> None:
-    serving = _Serving(monkeypatch)
-    runs = tailer.reader_pool.OUTBOX_ANSWERS + 6
+def test_a_worker_whose_parent_stops_reading_for_good_exits() -> None:
+    serving = _Serving()
+    runs = reader_worker.OUTBOX_ANSWERS + 6
     serving.send_runs(runs)
-    serving.wait_for(tailer.reader_pool.OUTBOX_ANSWERS + 2)
+    serving.wait_for(reader_worker.OUTBOX_ANSWERS + 2)
     serving.answers.close()  # the parent is gone: the blocked write fails
     serving.thread.join(timeout=30)
     assert serving.returned == [0]

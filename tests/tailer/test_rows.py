@@ -28,17 +28,18 @@ from pyroaring import BitMap64
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_root, corpus_table
 
-import tailer.rows
 from state.actions import Add, AddCDCFile, Metadata, Remove, parse_json_actions
 from state.errors import ConfigError, DeletionVectorError, DeltaTailError, InvalidLogError, MissingFileError
+from state.feed import CHANGE_TYPE_COLUMN
 from state.schema import StructField, StructType, parse_schema
-from tailer.deletion_vectors import read_deletion_vector
-from tailer.rows import (
-    CHANGE_TYPE_COLUMN,
+from tailer.read.column_plan import ColumnPlan, PlansByParquetSchema
+from tailer.read.conform import conform
+from tailer.read.deletion_vectors import read_deletion_vector
+from tailer.read.parquet_file import ParquetOpening, open_parquet
+from tailer.read.partition_values import parse_partition_value
+from tailer.read.rows import (
     RowFilter,
-    _conform,
     output_schema,
-    parse_partition_value,
     read_file_batches,
     read_file_rows,
     resolve_data_path,
@@ -263,16 +264,13 @@ def reference_cdf(relative: str) -> pa.Table:
     ],
 )
 @pytest.mark.parametrize("dictionary_min_bytes", [0, None], ids=["as-dictionary", "as-strings"])
-def test_cdc_files_with_change_type_match_verified_reference(
-    table: str, dictionary_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cdc_files_with_change_type_match_verified_reference(table: str, dictionary_min_bytes: int | None) -> None:
     """A commit with cdc actions has exactly those files' rows as its changes (protocol, Change Data Files).
 
     Both ways of reading ``_change_type`` are checked: as a dictionary (large files; here forced for all)
-    and as strings (the corpus files are all below ``DICTIONARY_MIN_BYTES``).
+    and as strings (the corpus files are all below the default ``dictionary_min_bytes``).
     """
-    if dictionary_min_bytes is not None:
-        monkeypatch.setattr(tailer.rows, "DICTIONARY_MIN_BYTES", dictionary_min_bytes)
+    opening = ParquetOpening() if dictionary_min_bytes is None else ParquetOpening(dictionary_min_bytes=0)
     root = corpus_table(table)
     reference = reference_cdf(table)
     metadata: Metadata | None = None
@@ -296,6 +294,7 @@ def test_cdc_files_with_change_type_match_verified_reference(
                 column_mapping_mode=metadata.column_mapping_mode,
                 keep_change_type=True,
                 version=version,
+                opening=opening,
             )
         ]
         expected = reference.filter(pc.equal(reference["_commit_version"], version))
@@ -359,15 +358,13 @@ def test_change_type_of_cdc_file_is_dropped_unless_requested() -> None:
 
 
 @pytest.mark.parametrize("dictionary_min_bytes", [0, None], ids=["as-dictionary", "as-strings"])
-def test_change_type_requested_from_a_data_file_is_an_invalid_log(
-    dictionary_min_bytes: int | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if dictionary_min_bytes is not None:  # pyarrow refuses a missing dictionary column at open: mapped too
-        monkeypatch.setattr(tailer.rows, "DICTIONARY_MIN_BYTES", dictionary_min_bytes)
+def test_change_type_requested_from_a_data_file_is_an_invalid_log(dictionary_min_bytes: int | None) -> None:
+    # As a dictionary, pyarrow refuses a missing dictionary column at open: mapped too.
+    opening = ParquetOpening() if dictionary_min_bytes is None else ParquetOpening(dictionary_min_bytes=0)
     root = corpus_table("kernel-rs/table-without-dv-small")
     metadata, [(version, add)] = replay(root)
     with pytest.raises(InvalidLogError, match=CHANGE_TYPE_COLUMN) as info:
-        read_add(root, metadata, version, add, keep_change_type=True)
+        read_add(root, metadata, version, add, keep_change_type=True, opening=opening)
     assert info.value.file == f"{root}/{add.path}" and info.value.version == version
 
 
@@ -527,10 +524,10 @@ def test_sliced_nested_columns_conform_like_whole_ones() -> None:
         [{"a": [1]}, None, {"a": None}, {"a": [2, 3]}, {"a": []}, None], pa.struct([("a", pa.list_(pa.int64()))])
     )
     for field, column in zip(schema.fields, (lists, maps, structs), strict=True):
-        whole = _conform(column, field.type, "none", field.name)
+        whole = conform(column, field.type, "none", field.name)
         assert whole.to_pylist() == column.to_pylist()  # same names and types: the values pass unchanged
         for start, length in ((1, 4), (2, 3), (5, 1), (3, 0)):
-            part = _conform(column.slice(start, length), field.type, "none", field.name)
+            part = conform(column.slice(start, length), field.type, "none", field.name)
             assert part.to_pylist() == whole.slice(start, length).to_pylist()
 
 
@@ -576,7 +573,7 @@ def test_id_mode_matches_parquet_field_ids_before_names(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("stored_schema", [True, False], ids=["stored-arrow-schema", "parquet-schema-only"])
 def test_files_alike_but_for_their_field_ids_are_read_by_their_own_ids(
-    tmp_path: Path, opening: str, stored_schema: bool
+    tmp_path: Path, opening: ParquetOpening, stored_schema: bool
 ) -> None:
     # Plans are shared by files with equal Parquet schemas; field ids are part of that equality.
     def write(name: str, ids: tuple[int, int]) -> None:
@@ -590,33 +587,33 @@ def test_files_alike_but_for_their_field_ids_are_read_by_their_own_ids(
     write("one.parquet", (1, 2))
     write("two.parquet", (2, 1))
     schema = schema_of(("a", "long"), ("b", "long"), mapping={"a": ("x", 1), "b": ("y", 2)})
-    one, two = (batches_rows(read_plain(tmp_path, f, schema, "id")) for f in ("one.parquet", "two.parquet"))
+    one, two = (
+        batches_rows(read_plain(tmp_path, f, schema, "id", opening=opening)) for f in ("one.parquet", "two.parquet")
+    )
     assert one == [{"a": 1, "b": 10}, {"a": 2, "b": 20}]
     assert two == [{"a": 10, "b": 1}, {"a": 20, "b": 2}]
 
 
-def test_plans_shared_by_parquet_schema_are_bounded_by_schemas_keys_and_footer_bytes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_plans_shared_by_parquet_schema_are_bounded_by_schemas_keys_and_footer_bytes(tmp_path: Path) -> None:
     pq.write_table(pa.table({"x": [1]}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"x": [1], "y": ["z"]}), tmp_path / "b.parquet")
 
     def physical(name: str) -> pq.ParquetSchema:
         return pq.ParquetFile(tmp_path / name).metadata.schema
 
-    first = cast(tailer.rows._Plan, object())  # plans, compared by identity
-    second = cast(tailer.rows._Plan, object())
-    plans = tailer.rows._PlansByParquetSchema()
+    first = cast(ColumnPlan, object())  # plans, compared by identity
+    second = cast(ColumnPlan, object())
+    plans = PlansByParquetSchema()
     plans.add(("k",), physical("a.parquet"), first, 100)
     assert plans.find(("k",), physical("a.parquet")) is first  # another file's equal schema
     assert plans.find(("k",), physical("b.parquet")) is None and plans.find(("other",), physical("a.parquet")) is None
-    monkeypatch.setattr(tailer.rows, "PARQUET_SCHEMAS", 1)
+    plans.schemas = 1
     plans.add(("k",), physical("b.parquet"), second, 100)  # the oldest schema of the key goes
     assert plans.find(("k",), physical("a.parquet")) is None and plans.find(("k",), physical("b.parquet")) is second
-    monkeypatch.setattr(tailer.rows, "PLAN_FOOTER_BYTES", 150)
+    plans.footer_bytes = 150
     plans.add(("k2",), physical("a.parquet"), first, 100)  # 100 + 100 > 150: everything before goes
     assert plans.find(("k",), physical("b.parquet")) is None and plans.find(("k2",), physical("a.parquet")) is first
-    monkeypatch.setattr(tailer.rows, "PLAN_KEYS", 1)
+    plans.keys = 1
     plans.add(("k3",), physical("a.parquet"), second, 1)  # a second key: everything before goes
     assert plans.find(("k2",), physical("a.parquet")) is None and plans.find(("k3",), physical("a.parquet")) is second
 
@@ -653,17 +650,20 @@ def test_nested_physical_names_become_logical_names(tmp_path: Path) -> None:
     ]
 
 
-@pytest.fixture(params=["whole", "footer", "footer-in-two-reads"])
-def opening(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+OPENINGS = {
+    "whole": ParquetOpening(),
+    "footer": ParquetOpening(whole_file_bytes=0),
+    "footer-in-two-reads": ParquetOpening(whole_file_bytes=0, footer_read_bytes=16),
+}
+
+
+@pytest.fixture(params=sorted(OPENINGS))
+def opening(request: pytest.FixtureRequest) -> ParquetOpening:
     """Each way a file is opened: read whole (small files), or by its footer (large ones), found in one read or two."""
-    if request.param != "whole":
-        monkeypatch.setattr(tailer.rows, "WHOLE_FILE_BYTES", 0)
-    if request.param == "footer-in-two-reads":
-        monkeypatch.setattr(tailer.rows, "FOOTER_READ_BYTES", 16)
-    return str(request.param)
+    return OPENINGS[str(request.param)]
 
 
-def test_file_types_are_widened_and_timestamps_cast_to_microseconds(tmp_path: Path, opening: str) -> None:
+def test_file_types_are_widened_and_timestamps_cast_to_microseconds(tmp_path: Path, opening: ParquetOpening) -> None:
     moment = dt.datetime(2021, 5, 6, 7, 8, 9, 123456)
     table = pa.table(
         {
@@ -682,7 +682,7 @@ def test_file_types_are_widened_and_timestamps_cast_to_microseconds(tmp_path: Pa
         ("i", "integer"), ("l", "long"), ("f", "double"), ("dec", "decimal(10,2)"),
         ("ts_ns", "timestamp"), ("ts_ms", "timestamp_ntz"), ("s", "string"),
     )  # fmt: skip
-    [batch] = read_plain(tmp_path, "w.parquet", schema)
+    [batch] = read_plain(tmp_path, "w.parquet", schema, opening=opening)
     assert batch.schema == schema.to_arrow()
     assert batch.to_pylist() == [
         {
@@ -698,7 +698,9 @@ def test_file_types_are_widened_and_timestamps_cast_to_microseconds(tmp_path: Pa
     ]
 
 
-def test_delta_rs_string_views_decode_as_strings_without_the_stored_arrow_schema(tmp_path: Path, opening: str) -> None:
+def test_delta_rs_string_views_decode_as_strings_without_the_stored_arrow_schema(
+    tmp_path: Path, opening: ParquetOpening
+) -> None:
     root = tmp_path / "views"
     rows = pa.table({"s": ["a", None, "ccc"], "n": pa.array([1, 2, 3], pa.int64())})
     write_deltalake(str(root), rows, configuration={"delta.enableChangeDataFeed": "true"})
@@ -708,7 +710,7 @@ def test_delta_rs_string_views_decode_as_strings_without_the_stored_arrow_schema
     decoded = list(
         read_file_batches(
             STORAGE, str(root), cdc.path, schema=metadata.schema(), partition_columns=(), partition_values={},
-            column_mapping_mode="none", keep_change_type=True, version=version,
+            column_mapping_mode="none", keep_change_type=True, version=version, opening=opening,
         )
     )  # fmt: skip
     assert [b.batch.schema.field("s").type for b in decoded] == [pa.string()]
@@ -719,24 +721,24 @@ def test_delta_rs_string_views_decode_as_strings_without_the_stored_arrow_schema
 
 @pytest.mark.parametrize("store_schema", [False, True], ids=["no-stored-schema", "stored-schema"])
 def test_a_column_named_like_the_arrow_schema_key_is_read_as_written(
-    tmp_path: Path, opening: str, store_schema: bool
+    tmp_path: Path, opening: ParquetOpening, store_schema: bool
 ) -> None:
     # The name is in the footer twice (the schema, the column chunk) besides any stored schema: never renamed.
     pq.write_table(
         pa.table({"ARROW:schema": ["x", "y"], "n": [1, 2]}), tmp_path / "odd.parquet", store_schema=store_schema
     )
-    out = read_plain(tmp_path, "odd.parquet", schema_of(("ARROW:schema", "string"), ("n", "long")))
+    out = read_plain(tmp_path, "odd.parquet", schema_of(("ARROW:schema", "string"), ("n", "long")), opening=opening)
     assert batches_rows(out) == [{"ARROW:schema": "x", "n": 1}, {"ARROW:schema": "y", "n": 2}]
 
 
 def test_a_footer_whose_only_arrow_schema_is_another_keys_value_is_read_as_written(
-    tmp_path: Path, opening: str
+    tmp_path: Path, opening: ParquetOpening
 ) -> None:
     table = pa.table({"x": pa.array([1, 2], pa.int64())})
     with pq.ParquetWriter(tmp_path / "kv.parquet", table.schema, store_schema=False) as writer:
         writer.write_table(table)
         writer.add_key_value_metadata({"note": "ARROW:schema"})
-    opened = tailer.rows._open_parquet(STORAGE, str(tmp_path / "kv.parquet"))
+    opened = open_parquet(STORAGE, str(tmp_path / "kv.parquet"), opening=opening)
     try:
         assert opened.parquet.metadata.metadata == {b"note": b"ARROW:schema"}
         assert opened.parquet.read().column("x").to_pylist() == [1, 2]
@@ -907,17 +909,17 @@ def test_missing_data_file_names_table_version_and_file(tmp_path: Path) -> None:
     assert str(tmp_path) in str(error) and "version 3" in str(error)
 
 
-def test_corrupt_parquet_is_a_deltatail_error(tmp_path: Path, opening: str) -> None:
+def test_corrupt_parquet_is_a_deltatail_error(tmp_path: Path, opening: ParquetOpening) -> None:
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 definitely not parquet PAR1")
     with pytest.raises(DeltaTailError, match="Parquet") as info:
-        read_plain(tmp_path, "bad.parquet", NUMBERED)
+        read_plain(tmp_path, "bad.parquet", NUMBERED, opening=opening)
     assert info.value.file == f"{tmp_path}/bad.parquet" and info.value.version == 3
 
 
-def test_a_damaged_footer_is_a_deltatail_error_naming_the_file(tmp_path: Path, opening: str) -> None:
+def test_a_damaged_footer_is_a_deltatail_error_naming_the_file(tmp_path: Path, opening: ParquetOpening) -> None:
     pq.write_table(pa.table({"x": pa.array([1, 2, 3], pa.int64())}), tmp_path / "cut.parquet")
     data = (tmp_path / "cut.parquet").read_bytes()
     (tmp_path / "cut.parquet").write_bytes(data[:-40] + data[-8:])  # the footer loses its last 32 bytes
     with pytest.raises(DeltaTailError, match="Parquet") as info:
-        read_plain(tmp_path, "cut.parquet", NUMBERED)
+        read_plain(tmp_path, "cut.parquet", NUMBERED, opening=opening)
     assert info.value.file == f"{tmp_path}/cut.parquet" and info.value.version == 3

@@ -1,10 +1,10 @@
-"""The tailer's run loop (``tailer/run.py``) on real tables written by ``deltalake``.
+"""The tailer's run loop (``tailer/follow/tailer.py``) on real tables written by ``deltalake``.
 
 Oracles: ``DeltaTable.load_cdf`` and ``DeltaTable(..., version=v)`` scans of deltalake 1.6.6 (an
 independent reader) and facts the tests wrote themselves (commit file times, the commits they
 hand-wrote). Nothing expected here is computed by deltatail.
 
-Most tests drive :class:`tailer.run.Tailer` in a thread with a :class:`Gate` in place of the
+Most tests drive :class:`tailer.follow.tailer.Tailer` in a thread with a :class:`Gate` in place of the
 watcher: the tailer reaches the gate only when it is idle (everything listed so far delivered and
 checkpointed), so a test can change the table "while following" at a known point, release the
 tailer, and wait for it to be idle again or to fail. The live-writer and signal tests run the
@@ -33,10 +33,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-import tailer.run as run_module
-from sinks.base import ChangeBatch, Sink, TableInfo
 from sinks.embedded import JsonLinesSink
-from state.commit import Commit
 from state.cursor import Position
 from state.errors import (
     ConfigError,
@@ -47,9 +44,13 @@ from state.errors import (
     UnsupportedFeatureError,
     VersionGapError,
 )
-from tailer.changes import ChangeOptions
-from tailer.run import Tailer, TailerConfig
-from tailer.settings import merge
+from state.feed import ChangeBatch, TableInfo
+from tailer.cli.settings import merge
+from tailer.follow.sink import Sink
+from tailer.follow.status import count_change_types
+from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.storage import LocalStorage, Storage
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
@@ -186,7 +187,7 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) ->
 
 
 class Gate:
-    """Stands in for ``tailer.run.LogWatcher``: an idle tailer waits here until the test releases it."""
+    """Stands in for ``tailer.follow.tailer.LogWatcher``: an idle tailer waits here until the test releases it."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -300,19 +301,33 @@ class Following:
 
 
 @pytest.fixture
-def gate(monkeypatch: pytest.MonkeyPatch) -> Gate:
-    g = Gate()
-    monkeypatch.setattr(run_module, "LogWatcher", g)
-    return g
+def gate() -> Gate:
+    return Gate()
+
+
+class ReadHook(LocalStorage):
+    """The local file system, calling ``after_read(path)`` after every read: tests see what the tailer reads."""
+
+    def __init__(self, after_read: Callable[[str], None]) -> None:
+        self.after_read = after_read
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        data = super().read(path, offset, length)
+        self.after_read(path)
+        return data
 
 
 def config(root: Path, state: Path, **kwargs: Any) -> TailerConfig:
     return TailerConfig(table=str(root), state_dir=str(state), **kwargs)
 
 
-def follow(root: Path, state: Path, out: Path | Sink, gate: Gate, **kwargs: Any) -> Following:
+def follow(
+    root: Path, state: Path, out: Path | Sink, gate: Gate, storage: Storage | None = None, **kwargs: Any
+) -> Following:
     sink = out if isinstance(out, Sink) else JsonLinesSink(str(out))
-    following = Following(Tailer(config(root, state, **kwargs), sink), gate)
+    settings = config(root, state, **kwargs)
+    feed = ChangeFeed(str(root), storage, settings.options)
+    following = Following(Tailer(settings, sink, feed=feed, watcher=gate), gate)
     following.idle()
     return following
 
@@ -592,60 +607,44 @@ def truncated_next_commit(tmp_path: Path, root: Path) -> tuple[bytes, int]:
     return commit_file(scratch, version).read_bytes(), version
 
 
-def test_unparsable_commit_is_refused_after_retries(
-    tmp_path: Path, gate: Gate, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_unparsable_commit_is_refused_after_retries(tmp_path: Path, gate: Gate) -> None:
     """A truncated next commit that stays truncated: InvalidLogError naming the file, after the retries."""
     root, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
     create(root)
     body, version = truncated_next_commit(tmp_path, root)
     expected = expected_cdf(root, 0, 0)
-    following = follow(root, state, out, gate, parse_retries=3, parse_retry_delay=0.01)
-    attempts: list[BaseException] = []
-    read_commit = following.tailer.log.read_commit
-
-    def counting(v: int) -> Commit:
-        try:
-            return read_commit(v)
-        except DeltaTailError as e:
-            attempts.append(e)
-            raise
-
-    monkeypatch.setattr(following.tailer.log, "read_commit", counting)
-    commit_file(root, version).write_bytes(body[: len(body) // 2])  # cut inside a line
+    path = commit_file(root, version)
+    attempts: list[str] = []
+    storage = ReadHook(lambda read: attempts.append(read) if read == str(path) else None)
+    following = follow(root, state, out, gate, storage, parse_retries=3, parse_retry_delay=0.01)
+    path.write_bytes(body[: len(body) // 2])  # cut inside a line
     error = following.step_to_error()
     assert type(error) is InvalidLogError, repr(error)
-    assert_names(error, table=root, version=version, file=commit_file(root, version))
+    assert_names(error, table=root, version=version, file=path)
     assert len(attempts) == 4  # the first read and three retries
     assert_rows(rows_of(read_jsonl(out)), expected)
 
 
-def test_commit_completed_within_the_retry_window_is_read(
-    tmp_path: Path, gate: Gate, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_commit_completed_within_the_retry_window_is_read(tmp_path: Path, gate: Gate) -> None:
     """A non-atomic store: the commit is seen half written, then completed while the tailer retries."""
     root, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
     create(root)
     body, version = truncated_next_commit(tmp_path, root)
-    following = follow(root, state, out, gate, parse_retries=8, parse_retry_delay=0.02)
     path = commit_file(root, version)
-    read_commit = following.tailer.log.read_commit
-    failures: list[BaseException] = []
+    reads: list[str] = []
 
-    def complete_after_first_failure(v: int) -> Commit:
-        try:
-            return read_commit(v)
-        except InvalidLogError as e:
-            if not failures:
+    def complete_after_first_read(read: str) -> None:
+        if read == str(path):
+            reads.append(read)
+            if len(reads) == 1:
                 path.write_bytes(body)  # the writer finishes its commit while the tailer backs off
-            failures.append(e)
-            raise
 
-    monkeypatch.setattr(following.tailer.log, "read_commit", complete_after_first_failure)
+    storage = ReadHook(complete_after_first_read)
+    following = follow(root, state, out, gate, storage, parse_retries=8, parse_retry_delay=0.02)
     path.write_bytes(body[: len(body) - 7])
     following.step()
     following.stop()
-    assert len(failures) == 1
+    assert len(reads) == 2  # the half-written commit, then the whole one
     lines = read_jsonl(out)
     assert_positions(lines)
     assert_rows(rows_of(lines), expected_cdf(root, 0, version))
@@ -836,7 +835,7 @@ def test_temporary_crc_checkpoint_and_compaction_files_while_following(tmp_path:
 
 
 def test_settings_merge_flags_over_environment_over_toml(tmp_path: Path) -> None:
-    """tailer.settings.merge: flags > environment > TOML ([run] table or top level, - or _), errors named."""
+    """tailer.cli.settings.merge: flags > environment > TOML ([run] table or top level, - or _), errors named."""
     toml = tmp_path / "a.toml"
     toml.write_text(
         '[run]\npoll-interval = 3.0\nsink = "jsonl:toml"\nstarting_version = 5\nno-watch = true\nkey = "id"\n'
@@ -999,7 +998,7 @@ def test_change_types_are_counted_per_kind_in_short_and_long_batches(rows: int) 
     kinds = ["insert", "delete", "update_preimage", "update_postimage"]
     column = pa.array([kinds[(i * 7) % 3 if i % 5 else 3] for i in range(rows)], pa.string())
     counts = {"insert": 2}
-    run_module._count_change_types(column, counts)
+    count_change_types(column, counts)
     expected = {"insert": 2}
     for kind in column.to_pylist():
         expected[kind] = expected.get(kind, 0) + 1

@@ -13,8 +13,8 @@ from corpus import corpus_table
 from state.cursor import Position
 from state.files import FileTable
 from state.snapshot import Snapshot
-from tailer.log import DeltaLog
-from tailer.state_store import SavedState, StateStore
+from tailer.follow.state_store import SavedState, StateStore
+from tailer.log.delta_log import DeltaLog
 
 TABLES = [
     "kernel-rs/cdf-table-with-dv",  # inline and file DVs, tombstones with DVs

@@ -1,0 +1,92 @@
+"""Admission: how much of the planned versions one micro-batch takes (``maxFilesPerTrigger``/``maxBytesPerTrigger``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxFiles
+
+from sinks.spark.offsets import Offset, after, plan_key
+from sinks.spark.options import SourceOptions
+from state.changes import FileTask
+from state.errors import ConfigError, DeltaTailError
+from state.planning import VersionPlan
+
+log = logging.getLogger("deltatail")
+
+
+@dataclass
+class Budget:
+    """What a micro-batch may still take; ``None`` is unlimited. A unit is taken while both are positive."""
+
+    files: int | None = None
+    bytes: int | None = None
+    taken: bool = field(default=False)
+
+    @staticmethod
+    def of(limit: ReadLimit, options: SourceOptions) -> Budget:
+        """The budget for Spark's ``limit`` (``ReadAllAvailable`` ignores the options).
+
+        Raises:
+            ConfigError: for a read limit other than all-available, max files or max bytes.
+        """
+        if isinstance(limit, ReadAllAvailable):
+            return Budget()
+        if isinstance(limit, ReadMaxFiles):
+            return Budget(limit.max_files, options.max_bytes)
+        if isinstance(limit, ReadMaxBytes):
+            return Budget(options.max_files, limit.max_bytes)
+        raise ConfigError(f"the deltatail source does not support the read limit {limit!r}")
+
+    def admits(self) -> bool:
+        """Whether the next unit may be taken (always the first one)."""
+        if not self.taken:
+            return True
+        return (self.files is None or self.files > 0) and (self.bytes is None or self.bytes > 0)
+
+    def take(self, tasks: Sequence[FileTask]) -> None:
+        """Charge a unit of tasks."""
+        self.taken = True
+        if self.files is not None:
+            self.files -= len(tasks)
+        if self.bytes is not None:
+            self.bytes -= sum(t.size or 0 for t in tasks)
+
+
+def whole_unit(plan: VersionPlan, options: SourceOptions) -> bool:
+    """Whether a plan is admitted whole: commits with cdc files or deletion vectors, or any under ``netChanges``."""
+    if plan.snapshot:
+        return False
+    if options.net_changes:
+        return True
+    return any(t.is_cdc or t.selection.within is not None or t.selection.minus is not None for t in plan.tasks)
+
+
+def admit(plans: Iterable[VersionPlan], start: Offset, budget: Budget, options: SourceOptions) -> Offset:
+    """The end offset of a micro-batch from ``start``; a planning error ends the batch before its version.
+
+    Raises:
+        DeltaTailError: what planning raises, when it is raised at ``start`` itself.
+    """
+    end = start
+    try:
+        for plan in plans:
+            first = start.index if plan_key(plan) == start.key else 0
+            tasks = plan.tasks[first:]
+            if whole_unit(plan, options) and tasks:
+                if not budget.admits():
+                    return end
+                budget.take(tasks)
+            else:
+                for i, task in enumerate(tasks, first):
+                    if not budget.admits():
+                        return Offset(start.table_id, plan.context.version, i, plan.snapshot)
+                    budget.take((task,))
+            end = after(plan, start.table_id)
+    except DeltaTailError:
+        if end == start:
+            raise
+        log.info("ending the micro-batch at %s, before a version that cannot be read", end)
+    return end

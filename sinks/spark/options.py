@@ -1,0 +1,106 @@
+"""The Spark source's options (names as Delta's change data feed source; see :mod:`sinks.spark.source`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxBytes, ReadMaxFiles
+
+from state.errors import ConfigError
+from tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
+from tailer.read.feed import ChangeOptions
+
+#: Delta's default ``maxFilesPerTrigger``.
+DEFAULT_MAX_FILES = 1000
+
+T = TypeVar("T")
+
+
+def _bool(name: str, raw: str) -> bool:
+    return parse_bool(raw, name=f"option {name}")
+
+
+def _timestamp(raw: str) -> int:
+    return parse_timestamp_ms(raw, name="option startingTimestamp")
+
+
+def _count(name: str, raw: str, minimum: int) -> int:
+    text = raw.strip()
+    if not text.isdigit() or int(text) < minimum:
+        raise ConfigError(f"option {name}={raw!r} is not an integer >= {minimum}")
+    return int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """The parsed options of one ``load``; see the module docstring for their meaning."""
+
+    path: str
+    starting_version: int | None = None
+    starting_latest: bool = False
+    starting_timestamp_ms: int | None = None
+    ending_version: int | None = None
+    initial_snapshot: bool | None = None
+    max_files: int | None = None
+    max_bytes: int | None = None
+    net_changes: bool = False
+    key_columns: tuple[str, ...] = ()
+    fail_on_data_loss: bool = True
+
+    @staticmethod
+    def parse(options: Mapping[str, str]) -> SourceOptions:
+        """Parse Spark's (case-insensitive) option map; unknown options are ignored, as Spark sources do.
+
+        Raises:
+            ConfigError: if the path is missing, a value is malformed, both starting options are
+                given, or ``keyColumns`` is given without ``netChanges``.
+        """
+        opts = {k.lower(): v for k, v in options.items()}
+        path = opts.get("path")
+        if not path:
+            raise ConfigError('no table path: use .load("/path/to/table")')
+        start = opts.get("startingversion")
+        latest = start is not None and start.strip().lower() == "latest"
+        keys = tuple(k.strip() for k in opts.get("keycolumns", "").split(",") if k.strip())
+        parsed = SourceOptions(
+            path=path,
+            starting_version=None if start is None or latest else _count("startingVersion", start, 0),
+            starting_latest=latest,
+            starting_timestamp_ms=_maybe(
+                opts, "startingtimestamp", lambda v: parse_timestamp_ms(v, name="option startingTimestamp")
+            ),
+            ending_version=_maybe(opts, "endingversion", lambda v: _count("endingVersion", v, 0)),
+            initial_snapshot=_maybe(opts, "initialsnapshot", lambda v: _bool("initialSnapshot", v)),
+            max_files=_maybe(opts, "maxfilespertrigger", lambda v: _count("maxFilesPerTrigger", v, 1)),
+            max_bytes=_maybe(opts, "maxbytespertrigger", lambda v: parse_bytes(v, name="option maxBytesPerTrigger")),
+            net_changes=_bool("netChanges", opts.get("netchanges", "false")),
+            key_columns=keys,
+            fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
+        )
+        if start is not None and parsed.starting_timestamp_ms is not None:
+            raise ConfigError("give startingVersion or startingTimestamp, not both")
+        if keys and not parsed.net_changes:
+            raise ConfigError("keyColumns only applies with netChanges=true")
+        return parsed
+
+    @property
+    def has_start(self) -> bool:
+        """Whether ``startingVersion`` or ``startingTimestamp`` was given."""
+        return self.starting_latest or self.starting_version is not None or self.starting_timestamp_ms is not None
+
+    def change_options(self) -> ChangeOptions:
+        """The :class:`~tailer.read.feed.ChangeOptions` these options ask for."""
+        return ChangeOptions(net_changes=self.net_changes, key_columns=self.key_columns)
+
+    def read_limit(self) -> ReadLimit:
+        """The default read limit: the file limit (Delta's 1000 unless only a byte limit is set), else bytes."""
+        if self.max_files is not None or self.max_bytes is None:
+            return ReadMaxFiles(self.max_files or DEFAULT_MAX_FILES)
+        return ReadMaxBytes(self.max_bytes)
+
+
+def _maybe(opts: Mapping[str, str], name: str, parse: Callable[[str], T]) -> T | None:
+    raw = opts.get(name)
+    return None if raw is None else parse(raw)

@@ -1,0 +1,306 @@
+"""The tailer as a PySpark data source: ``spark.readStream.format("deltatail").load(path)``.
+
+Usage::
+
+    from sinks.spark import register
+    register(spark)
+    stream = spark.readStream.format("deltatail").option("startingVersion", 0).load("/data/events")
+    batch = (spark.read.format("deltatail")
+             .option("startingVersion", 3).option("endingVersion", 7).load("/data/events"))
+
+Rows are those of :class:`tailer.read.feed.ChangeFeed`: the table's logical
+columns plus ``_change_type`` (string), ``_commit_version`` (long) and
+``_commit_timestamp`` (timestamp). A batch read gives the same rows as
+``ChangeFeed(path).read_table(a, b)`` (``deltatail changes``).
+
+Options (names as Delta's change data feed source; case-insensitive):
+
+======================== ==================================================================
+``startingVersion``      first version to read (inclusive), or ``latest`` (streams: only
+                         commits after the latest version at the query's first start)
+``startingTimestamp``    start at the first commit at or after this time: ISO-8601
+                         (``2024-01-02``, ``2024-01-02T03:04:05Z``; no zone means UTC) or
+                         epoch milliseconds; a time after the newest commit starts a stream
+                         after it
+``endingVersion``        batch reads only: last version (inclusive); default the version
+                         the DataFrame was defined at
+``initialSnapshot``      ``true``: emit the live rows at the starting version (default: the
+                         latest) as ``insert`` rows first, then the changes after it.
+                         Default for streams: ``true`` when neither starting option is
+                         given (as Delta does); for batch reads ``false``
+``maxFilesPerTrigger``   soft limit of file tasks per micro-batch; default 1000 (Delta's)
+                         unless ``maxBytesPerTrigger`` alone is given
+``maxBytesPerTrigger``   soft limit of file bytes per micro-batch (``1048576``, ``64m``, ``1g``)
+``netChanges``           ``true``: cancel copy-on-write noise per commit (:mod:`tailer.read.net_changes`)
+``keyColumns``           ``a,b``: key for ``netChanges`` update pairing (needs ``netChanges``)
+``failOnDataLoss``       ``true`` (default): a version the log no longer holds is an error;
+                         ``false``: skip forward to the earliest version the log can still
+                         build a snapshot of, with a warning (as Delta does)
+======================== ==================================================================
+
+Offsets are JSON objects ``{"tableId", "version", "index", "snapshot"}``:
+``(version, index)`` is the next *file task* to read, ``index`` counting the
+tasks of that version in plan order (:meth:`state.changes.PreparedCommit.tasks`;
+for an initial snapshot, live files sorted by path). A version read to its end
+is written as ``(version + 1, 0)``. Offsets never move backward. The driver
+keeps one incremental :class:`~state.snapshot.Snapshot` and the planned
+:class:`~state.planning.VersionPlan` objects not yet committed; each
+``latestOffset`` lists the log only after the newest planned version
+(:class:`tailer.log.follower.LogFollower`), so planning costs in proportion to
+the new commits. A restarted query (same ``checkpointLocation``) rebuilds the
+snapshot at ``offset.version - 1`` with :meth:`tailer.log.delta_log.DeltaLog.snapshot` and
+goes on incrementally from there, so it resumes exactly where it stopped.
+
+Admission (``maxFilesPerTrigger``/``maxBytesPerTrigger``): a micro-batch takes
+*units* in order while some budget remains; its first unit is always taken, so
+a batch may overshoot (soft limits, as Delta's). A unit is one file task, or a
+whole commit for commits with cdc files or deletion vectors and for every
+commit under ``netChanges``. Plain commits and initial snapshots may thus end a
+micro-batch between two of their files; the other commits never do. When
+Spark asks for everything (``ReadAllAvailable``) the options are ignored. With
+both options set, the engine's limit is the file limit and the byte limit
+applies too. ``Trigger.AvailableNow`` records the latest version when the
+query starts and never reads past it.
+
+Partitions: one Spark partition per file task, carrying only the task and the
+version's :class:`~state.planning.ReadContext`; executors read it with
+:func:`tailer.read.tasks.read_task` through :class:`~tailer.storage.LocalStorage`
+(the table path must be readable there) and hand Arrow batches to Spark.
+Nothing is collected to the driver. Under ``netChanges`` a commit without cdc
+files needs all its rows together, so it is *one* partition, and the executor
+applies :func:`tailer.read.net_changes.net_changes` to it.
+
+Schema. The stream's schema is fixed when the DataFrame is defined (each
+start and restart of a query defines it again): the table schema at the latest
+version then (at ``endingVersion`` for a batch read). Rows of older versions
+whose schema lacks some of its columns (additive changes) get nulls there.
+A version whose schema is not contained in the stream's (a column added after
+the query started, or a non-additive change) stops the query with a
+:class:`~state.errors.SchemaChangeError` naming that version, after every
+earlier row was delivered; restarting the query picks up an additive change.
+A non-additive change cannot be streamed across.
+
+The table id (``metaData.id``) is recorded in every offset; a table deleted
+and recreated at the same path makes the query fail with a
+:class:`~state.errors.StateError`. A running query notices it when a commit
+carries a new ``metaData`` or when the log is shorter than its position; a
+restarted query always does (it rebuilds its snapshot from the log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from sinks.spark.admission import Budget, admit
+from sinks.spark.offsets import Offset, plan_key
+from sinks.spark.options import SourceOptions
+from sinks.spark.partitions import make_partitions, read_partition
+from sinks.spark.planner import StreamPlanner
+from sinks.spark.schema import arrow_target, check_fits, spark_schema
+from state.errors import ConfigError
+from state.feed import change_schema
+from tailer.log.delta_log import DeltaLog
+from tailer.read.feed import ChangeFeed
+from tailer.storage import Storage
+
+SHORT_NAME = "deltatail"
+
+
+def check_key_columns(options: SourceOptions, schema: StructType) -> None:
+    """Refuse ``keyColumns`` that are not columns of the read's schema.
+
+    Raises:
+        ConfigError: naming the missing columns.
+    """
+    missing = [k for k in options.key_columns if k not in schema.fieldNames()]
+    if missing:
+        raise ConfigError(f"keyColumns not in the table's schema: {', '.join(missing)}", table=options.path)
+
+
+class DeltaTailStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The streaming reader; Spark drives it on the driver and pickles it (without its state) to executors.
+
+    Args:
+        options: the parsed options.
+        schema: the query's schema (what :meth:`DeltaTailDataSource.schema` returned, or the user's).
+        storage: where the table is, for the driver's planning (by default the local file system).
+
+    Raises:
+        ConfigError: if ``endingVersion`` is given (batch reads only) or a key column is not in ``schema``.
+    """
+
+    def __init__(self, options: SourceOptions, schema: StructType, storage: Storage | None = None) -> None:
+        if options.ending_version is not None:
+            raise ConfigError("endingVersion applies to batch reads (spark.read), not to streams")
+        check_key_columns(options, schema)
+        self.options = options
+        self.schema = schema
+        self._storage = storage
+        self._planner: StreamPlanner | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "schema": self.schema, "_planner": None, "_storage": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def planner(self) -> StreamPlanner:
+        """The driver state, created on first use."""
+        if self._planner is None:
+            self._planner = StreamPlanner(self.options, arrow_target(self.schema), self._storage)
+        return self._planner
+
+    def initialOffset(self) -> dict[str, Any]:
+        """The offset of a new query (its start options). Raises what :meth:`StreamPlanner.start_offset` raises."""
+        return self.planner.start_offset().to_json()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """The read limit of the options (``maxFilesPerTrigger``, default 1000, or ``maxBytesPerTrigger``)."""
+        return self.options.read_limit()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Record the latest version: this query run never reads past it."""
+        self.planner.target = self.planner.log.latest_version()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The end of the next micro-batch from ``start`` under ``limit``; ``start`` itself when nothing is new.
+
+        Raises:
+            StateError: if ``start`` is not a deltatail offset or belongs to a recreated table.
+            ConfigError: for an unsupported read limit.
+            DeltaTailError: a planning error at ``start`` (see :meth:`StreamPlanner.plans_from`).
+        """
+        first = Offset.from_json(start)
+        end = admit(self.planner.plans_from(first), first, Budget.of(limit, self.options), self.options)
+        jump = self.planner.jump
+        if jump is not None and jump[0] <= first.position and end.position < jump[1].position:
+            end = jump[1]  # the versions in between are gone (failOnDataLoss=false): move past them
+        return start if end == first else end.to_json()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """One partition per file task between the offsets (per commit under ``netChanges``).
+
+        Raises:
+            StateError: if an offset is not a deltatail offset or belongs to a recreated table.
+        """
+        first, last = Offset.from_json(start), Offset.from_json(end)
+        if last.position <= first.position:
+            return []
+        stop = (last.version, last.key[1] + (1 if last.index else 0))
+        out: list[InputPartition] = []
+        for plan in self.planner.plans_from(first, stop):
+            key = plan_key(plan)
+            if key >= stop:
+                break
+            lo = first.index if key == first.key else 0
+            hi = last.index if key == last.key else len(plan.tasks)
+            out += make_partitions(plan, lo, hi, self.options)
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The rows of one partition (on an executor); raises what :func:`read_partition` raises."""
+        return read_partition(partition, arrow_target(self.schema), self.options.key_columns)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark processed everything before ``end``: drop those cached plans."""
+        if self._planner is not None:
+            self._planner.forget_before(Offset.from_json(end))
+
+    def stop(self) -> None:
+        """Drop the driver state."""
+        self._planner = None
+
+
+class DeltaTailBatchReader(DataSourceReader):
+    """The batch reader: the rows of ``ChangeFeed(path).read_table(startingVersion, endingVersion)``.
+
+    Args:
+        options: the parsed options.
+        schema: the read's schema.
+        ending_version: the last version to read (``endingVersion``, else the version the schema is of).
+
+    Raises:
+        ConfigError: if ``startingVersion`` is ``latest`` (streams only) or a key column is not in ``schema``.
+    """
+
+    def __init__(self, options: SourceOptions, schema: StructType, ending_version: int | None) -> None:
+        if options.starting_latest:
+            raise ConfigError("startingVersion=latest applies to streams; give a version number")
+        check_key_columns(options, schema)
+        self.options = options
+        self.schema = schema
+        self.ending_version = ending_version
+
+    def partitions(self) -> list[InputPartition]:
+        """Plan the range (on the driver) into partitions.
+
+        Raises:
+            SchemaChangeError: if a version's schema does not fit the read's, or changes non-additively.
+            VersionNotFoundError, VersionGapError: as :meth:`ChangeFeed.plans`.
+        """
+        o = self.options
+        feed = ChangeFeed(o.path, options=o.change_options())
+        target = arrow_target(self.schema)
+        plans = feed.plans(
+            o.starting_version,
+            self.ending_version,
+            starting_timestamp_ms=o.starting_timestamp_ms,
+            initial_snapshot=bool(o.initial_snapshot),
+        )
+        out: list[InputPartition] = []
+        for plan in plans:
+            check_fits(plan, target)
+            out += make_partitions(plan, 0, len(plan.tasks), o)
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The rows of one partition (on an executor); raises what :func:`read_partition` raises."""
+        return read_partition(partition, arrow_target(self.schema), self.options.key_columns)
+
+
+class DeltaTailDataSource(DataSource):
+    """The ``deltatail`` data source (register it with :func:`register`)."""
+
+    #: The version :meth:`schema` read the schema at (pins a batch read's default end).
+    schema_version: int | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        """The short name: ``deltatail``."""
+        return SHORT_NAME
+
+    def schema(self) -> StructType:
+        """The table's logical schema (latest version, or ``endingVersion``) plus the three change columns.
+
+        Raises:
+            ConfigError: if the options are invalid.
+            TableNotFoundError: if the path holds no Delta table.
+            VersionNotFoundError: if ``endingVersion`` is after the latest version.
+        """
+        options = SourceOptions.parse(self.options)
+        snap = DeltaLog(options.path).snapshot(options.ending_version)
+        self.schema_version = snap.version
+        return spark_schema(change_schema(snap.schema))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """A :class:`DeltaTailStreamReader`; raises what it raises."""
+        return DeltaTailStreamReader(SourceOptions.parse(self.options), schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """A :class:`DeltaTailBatchReader`; raises what it raises."""
+        options = SourceOptions.parse(self.options)
+        end = options.ending_version if options.ending_version is not None else self.schema_version
+        return DeltaTailBatchReader(options, schema, end)
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``deltatail`` format with ``spark`` (``spark.readStream.format("deltatail")``)."""
+    spark.dataSource.register(DeltaTailDataSource)

@@ -1,0 +1,92 @@
+"""The change feed's values: what a change row batch is, which table it belongs to, what a commit summary holds.
+
+Every change row carries the table's logical columns plus :data:`CHANGE_COLUMNS`.
+Rows travel in :class:`ChangeBatch` values: consecutive rows of one version,
+each at a :class:`~state.cursor.Position` (version, snapshot flag, index), so
+that a consumer can tell exactly which rows it already holds.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from state.cursor import Position
+from state.schema import StructType
+
+#: The column holding a row's change: ``insert``, ``delete``, ``update_preimage`` or ``update_postimage``
+#: (a cdc file carries it; deltatail adds it to the rows of add and remove files).
+CHANGE_TYPE_COLUMN = "_change_type"
+#: The three columns deltatail adds to every change row.
+CHANGE_COLUMNS = (CHANGE_TYPE_COLUMN, "_commit_version", "_commit_timestamp")
+
+#: The Arrow type of ``_commit_timestamp``: microseconds, UTC.
+COMMIT_TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+
+
+@functools.lru_cache(maxsize=64)
+def change_schema(schema: StructType) -> pa.Schema:
+    """The change rows' schema: the table's logical columns plus the three change columns."""
+    base = schema.to_arrow()
+    return (
+        base.append(pa.field("_change_type", pa.string()))
+        .append(pa.field("_commit_version", pa.int64()))
+        .append(pa.field("_commit_timestamp", COMMIT_TIMESTAMP_TYPE))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    """The table a sink receives changes of."""
+
+    path: str
+    table_id: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeBatch:
+    """Consecutive change rows of one commit (or of one initial snapshot).
+
+    Row ``i`` of ``rows`` is at position ``start`` advanced by ``i``. A batch
+    never spans two versions. ``rows`` has the table's logical columns plus
+    :data:`CHANGE_COLUMNS`.
+    """
+
+    start: Position
+    rows: pa.RecordBatch
+
+    def __len__(self) -> int:
+        return int(self.rows.num_rows)
+
+    def position(self, i: int) -> Position:
+        """The position of row ``i``."""
+        return Position(self.start.version, self.start.snapshot_rank, self.start.index + i)
+
+    @property
+    def end(self) -> Position:
+        """The position just after the last row (the cursor once this batch is delivered)."""
+        return self.position(len(self))
+
+    def slice_from(self, position: Position) -> ChangeBatch:
+        """The rows at or after ``position`` (the whole batch, part of it, or an empty batch)."""
+        if position <= self.start:
+            return self
+        if position >= self.end:
+            return ChangeBatch(self.end, self.rows.slice(0, 0))
+        skip = position.index - self.start.index
+        return ChangeBatch(position, self.rows.slice(skip))
+
+
+@dataclass(frozen=True, slots=True)
+class CommitEvent:
+    """One commit's summary, for sinks that publish commit-level events."""
+
+    version: int
+    timestamp_ms: int
+    operation: str | None
+    operation_metrics: dict[str, Any] = field(default_factory=dict)
+    row_counts: dict[str, int] = field(default_factory=dict)

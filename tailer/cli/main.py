@@ -1,0 +1,286 @@
+"""The ``deltatail`` command line.
+
+Exit codes: 0 success, 2 usage error, 1 a deltatail error (the message names
+the table, version and file involved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+
+import orjson
+import pyarrow.parquet as pq
+
+from state.errors import ConfigError, DeltaTailError
+from state.feed import ChangeBatch, TableInfo, change_schema
+from tailer.cli import logs
+from tailer.cli.demo import run_demo
+from tailer.cli.process import stop_on_signals, tune_for_latency
+from tailer.cli.report import snapshot_document, snapshot_text
+from tailer.cli.settings import merge
+from tailer.cli.sink_uri import open_sink
+from tailer.follow.service import TailerService
+from tailer.follow.tailer import TailerConfig, table_name
+from tailer.log.delta_log import DeltaLog
+from tailer.log.starts import table_id
+from tailer.parse import parse_timestamp_ms
+from tailer.read.feed import ChangeFeed, ChangeOptions
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    snap = DeltaLog(args.table).snapshot(args.version)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(snapshot_document(snap), option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        print(snapshot_text(snap))
+    return 0
+
+
+def _version(text: str) -> int | str:
+    """A version number, or ``latest``."""
+    if text == "latest":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a version number or 'latest', got {text!r}") from None
+
+
+def _keys(text: str | None) -> tuple[str, ...]:
+    return tuple(k.strip() for k in text.split(",") if k.strip()) if text else ()
+
+
+#: The sink of ``deltatail run`` when none is given: JSON lines on stdout.
+DEFAULT_SINK = "jsonl:-"
+#: The defaults of every setting, from the config types themselves.
+RUN_DEFAULTS = TailerConfig(table="", state_dir="")
+READ_DEFAULTS = ChangeOptions()
+READER_PROCESSES_HELP = (
+    f"child processes reading small files while catching up (default {READ_DEFAULTS.reader_processes}; 0: none)"
+)
+
+
+def _reader_processes(value: int | None) -> int:
+    if value is None:
+        return READ_DEFAULTS.reader_processes
+    if value < 0:
+        raise ConfigError(f"--reader-processes must be 0 or more, got {value}")
+    return value
+
+
+def _changes(args: argparse.Namespace) -> int:
+    if args.key and not args.net_changes:
+        raise ConfigError("--key needs --net-changes")
+    options = ChangeOptions(
+        net_changes=args.net_changes,
+        key_columns=_keys(args.key),
+        reader_processes=_reader_processes(args.reader_processes),
+    )
+    feed = ChangeFeed(args.table, options=options)
+    start_ms = None
+    if args.starting_timestamp is not None:
+        start_ms = parse_timestamp_ms(args.starting_timestamp, name="--starting-timestamp")
+    starting = feed.log.latest_version() if args.starting_version == "latest" else args.starting_version
+    batches = feed.batches(
+        starting,
+        args.ending_version,
+        starting_timestamp_ms=start_ms,
+        initial_snapshot=args.initial_snapshot,
+    )
+    output = args.output or "-"
+    if output == "-":
+        uri = "jsonl:-"
+    elif output.endswith(".jsonl"):
+        uri = f"jsonl:{output}"
+    elif output.endswith(".parquet"):
+        return _write_parquet(feed, batches, output)
+    else:
+        raise ConfigError(f"--output must end in .jsonl or .parquet, got {output!r}")
+    sink = open_sink(uri)
+    sink.open(_table_info(feed))
+    try:
+        for batch in batches:
+            sink.write(batch)
+        sink.flush()
+    finally:
+        sink.close()
+    return 0
+
+
+def _table_info(feed: ChangeFeed) -> TableInfo:
+    return TableInfo(feed.table, table_id(feed.log, feed.log.snapshot()), table_name(feed.table))
+
+
+def _write_parquet(feed: ChangeFeed, batches: Iterator[ChangeBatch], output: str) -> int:
+    writer: pq.ParquetWriter | None = None
+    try:
+        for batch in batches:
+            if writer is None:
+                writer = pq.ParquetWriter(output, batch.rows.schema)
+            writer.write_batch(batch.rows.cast(writer.schema) if batch.rows.schema != writer.schema else batch.rows)
+        if writer is None:
+            pq.write_table(change_schema(feed.log.snapshot().schema).empty_table(), output)
+    finally:
+        if writer is not None:
+            writer.close()
+    return 0
+
+
+def _run_start(table: str, value: object) -> int | None:
+    """``--starting-version`` for ``run``: a number, or ``latest`` (the commits after the current latest)."""
+    if value is None:
+        return None
+    if value == "latest":
+        return DeltaLog(table).latest_version() + 1
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    s = merge(vars(args))
+    if not s.get("state_dir"):
+        raise ConfigError("--state-dir is required (or DELTATAIL_STATE_DIR, or state_dir in the config file)")
+    starts = [k for k in ("starting_version", "starting_timestamp") if s.get(k) is not None]
+    if len(starts) > 1:
+        raise ConfigError("give at most one of --starting-version and --starting-timestamp")
+    if s.get("key") and not s.get("net_changes"):
+        raise ConfigError("--key needs --net-changes")
+    d = RUN_DEFAULTS
+    start_ts = s.get("starting_timestamp")
+    config = TailerConfig(
+        table=args.table,
+        state_dir=s["state_dir"],
+        starting_version=_run_start(args.table, s.get("starting_version")),
+        starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
+        initial_snapshot=bool(s.get("initial_snapshot", d.initial_snapshot)),
+        poll_interval=s.get("poll_interval", d.poll_interval),
+        watch=not s.get("no_watch", not d.watch),
+        checkpoint_commits=s.get("checkpoint_commits", d.checkpoint_commits),
+        checkpoint_seconds=s.get("checkpoint_seconds", d.checkpoint_seconds),
+        snapshot_commits=s.get("snapshot_commits", d.snapshot_commits),
+        until_caught_up=bool(s.get("until_caught_up", d.until_caught_up)),
+        options=ChangeOptions(
+            net_changes=bool(s.get("net_changes", READ_DEFAULTS.net_changes)),
+            key_columns=_keys(s.get("key")),
+            allow_non_additive=bool(s.get("allow_non_additive", READ_DEFAULTS.allow_non_additive)),
+            reader_processes=_reader_processes(s.get("reader_processes")),
+        ),
+    )
+    uri = s.get("sink", DEFAULT_SINK)
+    retries = s.get("sink_retries", -1)
+    tune_for_latency()
+    service = TailerService(config, lambda: open_sink(uri), retries=None if retries < 0 else retries)
+    stop_on_signals(service.stop)
+    progress = service.run()
+    logging.getLogger("deltatail").info("stopped: %d versions, %d rows delivered", progress.versions, progress.rows)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    rows = run_demo(commits=args.commits, interval=args.interval)
+    logging.getLogger("deltatail").info("demo done: %d change rows delivered", rows)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="deltatail", description="Follow a Delta table's log as a change feed.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default=None, help="stderr logs as text (default) or JSON lines"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    snap = sub.add_parser("snapshot", help="show the reconciled state of a table at a version")
+    snap.add_argument("table", help="table root: the directory that holds _delta_log")
+    snap.add_argument("--version", type=int, default=None, help="version to show (default: latest)")
+    snap.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    snap.set_defaults(handler=_snapshot)
+
+    ch = sub.add_parser("changes", help="print the change rows of a range of versions")
+    ch.add_argument("table", help="table root")
+    start = ch.add_mutually_exclusive_group()
+    start.add_argument("--starting-version", type=_version, default=None, help="first version, or latest (default 0)")
+    start.add_argument("--starting-timestamp", default=None, help="first commit at or after this time (ISO-8601)")
+    ch.add_argument("--ending-version", type=int, default=None, help="last version (default: latest)")
+    ch.add_argument("--initial-snapshot", action="store_true", help="emit the live rows at the start first")
+    ch.add_argument("--net-changes", action="store_true", help="cancel rewrite noise in commits without cdc files")
+    ch.add_argument("--key", default=None, help="key columns (COL,...) pairing net changes into updates")
+    ch.add_argument("--output", default=None, help="FILE.jsonl or FILE.parquet (default: JSON lines on stdout)")
+    ch.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
+    ch.set_defaults(handler=_changes)
+
+    run = sub.add_parser("run", help="follow a table and deliver its changes to a sink")
+    run.add_argument("table", help="table root")
+    run.add_argument("--config", default=None, help="TOML file with settings (flags win, then DELTATAIL_* env)")
+    run.add_argument("--state-dir", default=None, help="where the tailer keeps its cursor and snapshot")
+    run.add_argument(
+        "--sink", default=None, help=f"{DEFAULT_SINK} (default), jsonl:PATH, parquet:DIR, kafka://HOST:PORT/TOPIC"
+    )
+    run_start = run.add_mutually_exclusive_group()
+    run_start.add_argument(
+        "--starting-version",
+        type=_version,
+        default=None,
+        help="first version on a new state dir, or latest (only commits after the current latest)",
+    )
+    run_start.add_argument("--starting-timestamp", default=None, help="first commit at or after this time")
+    run.add_argument("--initial-snapshot", action="store_const", const=True, default=None, help="emit live rows first")
+    d = RUN_DEFAULTS
+    run.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        help=f"seconds between looks (default {RUN_DEFAULTS.poll_interval:g})",
+    )
+    run.add_argument("--no-watch", action="store_const", const=True, default=None, help="poll only, no inotify")
+    run.add_argument(
+        "--checkpoint-commits", type=int, default=None, help=f"checkpoint every N commits ({d.checkpoint_commits})"
+    )
+    run.add_argument(
+        "--checkpoint-seconds", type=float, default=None, help=f"or every S seconds ({d.checkpoint_seconds:g})"
+    )
+    run.add_argument(
+        "--snapshot-commits", type=int, default=None, help=f"save the snapshot every N commits ({d.snapshot_commits})"
+    )
+    run.add_argument("--until-caught-up", action="store_const", const=True, default=None, help="exit when caught up")
+    run.add_argument("--net-changes", action="store_const", const=True, default=None, help="cancel rewrite noise")
+    run.add_argument("--key", default=None, help="key columns for --net-changes update pairing")
+    run.add_argument("--allow-non-additive", action="store_const", const=True, default=None, help="cross drops/renames")
+    run.add_argument(
+        "--sink-retries",
+        type=int,
+        default=None,
+        help="restarts from the saved cursor while the sink is unavailable (default -1: keep retrying)",
+    )
+    run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
+    run.set_defaults(handler=_run)
+
+    demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")
+    demo.add_argument("--commits", type=int, default=8, help="how many commits the writer makes (default 8)")
+    demo.add_argument("--interval", type=float, default=1.0, help="seconds between the writer's commits (default 1)")
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    log_format = args.log_format or os.environ.get("DELTATAIL_LOG_FORMAT", "text")
+    if log_format not in ("text", "json"):
+        print(f"deltatail: error: log format must be text or json, got {log_format!r}", file=sys.stderr)
+        return 2
+    logs.configure(verbose=args.verbose, json_lines=log_format == "json")
+    try:
+        code: int = args.handler(args)
+        return code
+    except DeltaTailError as e:
+        print(f"deltatail: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0

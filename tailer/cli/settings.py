@@ -1,0 +1,105 @@
+"""Settings for ``deltatail run``: flags win over environment variables, which win over a TOML file.
+
+Environment variables are ``DELTATAIL_<NAME>`` with the flag's name in upper
+case and ``_`` for ``-`` (``DELTATAIL_SINK``, ``DELTATAIL_POLL_INTERVAL``,
+``DELTATAIL_STATE_DIR`` ...). The TOML file (``--config FILE`` or
+``DELTATAIL_CONFIG``) holds the same names as keys, with ``-`` or ``_``, at the
+top level or under a ``[run]`` table.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from state.errors import ConfigError
+from tailer.parse import parse_bool
+
+
+def version_value(value: Any) -> int | str:
+    """A version setting: a number, or ``latest``."""
+    if value == "latest":
+        return "latest"
+    if isinstance(value, bool):
+        raise ValueError(f"not a version: {value!r}")
+    return int(value)
+
+
+#: Settings of ``deltatail run`` and their types (or converters).
+RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
+    "state_dir": str,
+    "sink": str,
+    "starting_version": version_value,
+    "starting_timestamp": str,
+    "initial_snapshot": bool,
+    "poll_interval": float,
+    "no_watch": bool,
+    "checkpoint_commits": int,
+    "checkpoint_seconds": float,
+    "snapshot_commits": int,
+    "until_caught_up": bool,
+    "net_changes": bool,
+    "key": str,
+    "allow_non_additive": bool,
+    "sink_retries": int,
+    "reader_processes": int,
+}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    kind = RUN_SETTINGS[name]
+    try:
+        if kind is bool:
+            return value if isinstance(value, bool) else parse_bool(str(value), name=name)
+        return kind(value)
+    except ConfigError as e:
+        raise ConfigError(f"invalid value for {name} in {source}: {e.message}") from e
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid value for {name} in {source}: {e}") from e
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """The run settings in a TOML file.
+
+    Raises:
+        ConfigError: if the file cannot be read, is not TOML, or holds an unknown key.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read config file: {e}", file=path) from e
+    section = data.get("run", data)
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        name = key.replace("-", "_")
+        if name not in RUN_SETTINGS:
+            raise ConfigError(f"unknown setting {key!r} in config file", file=path)
+        out[name] = _coerce(name, value, path)
+    return out
+
+
+def from_environment(env: Mapping[str, str]) -> dict[str, Any]:
+    """The run settings given as ``DELTATAIL_*`` environment variables."""
+    out: dict[str, Any] = {}
+    for name in RUN_SETTINGS:
+        value = env.get(f"DELTATAIL_{name.upper()}")
+        if value is not None:
+            out[name] = _coerce(name, value, f"DELTATAIL_{name.upper()}")
+    return out
+
+
+def merge(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Flags (``None`` = not given) over environment over TOML file.
+
+    Raises:
+        ConfigError: if a value is invalid or the config file is unusable.
+    """
+    env = os.environ if env is None else env
+    config_path = flags.get("config") or env.get("DELTATAIL_CONFIG")
+    merged: dict[str, Any] = load_toml(config_path) if config_path else {}
+    merged.update(from_environment(env))
+    merged.update({k: v for k, v in flags.items() if k in RUN_SETTINGS and v is not None})
+    return merged

@@ -1,0 +1,92 @@
+"""Keeping a tailer going while its sink is unavailable: the cursor is held, nothing is lost."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from state.errors import SinkUnavailableError
+from tailer.follow.sink import Sink
+from tailer.follow.status import Progress, status
+from tailer.follow.tailer import Tailer, TailerConfig
+
+
+class TailerService:
+    """Runs tailers one after another while the sink is unavailable.
+
+    A :class:`~state.errors.SinkUnavailableError` (broker down, delivery not
+    acknowledged in time) ends a tailer run with its cursor at the last
+    checkpoint whose flush succeeded. The service waits (exponential backoff,
+    capped at ``max_backoff`` seconds), reports it in the status line, and starts
+    a new tailer from the saved state, which resends everything after the cursor:
+    the sink acknowledges nothing its destination did not accept. Other errors
+    end the service at once.
+
+    Args:
+        config: the tailer's settings.
+        make_sink: makes a new, unopened sink for each run.
+        retries: restarts allowed in a row on an unavailable sink (``None``: no limit).
+        max_backoff: the longest wait between two runs, in seconds.
+        make_tailer: makes each run's tailer (tests pass collaborators through it).
+    """
+
+    def __init__(
+        self,
+        config: TailerConfig,
+        make_sink: Callable[[], Sink],
+        *,
+        retries: int | None = None,
+        max_backoff: float = 60.0,
+        make_tailer: Callable[[TailerConfig, Sink], Tailer] = Tailer,
+    ) -> None:
+        self.config = config
+        self.make_sink = make_sink
+        self.retries = retries
+        self.max_backoff = max_backoff
+        self.make_tailer = make_tailer
+        self._stopping = threading.Event()
+        self._current: Tailer | None = None
+
+    def stop(self) -> None:
+        """Stop the running tailer (after its batch in hand) or the wait before the next one."""
+        self._stopping.set()
+        if self._current is not None:
+            self._current.stop()
+
+    def run(self) -> Progress:
+        """Run tailers until one finishes, is stopped, or fails with something other than an unavailable sink.
+
+        Raises:
+            SinkUnavailableError: when ``retries`` runs in a row have failed on an unavailable sink.
+            DeltaTailError: whatever else stops a tailer (see :meth:`Tailer.run`).
+        """
+        total = Progress()
+        failures = 0
+        while not self._stopping.is_set():
+            tailer = self.make_tailer(self.config, self.make_sink())
+            self._current = tailer
+            try:
+                done = tailer.run()
+                total.versions += done.versions
+                total.rows += done.rows
+                return total
+            except SinkUnavailableError as e:
+                total.versions += tailer.progress.versions
+                total.rows += tailer.progress.rows
+                failures = 1 if tailer.progress.versions else failures + 1
+                if self.retries is not None and failures > self.retries:
+                    raise
+                delay = min(self.max_backoff, 0.5 * 2 ** (failures - 1))
+                status(
+                    "sink_unavailable",
+                    f"sink unavailable: {e.message}; holding the cursor at the last checkpoint, "
+                    f"retrying in {delay:.1f}s (attempt {failures})",
+                    level=logging.WARNING,
+                    retry_in_seconds=delay,
+                    attempt=failures,
+                )
+                self._stopping.wait(delay)
+            finally:
+                self._current = None
+        return total

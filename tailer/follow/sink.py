@@ -1,0 +1,63 @@
+"""The sink contract: what the run loop needs from a destination of change rows.
+
+The tailer drives a sink through a fixed life cycle::
+
+    resume = sink.open(table)      # once; may report what the sink already holds
+    sink.write(batch) ...          # any number of batches, in position order
+    sink.flush()                   # durable on return; only then is the cursor saved
+    sink.close()
+
+Delivery: the tailer saves its cursor only after ``flush`` returned, so a crash
+repeats at most the rows after the last saved cursor (at-least-once). A sink
+that can tell where it stopped returns that position from ``open``; the tailer
+then skips every row before it, which makes delivery exactly-once.
+
+The implementations live in :mod:`sinks`; the values they receive are in :mod:`state.feed`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from state.cursor import Position
+from state.feed import ChangeBatch, CommitEvent, TableInfo
+
+
+class Sink(ABC):
+    """A destination for change rows. See the module docstring for the life cycle."""
+
+    @abstractmethod
+    def open(self, table: TableInfo) -> Position | None:
+        """Prepare to receive rows of ``table``.
+
+        Returns:
+            The position just after the last row the sink already holds (rows
+            before it must not be written again), or ``None`` if the sink
+            cannot tell and relies on the tailer's cursor.
+
+        Raises:
+            SinkError: if the sink cannot be opened or holds rows of another table.
+        """
+
+    @abstractmethod
+    def write(self, batch: ChangeBatch) -> None:
+        """Accept a batch; may buffer. Batches arrive in position order.
+
+        Raises:
+            SinkError: if the rows cannot be accepted.
+        """
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Make every accepted row durable before returning.
+
+        Raises:
+            SinkError: if any row could not be made durable; the tailer then keeps its cursor.
+        """
+
+    def commit_event(self, event: CommitEvent) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Receive a commit's summary after its rows were written; ignored unless a sink overrides it."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release resources. Does not flush: call :meth:`flush` first."""

@@ -1,0 +1,334 @@
+"""deltatail's own checkpoints: a cursor and a saved snapshot in a state directory.
+
+Layout of ``--state-dir``::
+
+    LOCK                      flock()ed by the running tailer
+    cursor.json               the cursor, the table id, the saved snapshot's version; CRC-checked
+    snapshot-<version>.parquet the snapshot at that version, in Delta's checkpoint format
+
+Every file is written atomically: to a temporary file, fsync, rename over the
+target, fsync the directory. The cursor file names the snapshot file it goes
+with, so a crash between the two writes leaves the previous, consistent pair.
+A corrupt or truncated cursor file is an error with a recovery hint, never a
+silent restart from version 0.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from state.actions import DeletionVector
+from state.cursor import Position
+from state.errors import StateError
+from state.files import FileTable
+from state.snapshot import Snapshot
+from tailer.log.checkpoint import CheckpointState, read_parquet_checkpoint_file
+from tailer.storage import LocalStorage
+
+FORMAT_VERSION = 1
+CURSOR_FILE = "cursor.json"
+
+
+@dataclass(frozen=True, slots=True)
+class SavedState:
+    """What ``cursor.json`` records."""
+
+    table: str
+    table_id: str
+    cursor: Position
+    snapshot_version: int
+    snapshot_file: str
+    previous_timestamp_ms: int | None
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically and durably (temp file, fsync, rename, fsync directory)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StateStore:
+    """The state directory of one tailer. Use as a context manager to hold its lock."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = Path(directory)
+        self._lock_fd: int | None = None
+
+    def __enter__(self) -> StateStore:
+        self.lock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unlock()
+
+    def lock(self) -> None:
+        """Take the directory's exclusive lock.
+
+        Raises:
+            StateError: if another process holds it.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StateError(
+                f"another tailer (pid {holder}) is running with this state directory; stop it first",
+                file=str(self.dir / "LOCK"),
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+        for leftover in self.dir.glob(".*.tmp-*"):
+            leftover.unlink(missing_ok=True)  # a write cut short by a crash; the rename never happened
+
+    def unlock(self) -> None:
+        """Release the lock (also released by the OS if the process dies)."""
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- cursor ----------------------------------------------------------------------------------
+
+    def load(self) -> SavedState | None:
+        """The saved state, or ``None`` for a new state directory.
+
+        Raises:
+            StateError: if ``cursor.json`` is corrupt, truncated, of another format, or names a
+                missing snapshot file; the message says how to recover.
+        """
+        path = self.dir / CURSOR_FILE
+        if not path.exists():
+            return None
+        hint = (
+            "the state directory is damaged; restore it from a backup, or start a new state directory "
+            "with --starting-version set to the version after the last one your sink holds"
+        )
+        try:
+            raw = orjson.loads(path.read_bytes())
+            body, crc = raw["state"], raw["crc32"]
+            if zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)) != crc:
+                raise ValueError("checksum mismatch")
+            if body["format"] != FORMAT_VERSION:
+                raise ValueError(f"unknown state format {body['format']}")
+            saved = SavedState(
+                table=body["table"],
+                table_id=body["table_id"],
+                cursor=Position.from_json(body["cursor"]),
+                snapshot_version=int(body["snapshot_version"]),
+                snapshot_file=str(body["snapshot_file"]),
+                previous_timestamp_ms=body.get("previous_timestamp_ms"),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, StateError) as e:
+            raise StateError(f"cannot read the tailer's cursor ({e}); {hint}", file=str(path)) from e
+        if not (self.dir / saved.snapshot_file).exists():
+            raise StateError(f"the saved snapshot {saved.snapshot_file} is missing; {hint}", file=str(path))
+        return saved
+
+    def save(self, saved: SavedState) -> None:
+        """Write ``cursor.json`` atomically, then drop snapshot files it no longer names."""
+        body: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "table": saved.table,
+            "table_id": saved.table_id,
+            "cursor": saved.cursor.to_json(),
+            "snapshot_version": saved.snapshot_version,
+            "snapshot_file": saved.snapshot_file,
+            "previous_timestamp_ms": saved.previous_timestamp_ms,
+        }
+        crc = zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+        atomic_write(self.dir / CURSOR_FILE, orjson.dumps({"state": body, "crc32": crc}, option=orjson.OPT_INDENT_2))
+        for old in self.dir.glob("snapshot-*.parquet"):
+            if old.name != saved.snapshot_file:
+                old.unlink(missing_ok=True)
+
+    # -- snapshots -------------------------------------------------------------------------------
+
+    def save_snapshot(self, snap: Snapshot) -> str:
+        """Write ``snap`` as a Delta-format checkpoint file; returns its file name."""
+        name = f"snapshot-{snap.version:020d}.parquet"
+        tmp = self.dir / f".{name}.tmp-{os.getpid()}"
+        pq.write_table(snapshot_table(snap), tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.dir / name)
+        fsync_dir(self.dir)
+        return name
+
+    def load_snapshot(self, saved: SavedState) -> Snapshot:
+        """The snapshot a saved state names.
+
+        Raises:
+            StateError: if the file is unreadable.
+        """
+        path = self.dir / saved.snapshot_file
+        state = CheckpointState()
+        try:
+            read_parquet_checkpoint_file(LocalStorage(), str(path), state)
+            snap = state.to_snapshot(saved.table, saved.snapshot_version)
+        except Exception as e:
+            raise StateError(
+                f"the saved snapshot cannot be read ({e}); start a new state directory", file=str(path)
+            ) from e
+        return snap
+
+
+_MAP = pa.map_(pa.string(), pa.string())
+_DV = pa.struct(
+    [
+        ("storageType", pa.string()),
+        ("pathOrInlineDv", pa.string()),
+        ("offset", pa.int32()),
+        ("sizeInBytes", pa.int32()),
+        ("cardinality", pa.int64()),
+    ]
+)
+_FILE_FIELDS = [
+    ("path", pa.string()),
+    ("partitionValues", _MAP),
+    ("size", pa.int64()),
+    ("deletionVector", _DV),
+    ("baseRowId", pa.int64()),
+    ("defaultRowCommitVersion", pa.int64()),
+]
+_PROTOCOL = pa.struct(
+    [
+        ("minReaderVersion", pa.int32()),
+        ("minWriterVersion", pa.int32()),
+        ("readerFeatures", pa.list_(pa.string())),
+        ("writerFeatures", pa.list_(pa.string())),
+    ]
+)
+_METADATA = pa.struct(
+    [
+        ("id", pa.string()),
+        ("name", pa.string()),
+        ("description", pa.string()),
+        ("format", pa.struct([("provider", pa.string()), ("options", _MAP)])),
+        ("schemaString", pa.string()),
+        ("partitionColumns", pa.list_(pa.string())),
+        ("configuration", _MAP),
+        ("createdTime", pa.int64()),
+    ]
+)
+_DOMAIN = pa.struct([("domain", pa.string()), ("configuration", pa.string()), ("removed", pa.bool_())])
+CHECKPOINT_SCHEMA = pa.schema(
+    [
+        ("protocol", _PROTOCOL),
+        ("metaData", _METADATA),
+        ("txn", pa.struct([("appId", pa.string()), ("version", pa.int64())])),
+        ("domainMetadata", _DOMAIN),
+        ("add", pa.struct([*_FILE_FIELDS, ("modificationTime", pa.int64()), ("dataChange", pa.bool_())])),
+        ("remove", pa.struct([*_FILE_FIELDS, ("deletionTimestamp", pa.int64()), ("dataChange", pa.bool_())])),
+    ]
+)
+
+
+def _dv_struct(dv: DeletionVector) -> dict[str, Any]:
+    return {
+        "storageType": dv.storage_type,
+        "pathOrInlineDv": dv.path_or_inline_dv,
+        "offset": dv.offset,
+        "sizeInBytes": dv.size_in_bytes,
+        "cardinality": dv.cardinality,
+    }
+
+
+def _sparse(n: int, values: dict[int, Any], dtype: pa.DataType) -> pa.Array:
+    if not values:
+        return pa.nulls(n, dtype)
+    return pa.array([values.get(i) for i in range(n)], dtype)
+
+
+def _absent_as_null(values: list[int]) -> pa.Array:
+    array = pa.array(values, pa.int64())
+    return pc.if_else(pc.equal(array, pa.scalar(-1, pa.int64())), pa.scalar(None, pa.int64()), array)
+
+
+def _file_struct(files: FileTable, time_field: str, kind: pa.StructType) -> pa.StructArray:
+    """One side of the snapshot (live files or tombstones) as a checkpoint ``add``/``remove`` struct column."""
+    cols = files.columns()
+    n = len(cols.paths)
+    maps = pa.array([None if m is None else list(m.items()) for m in cols.partition_maps], _MAP)
+    arrays = {
+        # Stored paths are decoded; the checkpoint format holds URI-encoded ones, and only "%" needs it
+        # for the reader's percent-decoding to give the same path back.
+        "path": pc.replace_substring(pa.array(cols.paths, pa.string()), "%", "%25"),
+        "partitionValues": maps.take(pa.array(cols.partition_ids, pa.int64())),
+        "size": _absent_as_null(cols.sizes),
+        "deletionVector": _sparse(n, {r: _dv_struct(dv) for r, dv in cols.dvs.items()}, _DV),
+        "baseRowId": _sparse(n, {r: t[0] for r, t in cols.row_tracking.items()}, pa.int64()),
+        "defaultRowCommitVersion": _sparse(n, {r: t[1] for r, t in cols.row_tracking.items()}, pa.int64()),
+        time_field: _absent_as_null(cols.timestamps),
+        "dataChange": pa.repeat(pa.scalar(False, pa.bool_()), n),
+    }
+    return pa.StructArray.from_arrays([arrays[f.name] for f in kind], fields=list(kind))
+
+
+def snapshot_table(snap: Snapshot) -> pa.Table:
+    """The snapshot as rows of a Delta classic checkpoint (one action per row), built column by column."""
+    snap.require_valid()
+    assert snap.protocol is not None and snap.metadata is not None
+    p, m = snap.protocol, snap.metadata
+    head: list[dict[str, Any]] = [
+        {"protocol": p.to_json()},
+        {
+            "metaData": {
+                "id": m.id,
+                "name": m.name,
+                "description": m.description,
+                "format": {"provider": m.format.provider, "options": m.format.options},
+                "schemaString": m.schema_string,
+                "partitionColumns": list(m.partition_columns),
+                "configuration": m.configuration,
+                "createdTime": m.created_time,
+            }
+        },
+    ]
+    head += [{"txn": {"appId": app, "version": v}} for app, v in snap.txns.items()]
+    head += [
+        {"domainMetadata": {"domain": d.domain, "configuration": d.configuration, "removed": False}}
+        for d in snap.domains.values()
+    ]
+    add_type = CHECKPOINT_SCHEMA.field("add").type
+    remove_type = CHECKPOINT_SCHEMA.field("remove").type
+    adds = _file_struct(snap.files, "modificationTime", add_type)
+    removes = _file_struct(snap.tombstones, "deletionTimestamp", remove_type)
+    k, a, r = len(head), len(adds), len(removes)
+    columns = []
+    for field in CHECKPOINT_SCHEMA:
+        if field.name == "add":
+            columns.append(pa.concat_arrays([pa.nulls(k, add_type), adds, pa.nulls(r, add_type)]))
+        elif field.name == "remove":
+            columns.append(pa.concat_arrays([pa.nulls(k + a, remove_type), removes]))
+        else:
+            values = pa.array([row.get(field.name) for row in head], field.type)
+            columns.append(pa.concat_arrays([values, pa.nulls(a + r, field.type)]))
+    return pa.Table.from_arrays(columns, schema=CHECKPOINT_SCHEMA)

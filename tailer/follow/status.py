@@ -1,0 +1,41 @@
+"""Progress counters and the tailer's status lines (``catching_up``, ``following``, ``sink_unavailable``).
+
+Status lines are log records of the ``deltatail`` logger that carry an
+``event`` and ``fields``; with ``--log-format json`` they become one JSON
+object per line (see :mod:`tailer.cli.logs`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+log = logging.getLogger("deltatail")
+
+
+def status(event: str, message: str, *, level: int = logging.INFO, **fields: object) -> None:
+    """Log a status line; ``event`` and ``fields`` ride along for structured (JSON) logs."""
+    log.log(level, "%s", message, extra={"event": event, "fields": fields})
+
+
+@dataclass
+class Progress:
+    """Counters for logs and the status line."""
+
+    versions: int = 0
+    rows: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def count_change_types(column: pa.Array, counts: dict[str, int]) -> None:
+    """Add each change type's number of rows in ``column`` to ``counts``."""
+    if len(column) > 64:  # one kernel call instead of a Python object per row
+        pairs = [(item["values"], item["counts"]) for item in pc.value_counts(column).to_pylist()]
+    else:
+        pairs = [(kind, 1) for kind in column.to_pylist()]
+    for kind, n in pairs:
+        counts[kind] = counts.get(kind, 0) + n

@@ -1,0 +1,266 @@
+"""The log follower: the one way deltatail moves along a table's log, version after version.
+
+The tailer, the Spark source and range reads (``deltatail changes``) all follow
+the log through a :class:`LogFollower`. It holds the *planning head*: the
+snapshot after the newest planned version, and that version's
+``_commit_timestamp`` (the next one's rule needs it). Around it:
+
+- **Discovery** (:meth:`LogFollower.discover`): the next commits are found by
+  name (``<v+1>.json``, ``<v+2>.json``... one request each, however large
+  ``_delta_log`` grows). Only when nothing new is there, and at most every
+  ``gap_check_seconds``, is the log listed, starting after the head (never the
+  whole directory), to tell "nothing new" from a gap or a log cleaned up past
+  the head: a :class:`~state.errors.VersionGapError`.
+- **Recreated tables** (:meth:`LogFollower.check_not_recreated`): the head's
+  commit file must keep the size and modification time it had when read; if
+  it is gone, the log must go on past it (cleaned up by log retention),
+  otherwise the table was deleted and recreated, or its log truncated: a
+  :class:`~state.errors.StateError`. A ``metaData`` action with another table
+  id is refused the same way.
+- **Commit reads** (:meth:`LogFollower.read_commit`): a commit that does not
+  parse is retried with backoff (on a store without atomic writes a writer may
+  still be writing it), then reported; a missing one is a gap.
+- **Planning** (:meth:`LogFollower.plan`): :func:`state.planning.plan_commit`
+  from the head, which then moves on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from state.commit import Commit
+from state.errors import DeltaTailError, InvalidLogError, MissingFileError, StateError, VersionGapError
+from state.planning import VersionPlan, plan_commit
+from state.snapshot import Snapshot
+from tailer.log.delta_log import DeltaLog
+from tailer.storage import FileInfo
+
+#: Seconds between listings of the log that look for a gap when no next commit exists.
+GAP_CHECK_SECONDS = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Hints:
+    """What the follower's errors tell a user to do (appended after ``; ``); each caller knows its own recovery."""
+
+    gap: str = "the range cannot be read exactly"
+    recreated: str = "read the new table from its start"
+
+
+def _with_hint(message: str, hint: str) -> str:
+    return f"{message}; {hint}" if hint else message
+
+
+@dataclass(frozen=True, slots=True)
+class FollowedVersion:
+    """One planned version: the plan, the snapshot after it, and its commit file as it was read."""
+
+    plan: VersionPlan
+    snapshot: Snapshot
+    file: FileInfo
+
+
+class LogFollower:
+    """Follows one table's log from a snapshot (see the module docstring).
+
+    Args:
+        log: the table's log.
+        head: the snapshot to start from (the state just before the first version to plan).
+        previous_ms: the ``_commit_timestamp`` of ``head``'s version, if known.
+        table_id: the table id the follower holds to; ``None`` takes the first one seen.
+        allow_non_additive: plan across non-additive schema changes.
+        require_cdf: refuse versions where the change data feed is off.
+        hints: recovery advice for the errors.
+        gap_check_seconds: the least time between two listings of the log by :meth:`discover`.
+        parse_retries: how often a commit that does not parse is read again before it is reported.
+        retry_delay: the first wait between those reads (doubling after each).
+        clock: monotonic seconds (tests pass their own).
+        sleep: waits between retries (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        log: DeltaLog,
+        head: Snapshot,
+        *,
+        previous_ms: int | None = None,
+        table_id: str | None = None,
+        allow_non_additive: bool = False,
+        require_cdf: bool = False,
+        hints: Hints | None = None,
+        gap_check_seconds: float = GAP_CHECK_SECONDS,
+        parse_retries: int = 5,
+        retry_delay: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.log = log
+        self.hints = hints or Hints()
+        self.allow_non_additive = allow_non_additive
+        self.require_cdf = require_cdf
+        self.gap_check_seconds = gap_check_seconds
+        self.parse_retries = parse_retries
+        self.retry_delay = retry_delay
+        self._clock = clock
+        self._sleep = sleep
+        self.table_id = table_id
+        self._last_gap_check = -float("inf")
+        self._head_file: tuple[int, int] | None = None
+        self.head = head
+        self.previous_ms = previous_ms
+        self.reset(head, previous_ms)
+
+    def reset(self, head: Snapshot, previous_ms: int | None) -> None:
+        """Start again from ``head`` (a jump: a restart, or a skip over versions the log lost).
+
+        Raises:
+            StateError: if ``head`` belongs to another table than the one followed.
+        """
+        self.head = head
+        self.previous_ms = previous_ms
+        self._head_file = None
+        self._check_table(head)
+
+    # -- discovery -----------------------------------------------------------------------------
+
+    def discover(self, *, check_gaps: bool = False) -> list[int]:
+        """The versions of the contiguous commits after the head that exist now.
+
+        Found by name; when there are none, the log is listed (from the head on) if
+        ``check_gaps`` or if ``gap_check_seconds`` passed since the last listing.
+
+        Raises:
+            VersionGapError: if a listing finds later commits while the next one is missing.
+        """
+        versions = self.log.new_commits(self.head.version, check_gaps=False)
+        if versions:
+            return versions
+        now = self._clock()
+        if check_gaps or now - self._last_gap_check >= self.gap_check_seconds:
+            self._last_gap_check = now
+            try:
+                versions = self.log.new_commits(self.head.version, check_gaps=True)
+            except VersionGapError as e:
+                raise VersionGapError(
+                    _with_hint(e.message, self.hints.gap), table=e.table, version=e.version, file=e.file
+                ) from e
+        return versions
+
+    def check_not_recreated(self) -> None:
+        """Make sure the head's commit is still the one read (a deleted and recreated table is refused).
+
+        Raises:
+            StateError: if the head's commit file was rewritten, or is gone while the log now ends before it.
+        """
+        v = self.head.version
+        if v < 0:
+            return
+        try:
+            info = self.log.storage.stat(self.log.commit_path(v))
+        except MissingFileError:
+            info = None
+        if info is not None:
+            if self._head_file is None or self._head_file == (info.size, info.modification_time):
+                self._head_file = (info.size, info.modification_time)
+                return
+            reason = f"commit {v} was rewritten since it was read"
+        else:
+            try:
+                latest = self.log.latest_version()
+            except DeltaTailError:
+                latest = -1
+            if latest >= v:
+                return  # cleaned up by log retention: the log goes on
+            reason = f"the table's log now ends at version {latest}, before version {v} already read"
+        raise StateError(
+            f"{reason}: the table was deleted and recreated, or its log truncated; {self.hints.recreated}",
+            table=self.log.table,
+            version=v,
+        )
+
+    def _check_table(self, snap: Snapshot) -> None:
+        if snap.metadata is None:
+            return
+        if self.table_id is None:
+            self.table_id = snap.metadata.id
+        elif snap.metadata.id != self.table_id:
+            raise StateError(
+                f"the table id was {self.table_id}, but the table now has id {snap.metadata.id}: it was deleted "
+                f"and recreated; {self.hints.recreated}",
+                table=self.log.table,
+                version=snap.version,
+            )
+
+    # -- reading and planning ------------------------------------------------------------------
+
+    def read_commit(self, version: int) -> Commit:
+        """Read commit ``version``, retrying briefly while it does not parse.
+
+        Raises:
+            VersionGapError: if the commit file is missing.
+            InvalidLogError: if it still does not parse after the retries.
+        """
+        for attempt in range(self.parse_retries + 1):
+            try:
+                return self.log.read_commit(version)
+            except InvalidLogError:
+                if attempt == self.parse_retries:
+                    raise
+                self._sleep(self.retry_delay * (2**attempt))
+            except MissingFileError as e:
+                raise VersionGapError(
+                    _with_hint(
+                        f"commit {version} is missing: the log was cleaned up past this position (or has a gap)",
+                        self.hints.gap,
+                    ),
+                    table=self.log.table,
+                    version=version,
+                    file=e.file,
+                ) from e
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def plan(self, version: int, file: FileInfo | None = None) -> FollowedVersion:
+        """Plan ``version`` (the head's next) and move the head on to it.
+
+        Args:
+            version: the version after the head.
+            file: its commit file's listing entry, if the caller has it (saves a request).
+
+        Raises:
+            VersionGapError: if the commit is missing.
+            InvalidLogError: if it does not parse, or is invalid for planning.
+            SchemaChangeError: if it changes the schema non-additively (unless allowed).
+            UnsupportedFeatureError: if it needs unsupported reader features.
+            StateError: if it carries another table id.
+        """
+        commit = self.read_commit(version)
+        path = self.log.commit_path(version)
+        if file is None:
+            try:
+                file = self.log.storage.stat(path)
+            except MissingFileError as e:
+                raise VersionGapError(
+                    _with_hint(f"commit {version} disappeared while being read", self.hints.gap),
+                    table=self.log.table,
+                    version=version,
+                    file=path,
+                ) from e
+        try:
+            after, plan = plan_commit(
+                self.head,
+                commit,
+                file.modification_time,
+                self.previous_ms,
+                allow_non_additive=self.allow_non_additive,
+                require_cdf=self.require_cdf,
+            )
+        except DeltaTailError as e:
+            raise e.at(table=self.log.table, version=version, file=path) from None
+        if commit.metadata is not None:
+            self._check_table(after)
+        self.head = after
+        self.previous_ms = plan.context.timestamp_ms
+        self._head_file = (file.size, file.modification_time)
+        return FollowedVersion(plan, after, file)

@@ -1,0 +1,88 @@
+"""Type conversion: a file column read into the table's logical Arrow type.
+
+Nested fields are renamed from physical to logical names (column mapping) and
+matched by field id or name at every level; primitive columns are cast (type
+widening, string and binary variants, timestamp units and zones).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from state.errors import InvalidLogError
+from state.schema import ArrayType, DataType, MapType, StructType, to_arrow_type
+from tailer.read.column_plan import match_field
+
+
+def conform(array: pa.Array, dtype: DataType, mode: str, name: str) -> pa.Array:
+    """Convert a file array to the logical Arrow type of ``dtype``, renaming nested fields to logical names."""
+    if isinstance(dtype, StructType):
+        return _conform_struct(array, dtype, mode, name)
+    if isinstance(dtype, ArrayType):
+        return _conform_list(array, dtype, mode, name)
+    if isinstance(dtype, MapType):
+        return _conform_map(array, dtype, mode, name)
+    return cast(array, to_arrow_type(dtype), name)
+
+
+def _null_mask(array: pa.Array) -> pa.Array | None:
+    return array.is_null() if array.null_count else None
+
+
+def _conform_struct(array: pa.Array, dtype: StructType, mode: str, name: str) -> pa.Array:
+    if not pa.types.is_struct(array.type):
+        raise InvalidLogError(f"column {name!r} is {array.type} in the data file, the schema says struct")
+    file_fields = list(array.type)
+    children = []
+    for field in dtype.fields:
+        index = match_field(file_fields, field, mode)
+        if index is None:
+            children.append(pa.nulls(len(array), to_arrow_type(field.type)))
+        else:
+            children.append(conform(array.field(index), field.type, mode, f"{name}.{field.name}"))
+    logical = list(to_arrow_type(dtype))
+    return pa.StructArray.from_arrays(children, fields=logical, mask=_null_mask(array))
+
+
+def _conform_list(array: pa.Array, dtype: ArrayType, mode: str, name: str) -> pa.Array:
+    if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
+        raise InvalidLogError(f"column {name!r} is {array.type} in the data file, the schema says array")
+    array = _unsliced(array)
+    values = conform(array.values, dtype.element_type, mode, f"{name}.element")
+    offsets = array.offsets.cast(pa.int32())
+    return pa.ListArray.from_arrays(offsets, values, type=to_arrow_type(dtype), mask=_null_mask(array))
+
+
+def _conform_map(array: pa.Array, dtype: MapType, mode: str, name: str) -> pa.Array:
+    if not pa.types.is_map(array.type):
+        raise InvalidLogError(f"column {name!r} is {array.type} in the data file, the schema says map")
+    array = _unsliced(array)
+    keys = conform(array.keys, dtype.key_type, mode, f"{name}.key")
+    items = conform(array.items, dtype.value_type, mode, f"{name}.value")
+    return pa.MapArray.from_arrays(array.offsets, keys, items, type=to_arrow_type(dtype), mask=_null_mask(array))
+
+
+def _unsliced(array: pa.Array) -> pa.Array:
+    """A list or map array with offset 0 (a copy if it is a slice).
+
+    Rebuilding a list or map from offsets with a null mask refuses sliced offsets
+    ("Null bitmap with offsets slice not supported").
+    """
+    return pa.concat_arrays([array]) if array.offset else array
+
+
+def cast(array: pa.Array, target: pa.DataType, name: str) -> pa.Array:
+    """Cast a primitive file array (type widening, string/binary variants, timestamp units and zones).
+
+    Timestamps are cast unsafely so that nanosecond values truncate to Delta's microseconds.
+    """
+    if array.type == target:
+        return array
+    lossy = pa.types.is_timestamp(array.type) and pa.types.is_timestamp(target)
+    try:
+        return pc.cast(array, target, safe=not lossy)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise InvalidLogError(
+            f"column {name!r} is {array.type} in the data file and cannot be read as {target}: {e}"
+        ) from e

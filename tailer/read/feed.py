@@ -1,0 +1,297 @@
+"""Change rows for a range of versions, as Arrow record batches: the library's reading API.
+
+Planning is pure (:mod:`state.planning`); the log is followed by a
+:class:`~tailer.log.follower.LogFollower`; rows are read by a
+:class:`~tailer.read.readers.PlanReader` (reading ahead by default, see
+:mod:`tailer.read.read_ahead`). Every row carries ``_change_type``,
+``_commit_version`` and ``_commit_timestamp``.
+
+``_commit_timestamp`` (UTC): the commit's ``inCommitTimestamp`` where in-commit
+timestamps are enabled, otherwise the commit file's modification time made
+monotonic across versions (Delta Spark's rule: a time not greater than the
+previous commit's becomes the previous commit's plus one millisecond). This is
+why it differs from delta-rs, which reports ``commitInfo.timestamp``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TypedDict, Unpack
+
+import pyarrow as pa
+
+from state.cursor import Position
+from state.errors import ConfigError, SchemaChangeError, VersionGapError, VersionNotFoundError
+from state.feed import ChangeBatch, change_schema
+from state.planning import VersionPlan, plan_snapshot
+from state.snapshot import Snapshot
+from tailer.log.delta_log import DeltaLog
+from tailer.log.follower import LogFollower
+from tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
+from tailer.read.net_changes import net_changes
+from tailer.read.read_ahead import ReadAheadReader
+from tailer.read.reader_pool import ReaderPool, shared_pool
+from tailer.read.readers import PlanReader, PlanRows, SequentialReader
+from tailer.read.tasks import read_task
+from tailer.storage import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeOptions:
+    """How change rows are produced and read.
+
+    Attributes:
+        net_changes: cancel rows identical in a commit's removed and added files
+            (copy-on-write rewrites) and, with ``key_columns``, turn a delete and an
+            insert of one key into ``update_preimage``/``update_postimage``. Only for
+            commits without cdc files.
+        key_columns: the key for ``net_changes`` update pairing.
+        require_cdf: refuse versions where ``delta.enableChangeDataFeed`` is off
+            (Delta CDF semantics); off by default, the add/remove fallback works on any table.
+        allow_non_additive: read across non-additive schema changes (drop, rename, type change).
+        batch_size: the largest number of rows in one output batch.
+        read_ahead: how many file tasks are planned ahead of the consumer (0: plan and read each
+            file when its turn comes, on the calling thread; see :mod:`tailer.read.read_ahead`).
+            The window holds plans, not rows.
+        read_ahead_min_bytes: files at least this large are decoded by worker threads ahead of
+            their turn, into bounded buffers.
+        reader_processes: child processes that read small files while catching up (see
+            :mod:`tailer.read.reader_pool`); they start on first use and are shared by every feed
+            in the process. 0 reads everything in-process.
+    """
+
+    net_changes: bool = False
+    key_columns: tuple[str, ...] = ()
+    require_cdf: bool = False
+    allow_non_additive: bool = False
+    batch_size: int = 65536
+    read_ahead: int = 512
+    read_ahead_min_bytes: int = 512 << 10
+    reader_processes: int = 2
+
+
+class RangeStart(TypedDict, total=False):
+    """Where a range starts besides a version (see :meth:`ChangeFeed.plans`)."""
+
+    starting_timestamp_ms: int | None
+    initial_snapshot: bool
+
+
+class ChangeFeed:
+    """Change rows of a table for a range of versions.
+
+    Args:
+        table_root: the table's root (a path or URI).
+        storage: where the table is; a local file system by default.
+        options: how rows are produced and read.
+        pool: the reader processes to read small files with, unless ``options.reader_processes`` is 0
+            (then none); by default the process-wide pool of ``options.reader_processes`` processes.
+
+    Example:
+        >>> feed = ChangeFeed("/data/events")                               # doctest: +SKIP
+        >>> for batch in feed.batches(starting_version=3, ending_version=5):  # doctest: +SKIP
+        ...     print(batch.start, batch.rows.num_rows)
+    """
+
+    def __init__(
+        self,
+        table_root: str,
+        storage: Storage | None = None,
+        options: ChangeOptions | None = None,
+        *,
+        pool: ReaderPool | None = None,
+    ) -> None:
+        self.log = DeltaLog(table_root, storage)
+        self.storage = self.log.storage
+        self.table = self.log.table
+        self.options = options or ChangeOptions()
+        self._pool = pool
+
+    def reader(self) -> PlanReader:
+        """The reader of this feed's rows: reading ahead, unless ``options.read_ahead`` is 0."""
+        o = self.options
+        if o.read_ahead <= 0:
+            return SequentialReader(self.storage, o.batch_size)
+        pool = None
+        if o.reader_processes > 0:
+            pool = self._pool if self._pool is not None else shared_pool(o.reader_processes)
+        return ReadAheadReader(
+            self.storage, batch_size=o.batch_size, read_ahead=o.read_ahead, min_bytes=o.read_ahead_min_bytes, pool=pool
+        )
+
+    def follower(self, head: Snapshot, previous_ms: int | None = None) -> LogFollower:
+        """A log follower from ``head`` that plans as this feed's options say."""
+        return LogFollower(
+            self.log,
+            head,
+            previous_ms=previous_ms,
+            allow_non_additive=self.options.allow_non_additive,
+            require_cdf=self.options.require_cdf,
+        )
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def plans(
+        self,
+        starting_version: int | None = None,
+        ending_version: int | None = None,
+        **start: Unpack[RangeStart],
+    ) -> Iterator[VersionPlan]:
+        """Plans for the versions of a range, in order (an initial snapshot first if asked).
+
+        Args:
+            starting_version: first version (inclusive); default 0, or the latest with ``initial_snapshot``.
+            ending_version: last version (inclusive); default the latest now.
+            start: :class:`RangeStart`: ``starting_timestamp_ms`` starts at the first commit at or
+                after this time instead; ``initial_snapshot`` emits the live rows at the starting
+                version as ``insert`` rows (positions flagged as snapshot), then the changes after it.
+
+        Raises:
+            VersionNotFoundError: if the range starts after the latest version, or before what the log still holds.
+            ConfigError: if ``ending_version`` is before the starting version.
+            VersionGapError: if a version inside the range is missing (log cleaned up or gap).
+        """
+        starting_timestamp_ms = start.get("starting_timestamp_ms")
+        initial_snapshot = start.get("initial_snapshot", False)
+        latest = self.log.latest_version()
+        if starting_timestamp_ms is not None:
+            starting_version = version_at_or_after(self.log, starting_timestamp_ms)
+        if starting_version is None:
+            starting_version = latest if initial_snapshot else 0
+        end = latest if ending_version is None else ending_version
+        if starting_version > latest:
+            raise VersionNotFoundError(
+                f"starting version {starting_version} is after the latest version {latest}", table=self.table
+            )
+        if end < starting_version:
+            raise ConfigError(f"ending version {end} is before starting version {starting_version}", table=self.table)
+        if end > latest:
+            raise VersionNotFoundError(f"ending version {end} is after the latest version {latest}", table=self.table)
+        listing = self.log.list_log(max(starting_version - 1, 0))
+        if initial_snapshot:
+            snap = self.log.snapshot(starting_version)
+            at = snapshot_time(self.log, snap, listing)
+            yield plan_snapshot(snap, at)
+            follower = self.follower(snap, at)
+            first = starting_version + 1
+        else:
+            snap = snapshot_before(self.log, starting_version)
+            at_ms = snapshot_time(self.log, snap, listing) if starting_version > 0 else None
+            follower = self.follower(snap, at_ms)
+            first = starting_version
+        for v in range(first, end + 1):
+            info = listing.commits.get(v)
+            if info is None:
+                raise VersionGapError(
+                    f"commit {v} is missing from the log (cleaned up, or a gap); the range cannot be read exactly",
+                    table=self.table,
+                    version=v,
+                    file=self.log.commit_path(v),
+                )
+            yield follower.plan(v, info).plan
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def plan_batches(
+        self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]] | None = None
+    ) -> Iterator[ChangeBatch]:
+        """Every change row of one planned version, in batches with consecutive positions.
+
+        ``task_batches`` are the rows of each of the plan's tasks when a
+        :class:`~tailer.read.readers.PlanReader` read them; by default each task is read here, in order.
+        """
+        if task_batches is None:
+            task_batches = (read_task(self.storage, plan.context, t, self.options.batch_size) for t in plan.tasks)
+        start = (
+            Position.in_snapshot(plan.context.version, 0) if plan.snapshot else Position.change(plan.context.version, 0)
+        )
+        index = 0
+        rows: Iterable[pa.RecordBatch] = (b for batches in task_batches for b in batches)
+        if self.options.net_changes and plan.commit is not None and not plan.commit.cdcs:
+            merged = pa.Table.from_batches(list(rows), schema=change_schema(plan.context.schema()))
+            rows = net_changes(merged, self.options.key_columns).to_batches(self.options.batch_size)
+        for batch in rows:
+            if batch.num_rows == 0:
+                continue
+            yield ChangeBatch(Position(start.version, start.snapshot_rank, index), batch)
+            index += batch.num_rows
+
+    def read_plans(self, plans: Iterator[VersionPlan]) -> Generator[PlanRows, None, None]:
+        """Each plan of ``plans`` with the rows of its tasks, read by :meth:`reader` (for :meth:`plan_batches`).
+
+        Close the generator (or exhaust it) to stop the read-ahead workers and give the reader processes back.
+        """
+        return self.reader().read(plans)
+
+    def batches(
+        self,
+        starting_version: int | None = None,
+        ending_version: int | None = None,
+        **start: Unpack[RangeStart],
+    ) -> Generator[ChangeBatch, None, None]:
+        """Every change row of the range, as batches; arguments and errors as :meth:`plans`.
+
+        Closing the generator early (``close()``, or dropping it) stops the read-ahead workers.
+
+        Also raises what reading rows raises: ``MissingFileError`` for a missing
+        data/cdc/DV file, ``DeletionVectorError`` for a bad DV.
+        """
+        plans = self.plans(starting_version, ending_version, **start)
+        reading = self.read_plans(plans)
+        try:
+            for plan, task_batches in reading:
+                yield from self.plan_batches(plan, task_batches)
+        finally:
+            reading.close()
+
+    def read_table(
+        self,
+        starting_version: int | None = None,
+        ending_version: int | None = None,
+        **start: Unpack[RangeStart],
+    ) -> pa.Table:
+        """All change rows of a range in one Arrow table (for small ranges); arguments and errors as :meth:`batches`.
+
+        The table's schema is the newest schema of the range; rows from before an
+        additive schema change have nulls in the added columns.
+
+        Raises:
+            SchemaChangeError: if (with ``allow_non_additive``) a column's values cannot be
+                cast to its type at the end of the range.
+        """
+        tables: list[pa.Table] = []
+        schema: pa.Schema | None = None
+        plans = self.plans(starting_version, ending_version, **start)
+        for plan in plans:
+            schema = change_schema(plan.context.schema())
+            tables += [pa.Table.from_batches([b.rows]) for b in self.plan_batches(plan)]
+        if schema is None:
+            schema = change_schema(self.log.snapshot(ending_version).schema)
+        if not tables:
+            return schema.empty_table()
+        return pa.concat_tables([_conform(t, schema, self.table) for t in tables])
+
+
+def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
+    """``table`` in ``schema``: missing columns as nulls, types cast safely.
+
+    Raises:
+        SchemaChangeError: if a column cannot be cast (a type change across the range).
+    """
+    columns = []
+    for field in schema:
+        if field.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, field.type))
+            continue
+        try:
+            columns.append(table.column(field.name).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            version = table.column("_commit_version")[0].as_py() if table.num_rows else None
+            raise SchemaChangeError(
+                f"column {field.name!r} of type {table.schema.field(field.name).type} cannot be read as "
+                f"{field.type}, the type at the end of the range: read the versions on each side separately",
+                table=where,
+                version=version,
+            ) from e
+    return pa.Table.from_arrays(columns, schema=schema)

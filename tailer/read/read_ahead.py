@@ -1,0 +1,203 @@
+"""Reading ahead of the consumer: large files on worker threads, small ones in reader processes.
+
+What it buys (``python -m benchmarks.changes`` and ``benchmarks.latency``, see
+``benchmarks/README.md``): on two cores, catching up over thousands of small
+commits takes about half the time of :class:`~tailer.read.readers.SequentialReader`,
+and large files decode while the consumer converts the batch in hand. A live
+tail (a few files per commit) reads in-process and never waits on a round trip.
+
+How: :class:`ReadAheadReader` plans up to ``read_ahead`` file tasks ahead of
+the consumer, in bursts (the window is refilled only once at most half of it
+is left, which keeps the interpreter on one kind of work for longer). Files of
+at least ``min_bytes`` are decoded by a :class:`~tailer.read.prefetch.Prefetch`
+on one of :data:`~tailer.read.prefetch.READ_THREADS` worker threads (so at most
+that many are ahead at once, and memory stays bounded); when one planning
+burst holds at least ``limits.min_files`` smaller files, they go to the reader
+processes (:mod:`tailer.read.reader_pool`) in runs of one schema; the rest are
+read when their turn comes. Rows come out exactly as the sequential reader
+gives them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Generator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+
+from state.changes import FileTask
+from state.errors import DeltaTailError
+from state.planning import VersionPlan
+from tailer.read.prefetch import READ_THREADS, Prefetch
+from tailer.read.reader_pool import ReaderPool, RemoteRun
+from tailer.read.readers import PlanRows
+from tailer.read.tasks import decode_task, finish_batch, read_task
+from tailer.storage import Storage
+
+
+class _EndOfPlans(DeltaTailError):
+    """Marks the end of the plans in :meth:`ReadAheadReader._read_ahead` (never raised)."""
+
+
+_END = _EndOfPlans("end of plans")
+
+#: How a read-ahead task is read: in-process when its turn comes (``None``), on a worker thread
+#: (large files), or by a reader process (a run and the task's index in it).
+_Fetch = Prefetch | tuple[RemoteRun, int] | None
+
+#: Small tasks waiting to be sent: the plan's fetch list, the task's index in it, the plan.
+_Small = list[tuple[list[_Fetch], int, VersionPlan]]
+
+
+class ReadAheadReader:
+    """A :class:`~tailer.read.readers.PlanReader` that reads ahead (see the module docstring).
+
+    Args:
+        storage: where the files are.
+        batch_size: the largest number of rows in one batch.
+        read_ahead: how many file tasks to plan ahead of the consumer (at least 1).
+        min_bytes: files at least this large are decoded ahead on worker threads.
+        pool: the reader processes for small files; ``None`` reads them in-process. The pool is
+            taken for the life of each :meth:`read` (a second concurrent read finds it taken and
+            reads in-process).
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        batch_size: int = 65536,
+        read_ahead: int = 512,
+        min_bytes: int = 512 << 10,
+        pool: ReaderPool | None = None,
+    ) -> None:
+        self.storage = storage
+        self.batch_size = batch_size
+        self.read_ahead = max(read_ahead, 1)
+        self.min_bytes = min_bytes
+        self.pool = pool
+
+    def read(self, plans: Iterator[VersionPlan]) -> Generator[PlanRows, None, None]:
+        """See :meth:`~tailer.read.readers.PlanReader.read`; closing the generator stops the workers."""
+        threads = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="deltatail-read")
+        started: list[Prefetch] = []
+        processes = self.pool
+        if processes is not None and not processes.acquire():
+            processes = None  # another consumer holds them: read in-process
+        try:
+            yield from self._read_ahead(plans, threads, started, processes)
+        finally:
+            # Every worker still reading stops, including one whose file the consumer never reached.
+            for fetch in started:
+                fetch.cancel()
+            threads.shutdown(wait=True, cancel_futures=True)
+            if processes is not None:
+                processes.release()
+
+    def _read_ahead(
+        self,
+        plans: Iterator[VersionPlan],
+        threads: ThreadPoolExecutor,
+        started: list[Prefetch],
+        processes: ReaderPool | None,
+    ) -> Iterator[PlanRows]:
+        """Plan ahead, start reading large files on workers and small ones in the processes, yield in order.
+
+        ``started`` receives every read started on a worker and not known to be
+        finished (the caller cancels them if the consumer stops early).
+        """
+        pending: deque[tuple[VersionPlan, list[_Fetch]]] = deque()
+        small: _Small = []
+        sent_in_burst = False
+        ahead = 0
+        large_ahead = 0
+        failure: DeltaTailError | None = None
+        refill = True
+        limits = processes.limits if processes is not None else None
+        while True:
+            refill = refill or ahead <= self.read_ahead // 2
+            if failure is None and refill and ahead < self.read_ahead and large_ahead < READ_THREADS:
+                try:
+                    plan = next(plans)
+                except StopIteration:
+                    failure = _END
+                except DeltaTailError as e:
+                    failure = e
+                else:
+                    prefetches = [self._prefetch(threads, plan, t) for t in plan.tasks]
+                    started[:] = [f for f in started if not f.finished]
+                    started.extend(f for f in prefetches if f is not None)
+                    fetches: list[_Fetch] = list(prefetches)
+                    # Only files of known size: one without (a remove may omit it) is streamed in-process.
+                    small += [
+                        (fetches, i, plan)
+                        for i, f in enumerate(prefetches)
+                        if f is None and plan.tasks[i].size is not None
+                    ]
+                    pending.append((plan, fetches))
+                    ahead += len(plan.tasks) or 1
+                    large_ahead += sum(f is not None for f in prefetches)
+                    if processes is not None and limits is not None and len(small) >= limits.files:
+                        sent_in_burst = True  # a full run goes now: the processes start while planning goes on
+                        small = self._submit_runs(processes, small, whole=False)
+                    continue
+            if processes is not None and limits is not None and (sent_in_burst or len(small) >= limits.min_files):
+                self._submit_runs(processes, small, whole=True)
+            small = []
+            sent_in_burst = False
+            refill = False
+            if not pending:
+                break
+            plan, fetches = pending.popleft()
+            ahead -= len(plan.tasks) or 1
+            large_ahead -= sum(isinstance(f, Prefetch) for f in fetches)
+            yield plan, self._in_order(plan, fetches)
+        if failure is not None and failure is not _END:
+            raise failure
+
+    def _prefetch(self, threads: ThreadPoolExecutor, plan: VersionPlan, task: FileTask) -> Prefetch | None:
+        if task.size is None or task.size < self.min_bytes:
+            return None
+        return Prefetch(threads, functools.partial(decode_task, self.storage, plan.context, task, self.batch_size))
+
+    def _in_order(self, plan: VersionPlan, fetches: list[_Fetch]) -> Iterator[Iterable[pa.RecordBatch]]:
+        for task, fetch in zip(plan.tasks, fetches, strict=True):
+            if fetch is None:
+                yield read_task(self.storage, plan.context, task, self.batch_size)
+            elif isinstance(fetch, Prefetch):
+                yield (finish_batch(plan.context, task, b) for b in fetch.batches())
+            else:
+                run, index = fetch
+                remote = run.remote_batches(index)
+                yield read_task(self.storage, plan.context, task, self.batch_size) if remote is None else remote
+
+    def _submit_runs(self, pool: ReaderPool, small: _Small, *, whole: bool) -> _Small:
+        """Send small tasks to the reader processes in runs of one schema, within the pool's run limits.
+
+        With ``whole`` every task goes (the last run may be short); otherwise only full
+        runs go and the rest is returned, to be sent with the tasks planned after it.
+        """
+        run: _Small = []
+        size = 0
+
+        def send() -> None:
+            nonlocal size
+            items = [(plan.context, plan.tasks[i]) for _, i, plan in run]
+            remote = pool.submit(self.storage, items, self.batch_size)
+            for j, (fetches, i, _) in enumerate(run):
+                fetches[i] = (remote, j)
+            run.clear()
+            size = 0
+
+        for entry in small:
+            if run and run[0][2].context.schema_string != entry[2].context.schema_string:
+                send()
+            run.append(entry)
+            size += entry[2].tasks[entry[1]].size or 0
+            if len(run) >= pool.limits.files or size >= pool.limits.bytes:
+                send()
+        if run and whole:
+            send()
+        return run

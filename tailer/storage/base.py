@@ -1,0 +1,75 @@
+"""The storage seam: the only way deltatail touches a table's bytes.
+
+Every byte of a table goes through a :class:`Storage`: commits, checkpoints
+(classic, multi-part, V2 with sidecars), compaction files, Parquet data and
+cdc files, deletion-vector files. Five operations are enough for a Delta reader:
+
+- list a directory in name order starting after a given name (object stores
+  list that way; ``start_after`` means a tailer never lists the whole
+  ``_delta_log``),
+- read a file, whole or a byte range,
+- open a file for random access, as an Arrow file that ``pyarrow.parquet``
+  reads (footer first, then only the column chunks it needs),
+- stat a file (size, modification time), and tell whether it exists.
+
+Paths are absolute local paths or URIs. Another implementation of this
+protocol is all an object store needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One listed file: its name within the directory, size in bytes, mtime in epoch ms."""
+
+    name: str
+    size: int
+    modification_time: int
+
+
+class Storage(Protocol):
+    """What deltatail needs from a file system or object store."""
+
+    def list_from(self, directory: str, start_after: str | None = None) -> list[FileInfo]:
+        """Files (not directories) directly in ``directory`` whose names sort after ``start_after``, in name order.
+
+        Raises:
+            MissingFileError: if the directory does not exist.
+        """
+        ...
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """The bytes of ``path`` from ``offset`` (``length`` bytes, or to the end).
+
+        Raises:
+            MissingFileError: if the file does not exist.
+        """
+        ...
+
+    def open_input(self, path: str, size: int | None = None) -> pa.NativeFile:
+        """``path`` opened for random access (``size``: its size if the caller knows it, saving a request).
+
+        The caller closes the file.
+
+        Raises:
+            MissingFileError: if the file does not exist.
+        """
+        ...
+
+    def stat(self, path: str) -> FileInfo:
+        """Size and modification time of ``path``.
+
+        Raises:
+            MissingFileError: if the file does not exist.
+        """
+        ...
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists."""
+        ...

@@ -1,0 +1,74 @@
+"""The local file system as a :class:`~tailer.storage.base.Storage`."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+
+from state.errors import MissingFileError
+from tailer.storage.base import FileInfo
+
+
+def to_local_path(path: str) -> str:
+    """Strip a ``file:`` scheme (``file:///x``, ``file:/x``) to a local path; percent-decoding is the caller's."""
+    if path.startswith("file://"):
+        return path[len("file://") :]
+    if path.startswith("file:"):
+        return path[len("file:") :]
+    return path
+
+
+class LocalStorage:
+    """:class:`Storage` over the local file system."""
+
+    def list_from(self, directory: str, start_after: str | None = None) -> list[FileInfo]:
+        """See :meth:`Storage.list_from`."""
+        local = to_local_path(directory)
+        out: list[FileInfo] = []
+        try:
+            with os.scandir(local) as entries:
+                for entry in entries:
+                    if start_after is not None and entry.name <= start_after:
+                        continue
+                    try:
+                        if not entry.is_file():
+                            continue
+                        st = entry.stat()
+                    except FileNotFoundError:
+                        continue  # removed between listing and stat: it is no longer there
+                    out.append(FileInfo(entry.name, st.st_size, st.st_mtime_ns // 1_000_000))
+        except FileNotFoundError as e:
+            raise MissingFileError("directory does not exist", file=directory) from e
+        out.sort(key=lambda f: f.name)
+        return out
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """See :meth:`Storage.read`."""
+        try:
+            with open(to_local_path(path), "rb") as fh:
+                if offset:
+                    fh.seek(offset)
+                return fh.read() if length is None else fh.read(length)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise MissingFileError("file does not exist", file=path) from e
+
+    def open_input(self, path: str, size: int | None = None) -> pa.NativeFile:
+        """See :meth:`Storage.open_input` (a memory-unmapped OS file; ``size`` is not needed locally)."""
+        try:
+            return pa.OSFile(to_local_path(path))
+        except FileNotFoundError as e:
+            raise MissingFileError("file does not exist", file=path) from e
+
+    def stat(self, path: str) -> FileInfo:
+        """See :meth:`Storage.stat`."""
+        local = to_local_path(path)
+        try:
+            st = os.stat(local)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            raise MissingFileError("file does not exist", file=path) from e
+        return FileInfo(os.path.basename(local), st.st_size, st.st_mtime_ns // 1_000_000)
+
+    def exists(self, path: str) -> bool:
+        """See :meth:`Storage.exists`."""
+        return os.path.exists(to_local_path(path))
