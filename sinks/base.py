@@ -37,6 +37,23 @@ class TableInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class FollowStatus:
+    """Where a tailer stands while it waits for news (for :meth:`Sink.heartbeat`).
+
+    Attributes:
+        table_id: the table's id.
+        delivered_version: every row of this version and of those before it was written to the sink.
+        newest_version: the newest version the tailer has seen in the log.
+        seconds_behind: seconds since the newest commit's timestamp (0 when unknown).
+    """
+
+    table_id: str
+    delivered_version: int
+    newest_version: int
+    seconds_behind: float
+
+
+@dataclass(frozen=True, slots=True)
 class ChangeBatch:
     """Consecutive change rows of one commit (or of one initial snapshot).
 
@@ -115,6 +132,23 @@ class Sink(ABC):
 
     def commit_event(self, event: CommitEvent) -> None:  # noqa: B027 - optional hook, no-op by default
         """Receive a commit's summary after its rows were written; ignored unless a sink overrides it."""
+
+    def commit_started(self, version: int, operation: str | None) -> None:  # noqa: B027 - optional hook
+        """Receive a commit's Delta operation (``WRITE``, ``MERGE``...) before its rows; ignored unless overridden.
+
+        A sink must not rely on it: rows of a version may arrive without it (an initial snapshot, a
+        tailer that does not call it).
+        """
+
+    def heartbeat(self, status: FollowStatus) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Called whenever the tailer is idle (caught up, waiting for news), at most once per poll interval.
+
+        A sink that sends heartbeats decides itself whether one is due. Nothing it sends here may
+        touch what :meth:`open` reads back (heartbeats are not change rows).
+
+        Raises:
+            SinkError: if the sink has failed or cannot send.
+        """
 
     @abstractmethod
     def close(self) -> None:

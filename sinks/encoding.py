@@ -33,29 +33,18 @@ Formats (see :class:`ChangeEncoder`):
     One flat object per change row: every column, including
     ``_change_type``, ``_commit_version`` and ``_commit_timestamp``.
 
-``debezium``
-    One Debezium-style envelope per change::
-
-        {"before": ..., "after": ..., "op": "c"|"u"|"d"|"r",
-         "source": {"connector": "deltatail", "table_path", "table_id", "table",
-                    "version", "ts_ms", "operation", "snapshot"},
-         "ts_ms": ...}
-
-    ``before``/``after`` hold the table's own columns (not the three change
-    columns). ``source.ts_ms`` is the commit timestamp in milliseconds;
-    the top-level ``ts_ms`` is the time of encoding. ``source.operation`` is
-    always ``null``: the sink contract hands over the commit's operation only
-    in the :class:`~sinks.base.CommitEvent` that follows the rows.
-
-    ``op`` is ``r`` for rows of an initial snapshot, ``c`` for inserts and
-    ``d`` for deletes. Updates: with key columns, the ``update_preimage`` and
-    ``update_postimage`` of the same key *within one batch* become one ``u``
-    event (``before`` = pre-image, ``after`` = post-image) carried at the
-    position of the later of the two rows. An image without a partner — every
-    image when there are no key columns, an image whose partner is in another
-    batch, or the two halves of an update that changed the key itself — is
-    emitted on its own as a delete of the old row (pre-image: ``op`` ``d``,
-    ``before`` only) or a create of the new one (post-image: ``op`` ``c``,
+``debezium`` and ``flat``
+    Debezium's change event envelope, and the flat row of Debezium's
+    ``ExtractNewRecordState``: written by :mod:`sinks.debezium` (envelope, source
+    block, Connect schemas, value modes). ``op`` is ``r`` for rows of an initial
+    snapshot, ``c`` for inserts and ``d`` for deletes. Updates: with key columns,
+    the ``update_preimage`` and ``update_postimage`` of the same key *within one
+    batch* become one ``u`` event (``before`` = pre-image, ``after`` = post-image)
+    carried at the position of the later of the two rows. An image without a
+    partner — every image when there are no key columns, an image whose partner
+    is in another batch, or the two halves of an update that changed the key
+    itself — is emitted on its own as a delete of the old row (pre-image: ``op``
+    ``d``, ``before`` only) or a create of the new one (post-image: ``op`` ``c``,
     ``after`` only). A consumer that applies events by key still ends in the
     right state, and the exact change type stays in the message headers.
 
@@ -75,7 +64,7 @@ from binascii import b2a_base64
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import orjson
 import pyarrow as pa
@@ -84,8 +73,11 @@ import pyarrow.compute as pc
 from sinks.base import CHANGE_COLUMNS, ChangeBatch, TableInfo
 from state.errors import ConfigError, SinkError
 
-Format = Literal["json", "debezium"]
-FORMATS: tuple[Format, ...] = ("json", "debezium")
+if TYPE_CHECKING:
+    from sinks.debezium import EventOptions
+
+Format = Literal["json", "debezium", "flat"]
+FORMATS: tuple[Format, ...] = ("json", "debezium", "flat")
 
 INSERT, DELETE = "insert", "delete"
 PREIMAGE, POSTIMAGE = "update_preimage", "update_postimage"
@@ -501,16 +493,19 @@ class ChangeEncoder:
 
     Args:
         table: the table the rows belong to (goes into Debezium ``source``).
-        format: ``"json"`` or ``"debezium"`` (see the module docstring).
+        format: ``"json"``, ``"debezium"`` or ``"flat"`` (see the module docstring).
         key_columns: columns forming the message key; empty for position keys.
         tombstones: emit a tombstone after each ``delete`` event.
         clock_ms: the encoding time in epoch milliseconds (Debezium ``ts_ms``);
             injectable for reproducible output.
+        events: options of the ``debezium`` and ``flat`` formats (:class:`sinks.debezium.EventOptions`);
+            their defaults if ``None``.
 
     Raises:
-        ConfigError: on an unknown format, duplicate key columns, or
+        ConfigError: on an unknown format, duplicate key columns,
             tombstones without key columns (a position key is unique, so a
-            tombstone for it would only erase the delete itself).
+            tombstone for it would only erase the delete itself), or
+            ``schemas`` with the ``json`` format.
     """
 
     def __init__(
@@ -521,7 +516,10 @@ class ChangeEncoder:
         key_columns: Sequence[str] = (),
         tombstones: bool = False,
         clock_ms: Callable[[], int] = _wall_clock_ms,
+        events: EventOptions | None = None,
     ) -> None:
+        from sinks.debezium import EVENT_FORMATS, EventEncoder, EventOptions  # sinks.debezium imports this module
+
         if format not in FORMATS:
             raise ConfigError(f"unknown message format {format!r}; expected one of {', '.join(FORMATS)}")
         if len(set(key_columns)) != len(key_columns):
@@ -533,21 +531,35 @@ class ChangeEncoder:
         self.key_columns = tuple(key_columns)
         self.tombstones = tombstones
         self._clock_ms = clock_ms
+        events = events or EventOptions()
+        if events.schemas and format not in EVENT_FORMATS:
+            raise ConfigError(f"schemas=true needs format=debezium or format=flat, not {format}")
+        self._events = EventEncoder(table, format, key_columns, events, clock_ms) if format in EVENT_FORMATS else None
 
-    def encode(self, batch: ChangeBatch) -> EncodedBatch:
+    def encode(self, batch: ChangeBatch, operation: str | None = None) -> EncodedBatch:
         """Encode every row of ``batch``.
 
+        Args:
+            batch: the rows.
+            operation: the commit's Delta operation (Debezium ``source.operation``), if known.
+
         Raises:
-            SinkError: if a key column or change column is missing, or a row
-                has an unknown change type (the message names its position).
+            SinkError: if a key column or change column is missing, a row has an
+                unknown change type (the message names its position), or the
+                ``debezium``/``flat`` encoder refuses the batch (:meth:`sinks.debezium.EventEncoder.encode`).
         """
         if len(batch) == 0:
             return EncodedBatch()
         rows = batch.rows
         self._check_columns(batch)
         column = rows.column("_change_type")
-        if self.format == "debezium":
-            return self._encode_debezium(batch, self._keys(batch), column.to_pylist())
+        if self._events is not None:
+            change_types = column.to_pylist()
+            kinds = set(change_types)
+            if not kinds <= CHANGE_TYPES:
+                i = next(i for i, ct in enumerate(change_types) if ct not in CHANGE_TYPES)
+                raise self._bad_change_type(batch, i, change_types[i])
+            return self._with_tombstones(self._events.encode(batch, change_types, operation))
         kinds = pc.unique(column).to_pylist()  # a kernel: no Python string per row to check
         if not set(kinds) <= CHANGE_TYPES:
             change_types = column.to_pylist()
@@ -626,51 +638,6 @@ class ChangeEncoder:
                 result.change_types.append(ct)
         return result
 
-    def _encode_debezium(self, batch: ChangeBatch, keys: list[bytes], change_types: list[Any]) -> EncodedBatch:
-        data_names = [n for n in batch.rows.schema.names if n not in CHANGE_COLUMNS]
-        columns = [json_values(batch.rows.column(n)) for n in data_names]
-        images = row_dicts(data_names, columns, len(batch))
-        partner = self._pair_updates(keys, change_types)
-        envelope = _Envelope(self, batch)
-        out = EncodedBatch()
-        for i, ct in enumerate(change_types):
-            j = partner.get(i)
-            if j is not None and j > i:
-                continue  # the earlier image of a pair travels with the later one
-            if j is not None:
-                before, after = (images[j], images[i]) if ct == POSTIMAGE else (images[i], images[j])
-                value, ct_out = envelope.dumps("u", before, after), UPDATE
-            elif ct == INSERT:
-                value, ct_out = envelope.dumps("r" if batch.start.snapshot else "c", None, images[i]), ct
-            elif ct in (DELETE, PREIMAGE):
-                value, ct_out = envelope.dumps("d", images[i], None), ct
-            elif ct == POSTIMAGE:
-                value, ct_out = envelope.dumps("c", None, images[i]), ct
-            else:
-                raise self._bad_change_type(batch, i, ct)
-            out.rows.append(i)
-            out.keys.append(keys[i])
-            out.values.append(value)
-            out.change_types.append(ct_out)
-        return self._with_tombstones(out)
-
-    def _pair_updates(self, keys: list[bytes], change_types: list[Any]) -> dict[int, int]:
-        """Map each row of a keyed pre/post-image pair to its partner (both ways)."""
-        partner: dict[int, int] = {}
-        if not self.key_columns:
-            return partner
-        waiting: dict[tuple[str, bytes], int] = {}
-        for i, ct in enumerate(change_types):
-            if ct != PREIMAGE and ct != POSTIMAGE:
-                continue
-            other = POSTIMAGE if ct == PREIMAGE else PREIMAGE
-            j = waiting.pop((other, keys[i]), None)
-            if j is None:
-                waiting[(ct, keys[i])] = i
-            else:
-                partner[i], partner[j] = j, i
-        return partner
-
 
 #: Columns constant within a batch (one commit): their text is made once (:func:`constant_text`).
 _CONSTANT_COLUMNS = frozenset({"_commit_version", "_commit_timestamp"})
@@ -695,34 +662,3 @@ def column_texts(rows: pa.RecordBatch, known: dict[str, pa.Scalar] | None = None
                 return None
         texts[name] = text
     return texts
-
-
-class _Envelope:
-    """Debezium envelope writer for one batch (shared ``source`` and ``ts_ms``)."""
-
-    def __init__(self, encoder: ChangeEncoder, batch: ChangeBatch) -> None:
-        table = encoder.table
-        self.source = {
-            "connector": "deltatail",
-            "table_path": table.path,
-            "table_id": table.table_id,
-            "table": table.name,
-            "version": batch.start.version,
-            "ts_ms": _commit_ms(batch.rows.column("_commit_timestamp")),
-            "operation": None,
-            "snapshot": batch.start.snapshot,
-        }
-        self.ts_ms = encoder._clock_ms()
-
-    def dumps(self, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> bytes:
-        event = {"before": before, "after": after, "op": op, "source": self.source, "ts_ms": self.ts_ms}
-        return orjson.dumps(event)
-
-
-def _commit_ms(column: pa.Array) -> int | None:
-    """The commit timestamp in epoch milliseconds (first row; a batch is one commit)."""
-    first = column.slice(0, 1)
-    if pa.types.is_timestamp(column.type):
-        first = pc.cast(pc.cast(first, pa.timestamp("ms", tz=column.type.tz), safe=False), pa.int64())
-    value = first.to_pylist()[0]
-    return None if value is None else int(value)

@@ -237,7 +237,11 @@ def produce_partition(job: ProduceJob, batches: Iterator[pa.RecordBatch]) -> int
     options = KafkaOptions.from_uri(job.uri)
     keyed = bool(options.key_columns)
     encoder = ChangeEncoder(
-        job.table, format=options.format, key_columns=options.key_columns, tombstones=options.tombstones
+        job.table,
+        format=options.format,
+        key_columns=options.key_columns,
+        tombstones=options.tombstones,
+        events=options.events,
     )
     try:
         producer = KafkaProducer(**options.producer_config())

@@ -38,7 +38,7 @@ from types import FrameType
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.base import ChangeBatch, CommitEvent, Sink, TableInfo
+from sinks.base import ChangeBatch, CommitEvent, FollowStatus, Sink, TableInfo
 from state.commit import Commit
 from state.cursor import Position
 from state.errors import (
@@ -285,6 +285,9 @@ class Tailer:
                     break
                 self._flush_idle()
                 self._report_following()
+                # Issue 19: the sink may send a heartbeat (it decides whether one is due).
+                behind = 0.0 if self._prev_ts is None else max(time.time() - self._prev_ts / 1000, 0.0)
+                self.sink.heartbeat(FollowStatus(self._table_id, self._snap.version, self._snap.version, behind))
                 watcher.wait(self._idle_timeout())
         self._checkpoint()
 
@@ -474,6 +477,9 @@ class Tailer:
     def _deliver(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]] | None = None) -> bool:
         """Write a version's rows (skipping delivered ones); returns ``False`` if stopped inside it."""
         counts: dict[str, int] = {}
+        if plan.commit is not None:  # Issue 19: the commit's Delta operation, for Debezium's source.operation
+            info = plan.commit.commit_info
+            self.sink.commit_started(plan.context.version, None if info is None else info.operation)
         for batch in self.feed.plan_batches(plan, task_batches):
             batch = self._skip_delivered(batch)
             if len(batch):
