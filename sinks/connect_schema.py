@@ -283,4 +283,3 @@ def _map(t: pa.MapType, modes: ValueModes, where: str) -> dict[str, Any]:
         return {"type": "array", "items": struct_schema(list(entry), modes, name=None, optional=False)}
     _schema(key_t, modes, where)  # a key type without a mapping is refused like any other
     return {"type": "map", "keys": {"type": "string", "optional": False}, "values": values}
-
