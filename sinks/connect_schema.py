@@ -138,7 +138,7 @@ def schema_name(*parts: str) -> str:
 
 def is_json_extension(t: pa.DataType) -> bool:
     """Whether ``t`` is Arrow's canonical JSON extension type (how a variant column arrives as JSON text)."""
-    return isinstance(t, pa.ExtensionType) and t.extension_name == JSON_EXTENSION
+    return isinstance(t, pa.BaseExtensionType) and t.extension_name == JSON_EXTENSION
 
 
 def value_schema(
@@ -191,7 +191,7 @@ def _schema(t: pa.DataType, modes: ValueModes, where: str) -> dict[str, Any]:
     """The schema without ``optional``/``field`` (added by the callers)."""
     if is_json_extension(t):
         return _named("string", DEBEZIUM_JSON)
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):
         return _schema(t.storage_type, modes, where)
     if pa.types.is_dictionary(t):
         return _schema(t.value_type, modes, where)

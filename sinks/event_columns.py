@@ -38,7 +38,7 @@ def mode_text(column: pa.Array, modes: ValueModes) -> Text:
         modes: how logical values are written.
     """
     t = column.type
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):
         return mode_text(column.storage, modes)
     if pa.types.is_dictionary(t):
         return mode_text(column.dictionary_decode(), modes)
@@ -178,7 +178,7 @@ def timestamp_body(column: pa.Array, separator: str) -> pa.Array:
 
 def needs_conversion(t: pa.DataType, modes: ValueModes) -> bool:
     """Whether :func:`convert` changes values of type ``t`` (``json_values`` alone would write them otherwise)."""
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):
         return needs_conversion(t.storage_type, modes)
     if pa.types.is_dictionary(t):
         return needs_conversion(t.value_type, modes)
@@ -206,7 +206,7 @@ def convert(column: pa.Array, modes: ValueModes) -> pa.Array:
     of the result writes what the modes ask for.
     """
     t = column.type
-    if is_json_extension(t) or isinstance(t, pa.ExtensionType):
+    if is_json_extension(t) or isinstance(t, pa.BaseExtensionType):
         return convert(column.storage, modes)
     if not needs_conversion(t, modes):
         return column
