@@ -29,6 +29,7 @@ import pyarrow as pa
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
+from sinks.debezium import EventOptions
 from sinks.encoding import ChangeEncoder
 from sinks.kafka import KafkaOptions, KafkaSink
 from state.cursor import Position
@@ -37,6 +38,8 @@ from state.feed import ChangeBatch, TableInfo
 TABLE = TableInfo("/bench/orders", "bench-table-id", "orders")
 BATCH_ROWS = 10_000
 PARTITIONS = 3
+#: Message formats measured besides json, each with a bare producer sending its bytes: (format, schemas).
+FORMATS = {"debezium": ("debezium", False), "debezium+schemas": ("debezium", True)}
 
 
 @contextmanager
@@ -98,10 +101,16 @@ def new_topic(admin: KafkaAdminClient) -> str:
 
 
 def bare_producer(
-    bootstrap: str, topic: str, batches: list[ChangeBatch], *, headers: bool, linger_ms: int = 10
+    bootstrap: str,
+    topic: str,
+    batches: list[ChangeBatch],
+    *,
+    headers: bool,
+    linger_ms: int = 10,
+    encoder: ChangeEncoder | None = None,
 ) -> float:
     """Pre-encoded payloads through a bare producer; ``headers`` adds the sink's five per-message headers."""
-    messages = encoded_messages(batches, headers=headers)
+    messages = encoded_messages(batches, headers=headers, encoder=encoder)
     producer = KafkaProducer(
         bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=linger_ms, batch_size=262_144
     )
@@ -118,8 +127,10 @@ def bare_producer(
 Message = tuple[bytes, bytes | None, list[tuple[str, bytes]] | None]
 
 
-def encoded_messages(batches: list[ChangeBatch], *, headers: bool) -> list[Message]:
-    encoder = ChangeEncoder(TABLE, key_columns=["id"])
+def encoded_messages(
+    batches: list[ChangeBatch], *, headers: bool, encoder: ChangeEncoder | None = None
+) -> list[Message]:
+    encoder = encoder or ChangeEncoder(TABLE, key_columns=["id"])
     messages: list[Message] = []
     for b in batches:
         encoded = encoder.encode(b)
@@ -222,6 +233,17 @@ def main() -> None:
                     "KafkaSink confluent exactly_once",
                     through_sink(confluent.format(topic=new_topic(admin)) + "&exactly_once=true", batches),
                 ),
+            ]
+        for label, (fmt, schemas) in FORMATS.items():
+            encoder = ChangeEncoder(TABLE, format=fmt, key_columns=["id"], events=EventOptions(schemas=schemas))
+            size = len(encoder.encode(batches[0]).values[0] or b"")
+            query = f"&format={fmt}&schemas={str(schemas).lower()}"
+            results += [
+                (
+                    f"bare kafka-python, {label} (~{size} B) + 5 headers",
+                    bare_producer(bootstrap, new_topic(admin), batches, headers=True, encoder=encoder),
+                ),
+                (f"KafkaSink kafka-python {label}", through_sink(uri.format(topic=new_topic(admin)) + query, batches)),
             ]
         for label, rate in results:
             print(f"{label:<48}{rate:>10,.0f} msg/s")

@@ -89,6 +89,13 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMIT_ROWS = 10_000
 PARTITIONS = 3
 GOAL = 0.8
+#: Message formats measured with kafka-python besides the default (``--formats``): the URI options of each.
+FORMATS = {
+    "json": "",
+    "debezium": "&format=debezium",
+    "debezium+schemas": "&format=debezium&schemas=true",
+    "flat": "&format=flat",
+}
 Message = tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int]
 
 
@@ -156,6 +163,7 @@ class Bench:
         self.rows = rows
         self.scratch = scratch
         self.admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="bench")
+        self.query = ""  # more URI options (the message format): FORMATS
 
     def topic(self) -> str:
         name = f"bench-tail-{uuid.uuid4().hex[:10]}"
@@ -163,7 +171,7 @@ class Bench:
         return name
 
     def uri(self, topic: str, backend: str) -> str:
-        return f"kafka://{self.bootstrap}/{topic}?key=id&backend={backend}"
+        return f"kafka://{self.bootstrap}/{topic}?key=id&backend={backend}{self.query}"
 
     def state(self) -> str:
         return tempfile.mkdtemp(prefix="state-", dir=self.scratch)
@@ -350,10 +358,10 @@ def measure(bench: Bench, backend: str, repeat: int) -> Timings:
 
 
 def report(results: dict[str, Timings]) -> None:
-    size = next(iter(results.values())).value_bytes
-    print(f"messages: JSON values of {size:.0f} bytes on average, 5 headers each")
+    for label, t in results.items():
+        print(f"messages of {label}: JSON values of {t.value_bytes:.0f} bytes on average, 5 headers each")
     header = (
-        f"{'backend':<14}{'deltatail run':>15}{'in-process':>14}{'producer ready':>16}{'bare producer':>16}"
+        f"{'backend':<32}{'deltatail run':>15}{'in-process':>14}{'producer ready':>16}{'bare producer':>16}"
         f"{'ratio':>8}{'ratio run':>11}"
     )
     print(header)
@@ -362,7 +370,7 @@ def report(results: dict[str, Timings]) -> None:
         cli, inproc, bare = t.rate(t.cli_s), t.rate(t.in_process_s), t.rate(t.limit_s)
         ready = "-" if t.ready_in_process_s is None else f"{t.rate(t.ready_in_process_s):,.0f}/s"
         rates = f"{cli:>11,.0f}/s {inproc:>11,.0f}/s {ready:>15} {bare:>13,.0f}/s"
-        print(f"{backend:<14}{rates} {t.rate(t.tailer_s) / bare:>7.0%} {cli / bare:>10.0%}")
+        print(f"{backend:<32}{rates} {t.rate(t.tailer_s) / bare:>7.0%} {cli / bare:>10.0%}")
     print("in-process: Tailer.run() with a KafkaSink, from run() to its return (opening the sink included)")
     print("producer ready (confluent-kafka): the same, from the sink's producer holding its producer id")
     print("ratio = the tailer / the bare producer, both clocks started at the same point: once connected")
@@ -519,7 +527,16 @@ def main() -> None:
     parser.add_argument("--bootstrap", help="an existing broker (127.0.0.1 only); default: start tansu")
     parser.add_argument("--no-stages", action="store_true", help="skip timing the stages apart")
     parser.add_argument("--profile", action="store_true", help="cProfile the in-process tailer (main thread)")
+    parser.add_argument(
+        "--formats",
+        default=",".join(f for f in FORMATS if f != "json"),
+        help=f"message formats measured with kafka-python besides json (of {', '.join(FORMATS)}; '' for none)",
+    )
     args = parser.parse_args()
+    formats = [f for f in args.formats.split(",") if f]
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        raise SystemExit(f"unknown formats: {', '.join(sorted(unknown))}; known: {', '.join(FORMATS)}")
     rows = args.rows or (20_000 if args.quick else 200_000)
     with tempfile.TemporaryDirectory(prefix="bench-kafka-tailer-") as tmp:
         scratch = Path(tmp)
@@ -529,8 +546,14 @@ def main() -> None:
             bench = Bench(bootstrap, scratch / "table", rows, scratch)
             try:
                 results = {backend: measure(bench, backend, max(1, args.repeat)) for backend in backends()}
+                for fmt in formats:
+                    bench.query = FORMATS[fmt]
+                    results[f"kafka-python {fmt}"] = measure(bench, "kafka-python", max(1, args.repeat))
+                bench.query = ""
                 report(results)
                 for backend, t in results.items():
+                    if backend not in backends():
+                        continue
                     if not args.no_stages:
                         stages(bench, backend, t)
                     if args.profile:

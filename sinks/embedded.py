@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sinks.encoding import VECTOR_ROWS, column_texts, concatenated, joined_objects, json_values, text_scalar
+from sinks.json_text import VECTOR_ROWS, column_texts, concatenated, joined_objects, json_values, text_scalar
 from state.cursor import Position
 from state.errors import SinkError
 from state.feed import ChangeBatch, TableInfo

@@ -8,8 +8,20 @@ URI::
 ``{table_id}`` (``kafka://broker:9092/cdc.{table_name}``). Options:
 
 =========================== =========================================================
-``format``                  ``json`` (default) or ``debezium`` (see :mod:`sinks.encoding`)
+``format``                  ``json`` (default), ``debezium`` or ``flat`` (see :mod:`sinks.encoding`,
+                            :mod:`sinks.debezium`)
 ``key``                     ``COL,COL...``: key columns; default: the row's position
+``schemas``                 ``true``: keys and values as Kafka Connect's JSON converter writes them,
+                            ``{"schema", "payload"}`` (``debezium``, ``flat``)
+``time_mode``               ``iso`` (default), ``sql``, ``micros``, ``connect`` (:mod:`sinks.connect_schema`)
+``decimal_mode``            ``string`` (default), ``precise``, ``double``
+``server_name``             Debezium's logical server name (``source.name``), default ``deltatail``
+``source_db``               ``source.db``, default ``delta``; ``source_schema``, ``source_table`` likewise
+``allow_unordered``         ``true``: allow ``debezium``/``flat`` without ``key`` on a topic of several
+                            partitions (refused otherwise: a row's events would be spread over them)
+``heartbeat_interval``      seconds: send a heartbeat at most this often while the tailer is idle
+``heartbeat_topic``         its topic (template, also ``{server_name}``), default
+                            ``__debezium-heartbeat.{server_name}``
 ``tombstones``              ``true``: a null-valued message after each delete (needs ``key``)
 ``exactly_once``            ``true``: resume without duplicates (below); default ``false``
 ``commit_topic``            topic (template) for one event per commit, via :meth:`KafkaSink.commit_event`
@@ -84,6 +96,15 @@ partitions added later (refused), and a tailer that replays with different
 batch boundaries than before, which can turn a paired ``u`` event into a ``d``
 plus ``c`` (see :mod:`sinks.encoding`). Commit events are deduplicated only
 against the last message of their partition of the commit topic.
+
+Heartbeats (``heartbeat_interval``, :meth:`KafkaSink.heartbeat`) go to their own topic, which
+must differ from the change and commit topics and is never read back: they have no part in
+the exactly-once scan. Each is keyed by the server name and table id (see
+:func:`sinks.debezium.heartbeat_message`) and carries ``dt.table_id``, ``dt.sink_id``,
+``dt.version`` (the version delivered up to) and ``dt.change_type`` = ``heartbeat``. One is
+sent when the tailer is idle and ``heartbeat_interval`` seconds have passed since the last (the
+first at the first idle moment); the tailer looks at least every poll interval, so a heartbeat
+may come up to that much later than due.
 """
 
 from __future__ import annotations
@@ -99,7 +120,9 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from sinks.collector import collector_paused
-from sinks.encoding import CHANGE_TYPES, UPDATE, ChangeEncoder, EncodedBatch
+from sinks.debezium import check_ordering, heartbeat_message
+from sinks.encoding import ChangeEncoder
+from sinks.json_text import CHANGE_TYPES, UPDATE, EncodedBatch
 from sinks.kafka_options import BACKENDS, SECURITY_OPTIONS, KafkaOptions, default_sink_id, fill_topic
 from sinks.kafka_producers import (
     COMMIT_RANK,
@@ -114,11 +137,13 @@ from sinks.kafka_producers import (
 )
 from sinks.partitioner import choose_partition, choose_partitions
 from state.cursor import Position
-from state.errors import SinkError, SinkUnavailableError, StateError
-from state.feed import ChangeBatch, CommitEvent, TableInfo
+from state.errors import ConfigError, SinkError, SinkUnavailableError, StateError
+from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
 from tailer.follow.sink import Sink
 
 _BEFORE_ALL: Stamp = (-1, 0, 0, 0)
+#: The stamp of a heartbeat is ``(delivered version, HEARTBEAT_RANK, -1, 0)``.
+HEARTBEAT_RANK = 3
 #: The ``dt.change_type`` header of each change type the encoder emits.
 _CHANGE_TYPE_HEADERS: dict[str, tuple[str, bytes]] = {
     t: ("dt.change_type", t.encode()) for t in (*CHANGE_TYPES, UPDATE)
@@ -257,6 +282,8 @@ class KafkaSink(Sink):
         self._sent: dict[int, Stamp] = {}
         self._seq: dict[int, int] = {}
         self._last_commit_version = -1
+        self._operation: tuple[int, str | None] = (-1, None)
+        self._last_heartbeat: float | None = None
 
     # -- life cycle --------------------------------------------------------
 
@@ -268,7 +295,10 @@ class KafkaSink(Sink):
             :meth:`write` instead (module docstring); without it, it cannot tell.
 
         Raises:
-            ConfigError: if the topic template does not fit the table.
+            ConfigError: if a topic template does not fit the table, the heartbeat topic is the change
+                or commit topic, or ``format`` is ``debezium``/``flat`` without ``key`` on a topic of
+                several partitions and without ``allow_unordered`` (see
+                :func:`sinks.debezium.check_ordering`).
             SinkError: if the sink is already open, Kafka cannot be reached within
                 ``open_timeout_ms``, or (``exactly_once``) the topic holds messages of
                 another table or sink, of another partition count, or has lost a message.
@@ -280,10 +310,16 @@ class KafkaSink(Sink):
         self.table = table
         self.topic = fill_topic(opts.topic, table)
         self.commit_topic = fill_topic(opts.commit_topic, table) if opts.commit_topic else None
+        self.heartbeat_topic = self._heartbeat_topic(table)
         self.sink_id = opts.sink_id or default_sink_id(table.table_id, self.topic)
         clock = {} if self._clock_ms is None else {"clock_ms": self._clock_ms}
         self._encoder = ChangeEncoder(
-            table, format=opts.format, key_columns=opts.key_columns, tombstones=opts.tombstones, **clock
+            table,
+            format=opts.format,
+            key_columns=opts.key_columns,
+            tombstones=opts.tombstones,
+            events=opts.events,
+            **clock,
         )
         self._fixed_headers = (("dt.table_id", table.table_id.encode()), ("dt.sink_id", self.sink_id.encode()))
         try:
@@ -293,6 +329,17 @@ class KafkaSink(Sink):
         try:
             self._partitions = self._partition_count(producer, self.topic)
             self._commit_partitions = self._partition_count(producer, self.commit_topic) if self.commit_topic else 0
+            check_ordering(
+                opts.format,
+                opts.key_columns,
+                self._partitions,
+                allow_unordered=opts.allow_unordered,
+                topic=self.topic,
+                table=table.path,
+            )
+            self._heartbeat_partitions = (
+                self._partition_count(producer, self.heartbeat_topic) if self.heartbeat_topic else 0
+            )
             if opts.exactly_once:
                 self._read_tails()
         except BaseException as e:
@@ -319,6 +366,18 @@ class KafkaSink(Sink):
             producer.abort()
         else:
             producer.close(self.options.open_timeout_ms / 1000)
+
+    def _heartbeat_topic(self, table: TableInfo) -> str | None:
+        opts = self.options
+        if opts.heartbeat_interval is None:
+            return None
+        topic = fill_topic(opts.heartbeat_topic, table, opts.events.server_name)
+        if topic in (self.topic, self.commit_topic):
+            raise ConfigError(
+                f"heartbeat_topic {topic} is the topic of changes or commit events; heartbeats need their own",
+                table=table.path,
+            )
+        return topic
 
     def _connect(self) -> Producer:
         if self.options.backend == "confluent":
@@ -424,8 +483,9 @@ class KafkaSink(Sink):
                 the row's position.
         """
         self._check_usable()
+        version, operation = self._operation
         with collector_paused():
-            encoded = self._encoder.encode(batch)
+            encoded = self._encoder.encode(batch, operation if version == batch.start.version else None)
             if not len(encoded):
                 return
             out = self._exactly_once(batch, encoded) if self.options.exactly_once else self._outgoing(batch, encoded)
@@ -527,6 +587,42 @@ class KafkaSink(Sink):
         except SendRefused as e:
             raise self._refused(e, self.commit_topic, key, value, stamp) from e
 
+    def commit_started(self, version: int, operation: str | None) -> None:
+        """Remember the Delta operation of ``version`` for the ``source.operation`` of its rows (``debezium``)."""
+        self._operation = (version, operation)
+
+    def heartbeat(self, status: FollowStatus) -> None:
+        """Send a heartbeat to the heartbeat topic if ``heartbeat_interval`` has passed since the last one.
+
+        Does nothing without ``heartbeat_interval``. Delivery is confirmed by the next :meth:`flush`;
+        a heartbeat Kafka did not acknowledge stops the sink as any message does.
+
+        Raises:
+            SinkError: if the sink is not open or has failed, or the heartbeat cannot be sent.
+        """
+        self._check_usable()
+        interval = self.options.heartbeat_interval
+        if interval is None or self.heartbeat_topic is None:
+            return
+        now = time.monotonic()
+        if self._last_heartbeat is not None and now - self._last_heartbeat < interval:
+            return
+        self._last_heartbeat = now
+        key, value = heartbeat_message(self.table, self.options.events, status, time.time_ns() // 1_000_000)
+        headers = [
+            *self._fixed_headers,
+            ("dt.version", b"%d" % status.delivered_version),
+            ("dt.change_type", b"heartbeat"),
+        ]
+        partition = None if self._by_producer else choose_partition(key, self._heartbeat_partitions)
+        stamp = (status.delivered_version, HEARTBEAT_RANK, -1, 0)
+        self._check_sending()
+        assert self._producer is not None
+        try:
+            self._producer.send(self.heartbeat_topic, key, value, headers, partition, stamp)
+        except SendRefused as e:
+            raise self._refused(e, self.heartbeat_topic, key, value, stamp) from e
+
     def _commit_value(self, event: CommitEvent) -> bytes:
         body = {
             "table_path": self.table.path,
@@ -617,5 +713,7 @@ def _describe(stamp: Stamp) -> str:
     version, rank, index, sub = stamp
     if rank == COMMIT_RANK:
         return f"the commit event of version {version}"
+    if rank == HEARTBEAT_RANK:
+        return f"the heartbeat at version {version}"
     what = "tombstone" if sub else "row"
     return f"{what} at position {Position(version, rank, index)}"

@@ -14,6 +14,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 
+from sinks.connect_schema import ValueModes
+from sinks.debezium import HEARTBEAT_TOPIC, EventOptions
 from state.errors import ConfigError
 from state.feed import TableInfo
 from tailer.parse import parse_bool
@@ -82,6 +84,10 @@ class KafkaOptions:
     reconnect_backoff_max_ms: int = 1_000
     open_timeout_ms: int = 30_000
     security: dict[str, Any] = field(default_factory=dict)
+    events: EventOptions = field(default_factory=EventOptions)
+    allow_unordered: bool = False
+    heartbeat_interval: float | None = None
+    heartbeat_topic: str = HEARTBEAT_TOPIC
 
     @staticmethod
     def from_uri(uri: str, env: Mapping[str, str] | None = None) -> KafkaOptions:
@@ -191,7 +197,7 @@ def _check_host(host: str, uri: str) -> str:
 def _query(query: str, uri: str) -> dict[str, str]:
     known = {
         "format", "key", "tombstones", "exactly_once", "commit_topic", "sink_id", "compression", "backend",
-        *_INT_OPTIONS, *SECURITY_OPTIONS,
+        *_INT_OPTIONS, *SECURITY_OPTIONS, *_EVENT_OPTIONS,
     }  # fmt: skip
     raw: dict[str, str] = {}
     for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
@@ -221,8 +227,8 @@ def _build_options(bootstrap: tuple[str, ...], topic: str, raw: dict[str, str], 
     opts = KafkaOptions(bootstrap, topic)
     ints: dict[str, Any] = {k: _int(k, raw[k], uri) for k in _INT_OPTIONS if k in raw}
     fmt = raw.get("format", "json")
-    if fmt not in ("json", "debezium"):
-        raise ConfigError(f"kafka URI {uri!r}: format={fmt!r}; expected json or debezium")
+    if fmt not in ("json", "debezium", "flat"):
+        raise ConfigError(f"kafka URI {uri!r}: format={fmt!r}; expected json, debezium or flat")
     keys = tuple(k.strip() for k in raw["key"].split(",")) if raw.get("key") else ()
     if any(not k for k in keys):
         raise ConfigError(f"kafka URI {uri!r}: key={raw['key']!r} has an empty column name")
@@ -237,11 +243,59 @@ def _build_options(bootstrap: tuple[str, ...], topic: str, raw: dict[str, str], 
         backend=_backend(raw.get("backend", "kafka-python"), uri),
         compression=_compression(raw.get("compression", "none"), raw.get("backend", "kafka-python"), uri),
         security=_security(raw, uri),
+        **_event_options(raw, uri, fmt),
         **ints,
     )
     if opts.tombstones and not opts.key_columns:
         raise ConfigError(f"kafka URI {uri!r}: tombstones=true needs key=COL,... (a position key never repeats)")
     return opts
+
+
+#: Options of the debezium and flat formats and of heartbeats (see :mod:`sinks.debezium`).
+_EVENT_OPTIONS = (
+    "schemas", "time_mode", "decimal_mode", "server_name", "source_db", "source_schema", "source_table",
+    "allow_unordered", "heartbeat_interval", "heartbeat_topic",
+)  # fmt: skip
+
+
+def _event_options(raw: dict[str, str], uri: str, fmt: str) -> dict[str, Any]:
+    """The :class:`KafkaOptions` fields of the event options in ``raw``."""
+    given = [k for k in _EVENT_OPTIONS[:7] if k in raw and k != "server_name"]
+    if given and fmt == "json":
+        raise ConfigError(f"kafka URI {uri!r}: {', '.join(given)} apply to format=debezium or format=flat only")
+    defaults = EventOptions()
+    try:
+        modes = ValueModes(raw.get("time_mode", "iso"), raw.get("decimal_mode", "string"))
+    except ConfigError as e:
+        raise ConfigError(f"kafka URI {uri!r}: {e.message}") from e
+    events = EventOptions(
+        schemas=_bool("schemas", raw.get("schemas", "false"), uri),
+        modes=modes,
+        server_name=_name("server_name", raw.get("server_name", defaults.server_name), uri),
+        source_db=_name("source_db", raw.get("source_db", defaults.source_db), uri),
+        source_schema=_name("source_schema", raw["source_schema"], uri) if "source_schema" in raw else None,
+        source_table=_name("source_table", raw["source_table"], uri) if "source_table" in raw else None,
+    )
+    interval = None
+    if "heartbeat_interval" in raw:
+        try:
+            interval = float(raw["heartbeat_interval"])
+        except ValueError:
+            interval = -1.0
+        if not 0 < interval < float("inf"):
+            raise ConfigError(f"kafka URI {uri!r}: heartbeat_interval={raw['heartbeat_interval']!r} is not seconds > 0")
+    return {
+        "events": events,
+        "allow_unordered": _bool("allow_unordered", raw.get("allow_unordered", "false"), uri),
+        "heartbeat_interval": interval,
+        "heartbeat_topic": raw.get("heartbeat_topic") or HEARTBEAT_TOPIC,
+    }
+
+
+def _name(option: str, value: str, uri: str) -> str:
+    if not value.strip():
+        raise ConfigError(f"kafka URI {uri!r}: {option} is empty")
+    return value
 
 
 def _backend(name: str, uri: str) -> str:
@@ -273,15 +327,15 @@ def _security(raw: dict[str, str], uri: str) -> dict[str, Any]:
     return sec
 
 
-def fill_topic(template: str, table: TableInfo) -> str:
-    """Fill ``{table_name}`` / ``{table_id}`` in a topic template and check the result is a legal topic.
+def fill_topic(template: str, table: TableInfo, server_name: str = "deltatail") -> str:
+    """Fill ``{table_name}``, ``{table_id}``, ``{server_name}`` in a topic template; check the result is a legal topic.
 
     Raises:
         ConfigError: if the template names another field, needs a name the table lacks, or
             yields an illegal topic name (Kafka allows ``[a-zA-Z0-9._-]``, at most 249 characters).
     """
     try:
-        topic = template.format_map({"table_name": table.name, "table_id": table.table_id})
+        topic = template.format_map({"table_name": table.name, "table_id": table.table_id, "server_name": server_name})
     except (KeyError, IndexError, ValueError) as e:
         raise ConfigError(f"topic template {template!r} is invalid: {e}", table=table.path) from e
     if "{table_name}" in template and not table.name:

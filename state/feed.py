@@ -48,6 +48,23 @@ class TableInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class FollowStatus:
+    """Where a tailer stands while it waits for news (what a sink's heartbeat carries).
+
+    Attributes:
+        table_id: the table's id.
+        delivered_version: every row of this version and of those before it was written to the sink.
+        newest_version: the newest version the tailer has seen in the log.
+        seconds_behind: seconds since the newest commit's timestamp (0 when unknown).
+    """
+
+    table_id: str
+    delivered_version: int
+    newest_version: int
+    seconds_behind: float
+
+
+@dataclass(frozen=True, slots=True)
 class ChangeBatch:
     """Consecutive change rows of one commit (or of one initial snapshot).
 

@@ -58,7 +58,8 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSource
 from pyspark.sql.types import StructType
 
 from sinks.collector import collector_paused
-from sinks.encoding import ChangeEncoder, EncodedBatch
+from sinks.encoding import ChangeEncoder
+from sinks.json_text import EncodedBatch
 from sinks.kafka_options import KafkaOptions, default_sink_id, fill_topic
 from sinks.partitioner import choose_partitions
 from state.cursor import Position
@@ -230,7 +231,11 @@ def produce_partition(job: ProduceJob, batches: Iterator[pa.RecordBatch]) -> int
     options = KafkaOptions.from_uri(job.uri)
     keyed = bool(options.key_columns)
     encoder = ChangeEncoder(
-        job.table, format=options.format, key_columns=options.key_columns, tombstones=options.tombstones
+        job.table,
+        format=options.format,
+        key_columns=options.key_columns,
+        tombstones=options.tombstones,
+        events=options.events,
     )
     try:
         producer = KafkaProducer(**options.producer_config())

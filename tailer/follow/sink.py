@@ -20,7 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from state.cursor import Position
-from state.feed import ChangeBatch, CommitEvent, TableInfo
+from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
 
 
 class Sink(ABC):
@@ -57,6 +57,23 @@ class Sink(ABC):
 
     def commit_event(self, event: CommitEvent) -> None:  # noqa: B027 - optional hook, no-op by default
         """Receive a commit's summary after its rows were written; ignored unless a sink overrides it."""
+
+    def commit_started(self, version: int, operation: str | None) -> None:  # noqa: B027 - optional hook
+        """Receive a commit's Delta operation (``WRITE``, ``MERGE``...) before its rows; ignored unless overridden.
+
+        A sink must not rely on it: rows of a version may arrive without it (an initial snapshot, a
+        tailer that does not call it).
+        """
+
+    def heartbeat(self, status: FollowStatus) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Called whenever the tailer is idle (caught up, waiting for news), at most once per poll interval.
+
+        A sink that sends heartbeats decides itself whether one is due. Nothing it sends here may
+        touch what :meth:`open` reads back (heartbeats are not change rows).
+
+        Raises:
+            SinkError: if the sink has failed or cannot send.
+        """
 
     @abstractmethod
     def close(self) -> None:

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from state.cursor import Position
 from state.errors import DeltaTailError, SchemaChangeError, StateError, UnsupportedFeatureError
-from state.feed import ChangeBatch, CommitEvent, TableInfo
+from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
 from state.planning import VersionPlan, plan_snapshot
 from state.snapshot import Snapshot
 from tailer.follow.checkpointer import Checkpointer
@@ -274,6 +274,7 @@ class Tailer:
                     break
                 self._flush_idle()
                 self._report_following()
+                self.sink.heartbeat(self._follow_status())  # the sink decides whether one is due
                 watcher.wait(self._idle_timeout())
         self._checkpoint()
 
@@ -397,6 +398,9 @@ class Tailer:
     def _deliver(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]] | None = None) -> bool:
         """Write a version's rows (skipping delivered ones); returns ``False`` if stopped inside it."""
         counts: dict[str, int] = {}
+        if plan.commit is not None:  # the commit's operation before its rows (Debezium's source.operation)
+            info = plan.commit.commit_info
+            self.sink.commit_started(plan.context.version, None if info is None else info.operation)
         for batch in self.feed.plan_batches(plan, task_batches):
             batch = self._skip_delivered(batch)
             if len(batch):
@@ -462,6 +466,14 @@ class Tailer:
         self._unflushed = False
         self._checkpoints.take(self._snap, self._cursor, self._prev_ts)
 
+    def _seconds_behind(self) -> float:
+        """Seconds since the delivered version's commit timestamp (0 when unknown)."""
+        return 0.0 if self._prev_ts is None else max(self._wall_clock() - self._prev_ts / 1000, 0.0)
+
+    def _follow_status(self) -> FollowStatus:
+        version = -1 if self._snap is None else self._snap.version
+        return FollowStatus(self._table_id, version, version, self._seconds_behind())
+
     def _report_following(self) -> None:
         """A status line when following: on a new version, else at most every ``STATUS_SECONDS``."""
         snap = self._snap
@@ -471,7 +483,7 @@ class Tailer:
         if snap.version == self._status_version and now - self._status_time < STATUS_SECONDS:
             return
         self._status_version, self._status_time = snap.version, now
-        behind = 0.0 if self._prev_ts is None else max(self._wall_clock() - self._prev_ts / 1000, 0.0)
+        behind = self._seconds_behind()
         status(
             "following",
             f"following: at version {snap.version}, 0 versions behind, newest commit {behind:.1f}s ago",

@@ -11,7 +11,8 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sinks.encoding import SMALL_TIMESTAMP_COLUMN, ChangeEncoder, EncodedBatch, json_values, row_dicts
+from sinks.encoding import ChangeEncoder
+from sinks.json_text import SMALL_TIMESTAMP_COLUMN, EncodedBatch, json_values, row_dicts
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, TableInfo
@@ -224,18 +225,35 @@ def test_empty_batch_encodes_to_nothing() -> None:
 # ------------------------------------------------------------------ debezium --
 
 
-def debezium(before: Any, after: Any, op: str, *, snapshot: bool = False) -> dict[str, Any]:
+def debezium(before: Any, after: Any, op: str, index: int, *, snapshot: bool = False) -> dict[str, Any]:
+    """The envelope as Debezium's documentation lays it out (every source field: tests/sinks/test_debezium.py)."""
     source = {
+        "version": "0.1.0",
         "connector": "deltatail",
+        "name": "deltatail",
+        "ts_ms": COMMIT_MS,
+        "snapshot": "true" if snapshot else "false",
+        "db": "delta",
+        "ts_us": COMMIT_MS * 1000 + 456,
+        "ts_ns": (COMMIT_MS * 1000 + 456) * 1000,
+        "schema": None,
+        "table": "orders",
         "table_path": "/data/orders",
         "table_id": "0f1e2d3c-table-id",
-        "table": "orders",
-        "version": 7,
-        "ts_ms": COMMIT_MS,
+        "commit_version": 7,
         "operation": None,
-        "snapshot": snapshot,
+        "index": index,
     }
-    return {"before": before, "after": after, "op": op, "source": source, "ts_ms": 1_700_000_000_000}
+    clock = 1_700_000_000_000
+    return {
+        "before": before,
+        "after": after,
+        "source": source,
+        "op": op,
+        "ts_ms": clock,
+        "ts_us": clock * 1000,
+        "ts_ns": clock * 1_000_000,
+    }
 
 
 def encoder(**kwargs: Any) -> ChangeEncoder:
@@ -246,13 +264,13 @@ def test_debezium_inserts_deletes_and_snapshot_reads() -> None:
     data = {"id": pa.array([1, 2]), "v": pa.array(["a", "b"])}
     out = encoder().encode(change_batch(data, ["insert", "delete"]))
     assert values(out) == [
-        debezium(None, {"id": 1, "v": "a"}, "c"),
-        debezium({"id": 2, "v": "b"}, None, "d"),
+        debezium(None, {"id": 1, "v": "a"}, "c", 0),
+        debezium({"id": 2, "v": "b"}, None, "d", 1),
     ]
     snap = encoder().encode(change_batch(data, ["insert", "insert"], snapshot=True))
     assert values(snap) == [
-        debezium(None, {"id": 1, "v": "a"}, "r", snapshot=True),
-        debezium(None, {"id": 2, "v": "b"}, "r", snapshot=True),
+        debezium(None, {"id": 1, "v": "a"}, "r", 0, snapshot=True),
+        debezium(None, {"id": 2, "v": "b"}, "r", 1, snapshot=True),
     ]
 
 
@@ -265,9 +283,9 @@ def test_debezium_pairs_update_images_by_key_in_either_order() -> None:
     assert out.change_types == ["update", "insert", "update"]
     assert out.keys == [b'{"id":1}', b'{"id":3}', b'{"id":2}']
     assert values(out) == [
-        debezium({"id": 1, "v": "old1"}, {"id": 1, "v": "new1"}, "u"),
-        debezium(None, {"id": 3, "v": "x"}, "c"),
-        debezium({"id": 2, "v": "old2"}, {"id": 2, "v": "new2"}, "u"),
+        debezium({"id": 1, "v": "old1"}, {"id": 1, "v": "new1"}, "u", 2),
+        debezium(None, {"id": 3, "v": "x"}, "c", 3),
+        debezium({"id": 2, "v": "old2"}, {"id": 2, "v": "new2"}, "u", 4),
     ]
 
 
@@ -278,11 +296,11 @@ def test_debezium_unpaired_images_become_delete_and_create() -> None:
         change_batch(data, ["update_preimage", "update_postimage"])
     )
     assert out.change_types == ["update_preimage", "update_postimage"]
-    assert values(out) == [debezium({"id": 1, "v": "a"}, None, "d"), debezium(None, {"id": 9, "v": "a"}, "c")]
+    assert values(out) == [debezium({"id": 1, "v": "a"}, None, "d", 0), debezium(None, {"id": 9, "v": "a"}, "c", 1)]
     # no key columns: never paired
     data = {"id": pa.array([1, 1]), "v": pa.array(["a", "b"])}
     out = encoder().encode(change_batch(data, ["update_preimage", "update_postimage"]))
-    assert values(out) == [debezium({"id": 1, "v": "a"}, None, "d"), debezium(None, {"id": 1, "v": "b"}, "c")]
+    assert values(out) == [debezium({"id": 1, "v": "a"}, None, "d", 0), debezium(None, {"id": 1, "v": "b"}, "c", 1)]
 
 
 def test_debezium_pair_split_across_batches_is_delete_then_create() -> None:
@@ -291,8 +309,8 @@ def test_debezium_pair_split_across_batches_is_delete_then_create() -> None:
     )
     enc = encoder(key_columns=["id"])
     first, second = ChangeBatch(batch.start, batch.rows.slice(0, 1)), batch.slice_from(batch.position(1))
-    assert values(enc.encode(first)) == [debezium({"id": 4, "v": "old"}, None, "d")]
-    assert values(enc.encode(second)) == [debezium(None, {"id": 4, "v": "new"}, "c")]
+    assert values(enc.encode(first)) == [debezium({"id": 4, "v": "old"}, None, "d", 0)]
+    assert values(enc.encode(second)) == [debezium(None, {"id": 4, "v": "new"}, "c", 1)]
     assert enc.encode(second).rows == [0]  # row 0 of the second batch: position index 1
 
 
@@ -302,7 +320,7 @@ def test_debezium_tombstones_only_after_real_deletes() -> None:
     out = encoder(key_columns=["id"], tombstones=True).encode(change_batch(data, cts))
     assert out.rows == [0, 0, 2]
     assert out.values[1] is None and out.keys[1] == b'{"id":1}'
-    assert values(out)[2] == debezium({"id": 2}, {"id": 2}, "u")
+    assert values(out)[2] == debezium({"id": 2}, {"id": 2}, "u", 2)
 
 
 def test_debezium_uses_the_wall_clock_by_default() -> None:
@@ -325,7 +343,7 @@ def test_constructor_raises_config_error() -> None:
 
 def test_encode_raises_sink_error_naming_the_position() -> None:
     batch = change_batch({"id": pa.array([1, 2])}, ["insert", "upsert"], start=10)
-    for fmt in ("json", "debezium"):
+    for fmt in ("json", "debezium", "flat"):
         with pytest.raises(SinkError, match=r"unknown change type 'upsert' at position .*index=11") as e:
             ChangeEncoder(TABLE, format=fmt).encode(batch)
         assert e.value.version == 7 and e.value.table == "/data/orders"

@@ -19,7 +19,8 @@ import pytest
 
 import sinks.embedded as embedded
 import sinks.encoding as encoding
-from sinks.encoding import ChangeEncoder, EncodedBatch, concatenated, constant_text, json_texts, json_values
+from sinks.encoding import ChangeEncoder
+from sinks.json_text import EncodedBatch, concatenated, constant_text, json_texts, json_values
 from state.cursor import Position
 from state.errors import SinkError
 from state.feed import ChangeBatch, TableInfo

@@ -286,20 +286,27 @@ def test_keyed_debezium_with_tombstones(kafka: Any) -> None:
     assert update["before"]["name"] == "Zoë-1 ✓" and update["after"]["name"] == "Zoë-1! ✓"
     assert update["before"]["amount"] == "0.01" and update["after"]["items"] == [{"sku": "s1", "qty": 1}]
     assert update["source"] == {
+        "version": "0.1.0",
         "connector": "deltatail",
+        "name": "deltatail",
+        "ts_ms": 1704164645123,
+        "snapshot": "false",
+        "db": "delta",
+        "ts_us": 1704164645123456,
+        "ts_ns": 1704164645123456000,
+        "schema": None,
+        "table": "orders",
         "table_path": "/data/orders",
         "table_id": "tid-orders",
-        "table": "orders",
-        "version": 3,
-        "ts_ms": 1704164645123,
+        "commit_version": 3,
         "operation": None,
-        "snapshot": False,
+        "index": 1,
     }
     assert update["ts_ms"] == FIXED_CLOCK
     assert header(by_key[key1][1], "dt.change_type") == b"update"
     assert position_of(by_key[key1][1]) == (3, 1, 1, False)  # the pair rides on the post-image's position
     snapshot_read = orjson.loads(by_key[key1][0].value)
-    assert snapshot_read["source"]["snapshot"] is True and snapshot_read["before"] is None
+    assert snapshot_read["source"]["snapshot"] == "true" and snapshot_read["before"] is None
     delete, tombstone = by_key[key2][1:]
     assert orjson.loads(delete.value)["before"]["id"] == 2 and tombstone.value is None
     assert position_of(tombstone) == (3, 1, 2, True)

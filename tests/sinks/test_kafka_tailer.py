@@ -440,8 +440,15 @@ def debezium_rows(msgs: list[Msg], table: Table) -> Counter[Row]:
             continue
         event, version, kind = m.body(), m.position[0], m.header("dt.change_type")
         source = event["source"]
-        assert (source["connector"], source["table_id"], source["version"]) == ("deltatail", table.table_id, version)
-        assert source["snapshot"] is False and source["table_path"] == str(table.root)
+        assert (source["connector"], source["table_id"], source["commit_version"]) == (
+            "deltatail",
+            table.table_id,
+            version,
+        )
+        assert source["snapshot"] == "false" and source["table_path"] == str(table.root)
+        assert source["index"] == m.position[1]
+        # The tailer hands each commit's Delta operation over before its rows.
+        assert source["operation"] in ("WRITE", "DELETE", "UPDATE", "MERGE"), source["operation"]
         before, after, op = event["before"], event["after"], event["op"]
         image = after if after is not None else before
         assert m.key == b'{"id":%d}' % image["id"]
