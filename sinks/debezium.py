@@ -101,6 +101,8 @@ class EventOptions:
         source_db: ``source.db``.
         source_schema: ``source.schema``.
         source_table: ``source.table``; default the table's name.
+        positions: rows carry their position, written as ``source.index``; ``False`` where they
+            do not (the Spark writer: a micro-batch's rows come without one), and ``index`` is ``null``.
     """
 
     schemas: bool = False
@@ -109,6 +111,7 @@ class EventOptions:
     source_db: str = "delta"
     source_schema: str | None = None
     source_table: str | None = None
+    positions: bool = True
 
     def table_name(self, table: TableInfo) -> str:
         """``source.table``: the option, else the table's name, else its id."""
@@ -359,7 +362,7 @@ class EventEncoder:
     ) -> list[Any]:
         before, after = self._images(events, images)
         ts_ms = self._clock_ms()
-        index = _index_text(batch, events)
+        index = _index_text(batch, events) if self.options.positions else "null"
         op: Any = f'"{events.op}"' if isinstance(events.op, str) else Wrapped('"', events.op, '"')
         return [
             '{"before":',
@@ -507,7 +510,7 @@ SOURCE_SCHEMA: dict[str, Any] = {
         _required("string", "table_id"),
         _required("int64", "commit_version"),
         _optional("string", "operation"),
-        _required("int64", "index"),
+        _optional("int64", "index"),
     ],
     "optional": False,
     "name": "deltatail.Source",

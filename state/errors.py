@@ -101,6 +101,29 @@ class UnsupportedFeatureError(DeltaTailError):
         super().__init__(message, table=table, version=version, file=file)
 
 
+class StorageError(DeltaTailError):
+    """A store could not be reached, throttled or failed, or refused access (never a missing file).
+
+    Args:
+        message: what failed, in words; never a credential.
+        transient: trying again later may work (connection refused, timeouts, throttling, 5xx);
+            ``False`` for access denied and bad configuration.
+        table, version, file: as :class:`DeltaTailError`.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool = False,
+        table: str | None = None,
+        version: int | None = None,
+        file: str | None = None,
+    ) -> None:
+        self.transient = transient
+        super().__init__(message, table=table, version=version, file=file)
+
+
 class DeletionVectorError(DeltaTailError):
     """A deletion vector cannot be decoded: bad magic, bad checksum, truncated data."""
 

@@ -29,7 +29,8 @@ Where it differs from the sink, because Spark rows carry no position:
 * without ``key`` columns messages have a ``null`` key (Kafka spreads them over
   partitions) and no ``dt.position`` header; with them, the key and partition
   (murmur2 of the key) are the sink's;
-* initial-snapshot rows look like inserts: Debezium ``op`` is ``c``, not ``r``;
+* initial-snapshot rows look like inserts: Debezium ``op`` is ``c``, not ``r``, and
+  ``source.index`` is ``null``;
 * delivery is at least once: Spark runs a failed micro-batch again, and its
   messages are produced again (``dt.spark_batch`` tells the copies apart);
   ``exactly_once``, ``commit_topic`` and ``backend=confluent`` are refused;
@@ -235,7 +236,7 @@ def produce_partition(job: ProduceJob, batches: Iterator[pa.RecordBatch]) -> int
         format=options.format,
         key_columns=options.key_columns,
         tombstones=options.tombstones,
-        events=options.events,
+        events=replace(options.events, positions=False),  # Spark rows come without their positions
     )
     try:
         producer = KafkaProducer(**options.producer_config())

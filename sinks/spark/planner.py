@@ -271,9 +271,8 @@ class StreamPlanner:
             self._set_snapshot(snap)
             self.jump = ((version + 1, 1, 0), Offset(self.table_id or "", snap.version + 1, 0))
             return self._following().discover()
-        if not versions and check:
+        if check and not versions:
             self._last_check = now
-            follower.check_not_recreated()
         return versions
 
     def _check_not_truncated(self, version: int) -> None:

@@ -21,7 +21,7 @@ from tailer.cli import logs
 from tailer.cli.demo import run_demo
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.report import snapshot_document, snapshot_text
-from tailer.cli.settings import merge
+from tailer.cli.settings import STORAGE, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
 from tailer.follow.tailer import TailerConfig, table_name
@@ -29,10 +29,19 @@ from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
 from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.storage import Storage, storage_for
+from tailer.storage.options import parse_option_pairs
+
+
+def _storage(table: str, options: dict[str, str] | None) -> Storage:
+    """The storage of ``table`` with the storage options given (flags, ``[storage]``; obstore reads the environment)."""
+    return storage_for(table, options or None)
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    snap = DeltaLog(args.table).snapshot(args.version)
+    snap = DeltaLog(args.table, _storage(args.table, parse_option_pairs(args.storage_option or []))).snapshot(
+        args.version
+    )
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(snapshot_document(snap), option=orjson.OPT_INDENT_2) + b"\n")
     else:
@@ -80,7 +89,7 @@ def _changes(args: argparse.Namespace) -> int:
         key_columns=_keys(args.key),
         reader_processes=_reader_processes(args.reader_processes),
     )
-    feed = ChangeFeed(args.table, options=options)
+    feed = ChangeFeed(args.table, _storage(args.table, parse_option_pairs(args.storage_option or [])), options)
     start_ms = None
     if args.starting_timestamp is not None:
         start_ms = parse_timestamp_ms(args.starting_timestamp, name="--starting-timestamp")
@@ -130,12 +139,12 @@ def _write_parquet(feed: ChangeFeed, batches: Iterator[ChangeBatch], output: str
     return 0
 
 
-def _run_start(table: str, value: object) -> int | None:
+def _run_start(table: str, storage: Storage, value: object) -> int | None:
     """``--starting-version`` for ``run``: a number, or ``latest`` (the commits after the current latest)."""
     if value is None:
         return None
     if value == "latest":
-        return DeltaLog(table).latest_version() + 1
+        return DeltaLog(table, storage).latest_version() + 1
     try:
         return int(str(value))
     except ValueError:
@@ -153,13 +162,16 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--key needs --net-changes")
     d = RUN_DEFAULTS
     start_ts = s.get("starting_timestamp")
+    storage_options = s.get(STORAGE, {})
+    storage = _storage(args.table, storage_options)
     config = TailerConfig(
         table=args.table,
         state_dir=s["state_dir"],
-        starting_version=_run_start(args.table, s.get("starting_version")),
+        starting_version=_run_start(args.table, storage, s.get("starting_version")),
         starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
         initial_snapshot=bool(s.get("initial_snapshot", d.initial_snapshot)),
         poll_interval=s.get("poll_interval", d.poll_interval),
+        max_poll_interval=s.get("max_poll_interval", d.max_poll_interval),
         watch=not s.get("no_watch", not d.watch),
         checkpoint_commits=s.get("checkpoint_commits", d.checkpoint_commits),
         checkpoint_seconds=s.get("checkpoint_seconds", d.checkpoint_seconds),
@@ -171,6 +183,7 @@ def _run(args: argparse.Namespace) -> int:
             allow_non_additive=bool(s.get("allow_non_additive", READ_DEFAULTS.allow_non_additive)),
             reader_processes=_reader_processes(s.get("reader_processes")),
         ),
+        storage_options=storage_options,
     )
     uri = s.get("sink", DEFAULT_SINK)
     retries = s.get("sink_retries", -1)
@@ -188,6 +201,15 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _storage_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an object-store option as delta-rs spells it (AWS_REGION=..., AZURE_STORAGE_ACCOUNT_NAME=...)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="deltatail", description="Follow a Delta table's log as a change feed.")
@@ -197,9 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     snap = sub.add_parser("snapshot", help="show the reconciled state of a table at a version")
-    snap.add_argument("table", help="table root: the directory that holds _delta_log")
+    snap.add_argument("table", help="table root: the directory (or s3://, az://, gs:// URI) that holds _delta_log")
     snap.add_argument("--version", type=int, default=None, help="version to show (default: latest)")
     snap.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    _storage_option(snap)
     snap.set_defaults(handler=_snapshot)
 
     ch = sub.add_parser("changes", help="print the change rows of a range of versions")
@@ -213,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--key", default=None, help="key columns (COL,...) pairing net changes into updates")
     ch.add_argument("--output", default=None, help="FILE.jsonl or FILE.parquet (default: JSON lines on stdout)")
     ch.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
+    _storage_option(ch)
     ch.set_defaults(handler=_changes)
 
     run = sub.add_parser("run", help="follow a table and deliver its changes to a sink")
@@ -238,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"seconds between looks (default {RUN_DEFAULTS.poll_interval:g})",
     )
+    run.add_argument(
+        "--max-poll-interval",
+        type=float,
+        default=None,
+        help=f"object stores: the longest idle wait; the interval doubles up to it (default {d.max_poll_interval:g})",
+    )
     run.add_argument("--no-watch", action="store_const", const=True, default=None, help="poll only, no inotify")
     run.add_argument(
         "--checkpoint-commits", type=int, default=None, help=f"checkpoint every N commits ({d.checkpoint_commits})"
@@ -259,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="restarts from the saved cursor while the sink is unavailable (default -1: keep retrying)",
     )
     run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
+    _storage_option(run)
     run.set_defaults(handler=_run)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")

@@ -4,7 +4,8 @@ Environment variables are ``DELTATAIL_<NAME>`` with the flag's name in upper
 case and ``_`` for ``-`` (``DELTATAIL_SINK``, ``DELTATAIL_POLL_INTERVAL``,
 ``DELTATAIL_STATE_DIR`` ...). The TOML file (``--config FILE`` or
 ``DELTATAIL_CONFIG``) holds the same names as keys, with ``-`` or ``_``, at the
-top level or under a ``[run]`` table.
+top level or under a ``[run]`` table; storage options (credentials, endpoints:
+:mod:`tailer.storage.options`) in a ``[storage]`` table.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from state.errors import ConfigError
 from tailer.parse import parse_bool
+from tailer.storage.options import parse_option_pairs
 
 
 def version_value(value: Any) -> int | str:
@@ -27,6 +29,9 @@ def version_value(value: Any) -> int | str:
     return int(value)
 
 
+#: The TOML table (and merged setting) of storage options (:mod:`tailer.storage.options`).
+STORAGE = "storage"
+
 #: Settings of ``deltatail run`` and their types (or converters).
 RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "state_dir": str,
@@ -35,6 +40,7 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "starting_timestamp": str,
     "initial_snapshot": bool,
     "poll_interval": float,
+    "max_poll_interval": float,
     "no_watch": bool,
     "checkpoint_commits": int,
     "checkpoint_seconds": float,
@@ -71,14 +77,23 @@ def load_toml(path: str) -> dict[str, Any]:
             data = tomllib.load(fh)
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read config file: {e}", file=path) from e
-    section = data.get("run", data)
+    section = dict(data.get("run", data))
+    storage = section.pop(STORAGE, data.get(STORAGE, {}))
     out: dict[str, Any] = {}
     for key, value in section.items():
         name = key.replace("-", "_")
         if name not in RUN_SETTINGS:
             raise ConfigError(f"unknown setting {key!r} in config file", file=path)
         out[name] = _coerce(name, value, path)
+    if not isinstance(storage, dict) or not all(isinstance(v, str | int | float | bool) for v in storage.values()):
+        raise ConfigError("[storage] must be a table of KEY = value pairs (storage options)", file=path)
+    if storage:
+        out[STORAGE] = {str(k).lower(): _option_text(v) for k, v in storage.items()}
     return out
+
+
+def _option_text(value: str | int | float | bool) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def from_environment(env: Mapping[str, str]) -> dict[str, Any]:
@@ -94,6 +109,9 @@ def from_environment(env: Mapping[str, str]) -> dict[str, Any]:
 def merge(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Flags (``None`` = not given) over environment over TOML file.
 
+    Storage options (``storage``: the TOML ``[storage]`` table, under ``--storage-option`` flags
+    given as ``storage_option``) are merged key by key, the flags winning.
+
     Raises:
         ConfigError: if a value is invalid or the config file is unusable.
     """
@@ -102,4 +120,7 @@ def merge(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dic
     merged: dict[str, Any] = load_toml(config_path) if config_path else {}
     merged.update(from_environment(env))
     merged.update({k: v for k, v in flags.items() if k in RUN_SETTINGS and v is not None})
+    storage = {**merged.get(STORAGE, {}), **parse_option_pairs(flags.get("storage_option") or [])}
+    if storage:
+        merged[STORAGE] = storage
     return merged

@@ -1,4 +1,4 @@
-"""Keeping a tailer going while its sink is unavailable: the cursor is held, nothing is lost."""
+"""Keeping a tailer going while its sink or store is unavailable: the cursor is held, nothing is lost."""
 
 from __future__ import annotations
 
@@ -6,18 +6,19 @@ import logging
 import threading
 from collections.abc import Callable
 
-from state.errors import SinkUnavailableError
+from state.errors import DeltaTailError, SinkUnavailableError, StorageError
 from tailer.follow.sink import Sink
 from tailer.follow.status import Progress, status
 from tailer.follow.tailer import Tailer, TailerConfig
 
 
 class TailerService:
-    """Runs tailers one after another while the sink is unavailable.
+    """Runs tailers one after another while the sink or the table's store is unavailable.
 
     A :class:`~state.errors.SinkUnavailableError` (broker down, delivery not
-    acknowledged in time) ends a tailer run with its cursor at the last
-    checkpoint whose flush succeeded. The service waits (exponential backoff,
+    acknowledged in time), or a transient :class:`~state.errors.StorageError`
+    (an object store that cannot be reached, throttles or fails), ends a tailer
+    run with its cursor at the last checkpoint whose flush succeeded. The service waits (exponential backoff,
     capped at ``max_backoff`` seconds), reports it in the status line, and starts
     a new tailer from the saved state, which resends everything after the cursor:
     the sink acknowledges nothing its destination did not accept. Other errors
@@ -55,10 +56,12 @@ class TailerService:
             self._current.stop()
 
     def run(self) -> Progress:
-        """Run tailers until one finishes, is stopped, or fails with something other than an unavailable sink.
+        """Run tailers until one finishes, is stopped, or fails with something other than an unavailable sink or store.
 
         Raises:
             SinkUnavailableError: when ``retries`` runs in a row have failed on an unavailable sink.
+            StorageError: when ``retries`` runs in a row have failed on an unreachable store (or at once
+                when the store refuses access: that does not pass by waiting).
             DeltaTailError: whatever else stops a tailer (see :meth:`Tailer.run`).
         """
         total = Progress()
@@ -71,22 +74,30 @@ class TailerService:
                 total.versions += done.versions
                 total.rows += done.rows
                 return total
-            except SinkUnavailableError as e:
+            except (SinkUnavailableError, StorageError) as e:
+                if isinstance(e, StorageError) and not e.transient:
+                    raise
                 total.versions += tailer.progress.versions
                 total.rows += tailer.progress.rows
                 failures = 1 if tailer.progress.versions else failures + 1
                 if self.retries is not None and failures > self.retries:
                     raise
-                delay = min(self.max_backoff, 0.5 * 2 ** (failures - 1))
-                status(
-                    "sink_unavailable",
-                    f"sink unavailable: {e.message}; holding the cursor at the last checkpoint, "
-                    f"retrying in {delay:.1f}s (attempt {failures})",
-                    level=logging.WARNING,
-                    retry_in_seconds=delay,
-                    attempt=failures,
-                )
-                self._stopping.wait(delay)
+                self._wait_before_retry(e, failures)
             finally:
                 self._current = None
         return total
+
+    def _wait_before_retry(self, error: DeltaTailError, failures: int) -> None:
+        """Report the failure in a status line and wait (exponential backoff) before the next run."""
+        delay = min(self.max_backoff, 0.5 * 2 ** (failures - 1))
+        sink = isinstance(error, SinkUnavailableError)
+        what, event = ("sink", "sink_unavailable") if sink else ("store", "store_unavailable")
+        status(
+            event,
+            f"{what} unavailable: {error.message}; holding the cursor at the last checkpoint, "
+            f"retrying in {delay:.1f}s (attempt {failures})",
+            level=logging.WARNING,
+            retry_in_seconds=delay,
+            attempt=failures,
+        )
+        self._stopping.wait(delay)

@@ -43,11 +43,11 @@ from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
 from tailer.follow.status import Progress, count_change_types, status
 from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import GAP_CHECK_SECONDS, Hints, LogFollower
+from tailer.log.follower import GAP_CHECK_SECONDS, PREFETCH_COMMITS, Hints, LogFollower
 from tailer.log.starts import snapshot_time, table_id, version_at_or_after
 from tailer.log.watch import LogWatcher, Watcher
 from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.storage import FileInfo
+from tailer.storage import FileInfo, storage_for
 
 log = logging.getLogger("deltatail")
 
@@ -72,6 +72,7 @@ class TailerConfig:
     starting_timestamp_ms: int | None = None
     initial_snapshot: bool = False
     poll_interval: float = 1.0
+    max_poll_interval: float = 5.0
     watch: bool = True
     checkpoint_commits: int = 50
     checkpoint_seconds: float = 5.0
@@ -81,6 +82,8 @@ class TailerConfig:
     parse_retry_delay: float = 0.05
     gap_check_seconds: float = GAP_CHECK_SECONDS
     options: ChangeOptions = field(default_factory=ChangeOptions)
+    #: Options of the table's object store (credentials, endpoint); never shown, logged or saved.
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 class Tailer:
@@ -90,7 +93,7 @@ class Tailer:
         config: the settings.
         sink: where rows go (not yet opened).
         feed: plans and reads rows; by default a :class:`~tailer.read.feed.ChangeFeed` of
-            ``config.table`` on the local file system with ``config.options``.
+            ``config.table`` (on its storage, :func:`~tailer.storage.storage_for`) with ``config.options``.
         store: the state directory; by default ``StateStore(config.state_dir)``.
         watcher: makes the watcher of ``_delta_log`` (the log directory, whether to watch);
             by default :class:`~tailer.log.watch.LogWatcher`.
@@ -111,7 +114,9 @@ class Tailer:
     ) -> None:
         self.config = config
         self.sink = sink
-        self.feed = feed if feed is not None else ChangeFeed(config.table, options=config.options)
+        if feed is None:
+            feed = ChangeFeed(config.table, storage_for(config.table, config.storage_options), config.options)
+        self.feed = feed
         self.log: DeltaLog = self.feed.log
         self.store = store if store is not None else StateStore(config.state_dir)
         self._make_watcher = watcher if watcher is not None else _log_watcher
@@ -130,6 +135,7 @@ class Tailer:
         self._status_time = 0.0
         self._unflushed = False
         self._watcher: Watcher | None = None
+        self._idle_polls = 0
 
     # -- control -------------------------------------------------------------------------------
 
@@ -248,7 +254,8 @@ class Tailer:
         """
         with self.store:
             self._start()
-            watcher = self._make_watcher(self.log.log_dir, self.config.watch)
+            # An object store cannot be watched: it is polled (listing from the last position).
+            watcher = self._make_watcher(self.log.log_dir, self.config.watch and not self.log.storage.remote)
             self._watcher = watcher
             try:
                 self._loop(watcher)
@@ -269,6 +276,7 @@ class Tailer:
             self._deliver_versions(versions)
             if self._stop.is_set():
                 break
+            self._idle_polls = 0 if versions else self._idle_polls + 1
             if not versions:
                 if self.config.until_caught_up:
                     break
@@ -279,10 +287,8 @@ class Tailer:
         self._checkpoint()
 
     def _new_versions(self) -> list[int]:
-        follower = self._following()
-        follower.check_not_recreated()
         # Nothing new by name: the log is listed to tell "nothing new" from a gap (always before exiting).
-        return follower.discover(check_gaps=self.config.until_caught_up)
+        return self._following().discover(check_gaps=self.config.until_caught_up)
 
     def _following(self) -> LogFollower:
         if self._follower is None:
@@ -344,7 +350,9 @@ class Tailer:
             DeltaTailError: what :meth:`LogFollower.plan` raises.
         """
         follower = self._following()
-        for version in versions:
+        for i, version in enumerate(versions):
+            if i % (PREFETCH_COMMITS // 2) == 0:
+                follower.prefetch(versions[i : i + PREFETCH_COMMITS])
             followed = follower.plan(version)
             planned[version] = (followed.snapshot, followed.file)
             yield followed.plan
@@ -441,8 +449,16 @@ class Tailer:
             self._checkpoint()
 
     def _idle_timeout(self) -> float:
-        """How long to wait for news: the poll interval, but no later than the next checkpoint that is due."""
-        timeout = self.config.poll_interval
+        """How long to wait for news: the poll interval, but no later than the next checkpoint that is due.
+
+        On an object store (polled: nothing can be watched) the interval doubles with every idle
+        poll, up to ``max_poll_interval``, and is back to ``poll_interval`` once a commit is found.
+        """
+        c = self.config
+        timeout = c.poll_interval
+        if self.log.storage.remote:
+            backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
+            timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
         due_in = None if self._checkpoints is None else self._checkpoints.seconds_until_due()
         return timeout if due_in is None else min(timeout, due_in)
 

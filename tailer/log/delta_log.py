@@ -42,7 +42,7 @@ from state.snapshot import AppliedCommit, Snapshot
 from tailer.log.checkpoint import load_checkpoint
 from tailer.log.files import LogFile, LogFileKind, classify, start_after_for
 from tailer.log.last_checkpoint import LastCheckpoint, parse_last_checkpoint
-from tailer.storage import FileInfo, LocalStorage, Storage, to_local_path
+from tailer.storage import FileInfo, Storage, storage_for, to_local_path
 
 log = logging.getLogger("deltatail")
 
@@ -108,7 +108,7 @@ class DeltaLog:
     def __init__(self, table_root: str, storage: Storage | None = None) -> None:
         self.table = to_local_path(table_root).rstrip("/") or "/"
         self.log_dir = f"{self.table}/_delta_log"
-        self.storage: Storage = storage if storage is not None else LocalStorage()
+        self.storage: Storage = storage if storage is not None else storage_for(self.table)
 
     # -- listing -------------------------------------------------------------------------------
 
@@ -305,11 +305,33 @@ class DeltaLog:
 
     # -- following -----------------------------------------------------------------------------
 
+    def probe(self, version: int) -> FileInfo | None:
+        """Commit ``version``'s file (size, modification time) if it exists now: one request.
+
+        Raises:
+            StorageError: if the store cannot be reached.
+        """
+        try:
+            return self.storage.stat(self.commit_path(version))
+        except MissingFileError:
+            return None
+
     def new_commits(self, after: int, *, check_gaps: bool = True) -> list[int]:
         """Versions of the contiguous commits after ``after`` that exist now.
 
+        See :meth:`discover_commits`, which also returns each commit file's listing entry.
+
+        Raises:
+            VersionGapError: if ``check_gaps`` and a later commit exists while ``after + 1`` does not
+                (a gap, or the log was cleaned up past ``after``).
+        """
+        return [v for v, _ in self.discover_commits(after, check_gaps=check_gaps)]
+
+    def discover_commits(self, after: int, *, check_gaps: bool = True) -> list[tuple[int, FileInfo]]:
+        """The contiguous commits after ``after`` that exist now, with their files' size and modification time.
+
         The next commits are found by name (``<after+1>.json``, ``<after+2>.json``,
-        ...), which costs one stat per new commit however large ``_delta_log`` is.
+        ...), which costs one request per new commit however large ``_delta_log`` is.
         Only when there is no next commit, and ``check_gaps`` is set, is the log
         listed (starting after ``after``) to tell "nothing new" from a gap.
 
@@ -317,13 +339,13 @@ class DeltaLog:
             VersionGapError: if ``check_gaps`` and a later commit exists while ``after + 1`` does not
                 (a gap, or the log was cleaned up past ``after``).
         """
-        versions: list[int] = []
+        found: list[tuple[int, FileInfo]] = []
         v = after + 1
-        while self.storage.exists(self.commit_path(v)):
-            versions.append(v)
+        while (info := self.probe(v)) is not None:
+            found.append((v, info))
             v += 1
-        if versions or not check_gaps:
-            return versions
+        if found or not check_gaps:
+            return found
         listing = self.list_log(after + 1)
         if listing.commits and min(listing.commits) > after + 1:
             raise VersionGapError(
@@ -333,7 +355,7 @@ class DeltaLog:
                 version=after + 1,
                 file=self.commit_path(after + 1),
             )
-        return versions
+        return found
 
     def update(self, snap: Snapshot) -> tuple[Snapshot, list[AppliedCommit]]:
         """Apply every new contiguous commit after ``snap.version``; cost is proportional to the new commits.

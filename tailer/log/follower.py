@@ -27,7 +27,7 @@ snapshot after the newest planned version, and that version's
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from state.commit import Commit
@@ -39,6 +39,8 @@ from tailer.storage import FileInfo
 
 #: Seconds between listings of the log that look for a gap when no next commit exists.
 GAP_CHECK_SECONDS = 10.0
+#: Commit files fetched ahead of planning on a remote store (see :meth:`LogFollower.prefetch`).
+PREFETCH_COMMITS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,7 @@ class LogFollower:
         self.table_id = table_id
         self._last_gap_check = -float("inf")
         self._head_file: tuple[int, int] | None = None
+        self._discovered: dict[int, FileInfo] = {}
         self.head = head
         self.previous_ms = previous_ms
         self.reset(head, previous_ms)
@@ -129,24 +132,33 @@ class LogFollower:
         """The versions of the contiguous commits after the head that exist now.
 
         Found by name; when there are none, the log is listed (from the head on) if
-        ``check_gaps`` or if ``gap_check_seconds`` passed since the last listing.
+        ``check_gaps`` or if ``gap_check_seconds`` passed since the last listing. The head's
+        commit is checked (:meth:`check_not_recreated`) on every call locally; on a remote
+        store, where each check is a request, before new versions are returned and whenever
+        the log is listed: an idle table there costs one request per call, plus a listing
+        and that check per gap-check interval.
 
         Raises:
             VersionGapError: if a listing finds later commits while the next one is missing.
+            StateError: if the table was deleted and recreated (see :meth:`check_not_recreated`).
         """
-        versions = self.log.new_commits(self.head.version, check_gaps=False)
-        if versions:
-            return versions
+        if not self.log.storage.remote:
+            self.check_not_recreated()  # locally a stat is cheap: a recreated table is refused at once
+        found = self.log.discover_commits(self.head.version, check_gaps=False)
         now = self._clock()
-        if check_gaps or now - self._last_gap_check >= self.gap_check_seconds:
+        if not found and (check_gaps or now - self._last_gap_check >= self.gap_check_seconds):
             self._last_gap_check = now
             try:
-                versions = self.log.new_commits(self.head.version, check_gaps=True)
+                found = self.log.discover_commits(self.head.version, check_gaps=True)
             except VersionGapError as e:
                 raise VersionGapError(
                     _with_hint(e.message, self.hints.gap), table=e.table, version=e.version, file=e.file
                 ) from e
-        return versions
+            self.check_not_recreated()
+        elif found and self.log.storage.remote:
+            self.check_not_recreated()  # the new commits continue the commit read last, not a new table
+        self._discovered = dict(found)
+        return [v for v, _ in found]
 
     def check_not_recreated(self) -> None:
         """Make sure the head's commit is still the one read (a deleted and recreated table is refused).
@@ -202,9 +214,13 @@ class LogFollower:
             VersionGapError: if the commit file is missing.
             InvalidLogError: if it still does not parse after the retries.
         """
+        return self._read_commit(version)[0]
+
+    def _read_commit(self, version: int) -> tuple[Commit, int]:
+        """:meth:`read_commit`, and how many retries it took (the file changed in between if any)."""
         for attempt in range(self.parse_retries + 1):
             try:
-                return self.log.read_commit(version)
+                return self.log.read_commit(version), attempt
             except InvalidLogError:
                 if attempt == self.parse_retries:
                     raise
@@ -221,12 +237,24 @@ class LogFollower:
                 ) from e
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    def prefetch(self, versions: Iterable[int], files: Mapping[int, FileInfo] | None = None) -> None:
+        """On a remote store, start fetching the commit files of ``versions`` (those known to exist) ahead.
+
+        ``files`` are listing entries of the commits (by default those :meth:`discover` found).
+        Planning then reads them from memory, instead of one request after another.
+        """
+        if not self.log.storage.remote:
+            return
+        known = self._discovered if files is None else files
+        self.log.storage.prefetch([(self.log.commit_path(v), known[v].size) for v in versions if v in known])
+
     def plan(self, version: int, file: FileInfo | None = None) -> FollowedVersion:
         """Plan ``version`` (the head's next) and move the head on to it.
 
         Args:
             version: the version after the head.
-            file: its commit file's listing entry, if the caller has it (saves a request).
+            file: its commit file's listing entry, if the caller has it (saves a request; one
+                :meth:`discover` found is used otherwise).
 
         Raises:
             VersionGapError: if the commit is missing.
@@ -235,8 +263,11 @@ class LogFollower:
             UnsupportedFeatureError: if it needs unsupported reader features.
             StateError: if it carries another table id.
         """
-        commit = self.read_commit(version)
+        commit, retries = self._read_commit(version)
         path = self.log.commit_path(version)
+        discovered = self._discovered.pop(version, None)
+        if file is None and not retries:  # a commit read again was still being written when discovered
+            file = discovered
         if file is None:
             try:
                 file = self.log.storage.stat(path)

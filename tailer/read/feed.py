@@ -27,7 +27,7 @@ from state.feed import ChangeBatch, change_schema
 from state.planning import VersionPlan, plan_snapshot
 from state.snapshot import Snapshot
 from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import LogFollower
+from tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
 from tailer.read.net_changes import net_changes
 from tailer.read.read_ahead import ReadAheadReader
@@ -181,6 +181,8 @@ class ChangeFeed:
             follower = self.follower(snap, at_ms)
             first = starting_version
         for v in range(first, end + 1):
+            if (v - first) % (PREFETCH_COMMITS // 2) == 0:
+                follower.prefetch(range(v, min(v + PREFETCH_COMMITS, end + 1)), listing.commits)
             info = listing.commits.get(v)
             if info is None:
                 raise VersionGapError(

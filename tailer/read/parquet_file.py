@@ -41,14 +41,20 @@ class ParquetOpening:
             (instead of one per column chunk).
         footer_read_bytes: how much of a larger file's end is read at once to find its footer
             (a larger footer takes a second read).
+        pre_buffer: let Arrow coalesce the column chunks it reads into few large reads (for object
+            stores, where each read is a request: 7 instead of 13 on a file of six row groups);
+            locally it only adds work.
     """
 
     dictionary_min_bytes: int = 256 << 10
     whole_file_bytes: int = 256 << 10
     footer_read_bytes: int = 64 << 10
+    pre_buffer: bool = False
 
 
 DEFAULT_OPENING = ParquetOpening()
+#: How files on object stores are opened.
+REMOTE_OPENING = ParquetOpening(pre_buffer=True)
 
 _MAGIC = b"PAR1"
 #: The stored Arrow schema's key as the footer holds it: Thrift's compact protocol writes a string as its
@@ -117,7 +123,7 @@ def open_parquet(
             parquet, derived = _open_whole(source, data, dictionaries)
         else:
             metadata, derived = _footer_without_arrow_schema(file, size, opening.footer_read_bytes)
-            parquet = _parquet_file(source, metadata, dictionaries)
+            parquet = _parquet_file(source, metadata, dictionaries, opening.pre_buffer)
         return OpenFile(source, parquet, derived, dictionaries is not None)
     except KeyError:  # pyarrow: a dictionary column the file does not have
         source.close()
@@ -128,10 +134,14 @@ def open_parquet(
 
 
 def _parquet_file(
-    source: pa.NativeFile, metadata: pq.FileMetaData | None, dictionaries: list[str] | None
+    source: pa.NativeFile, metadata: pq.FileMetaData | None, dictionaries: list[str] | None, pre_buffer: bool
 ) -> pq.ParquetFile:
     return pq.ParquetFile(
-        source, metadata=metadata, pre_buffer=False, coerce_int96_timestamp_unit="us", read_dictionary=dictionaries
+        source,
+        metadata=metadata,
+        pre_buffer=pre_buffer,
+        coerce_int96_timestamp_unit="us",
+        read_dictionary=dictionaries,
     )
 
 
@@ -163,18 +173,20 @@ def _sets_aside(metadata: pq.FileMetaData) -> bool:
 def _open_whole(source: pa.NativeFile, data: bytearray, dictionaries: list[str] | None) -> tuple[pq.ParquetFile, bool]:
     """Open a file read whole into ``data`` (which ``source`` reads), setting its Arrow schema aside in place.
 
+    In memory there is nothing to pre-buffer.
+
     Returns the file and whether its Arrow schema is derived (no stored one in effect).
     """
     length = _footer_length(data, len(data))
     if length is not None:
         at = _key_once(data, len(data) - 8 - length, len(data) - 8)
         if at == -1:
-            return _parquet_file(source, None, dictionaries), True
+            return _parquet_file(source, None, dictionaries, False), True
         if at is not None:
             key = slice(at, at + len(_SET_ASIDE_KEY))
             data[key] = _SET_ASIDE_KEY
             try:
-                parquet = _parquet_file(source, None, dictionaries)
+                parquet = _parquet_file(source, None, dictionaries, False)
             except (pa.ArrowException, OSError, KeyError):
                 parquet = None  # read as written below, for the genuine error
             if parquet is not None and _sets_aside(parquet.metadata):
@@ -182,7 +194,7 @@ def _open_whole(source: pa.NativeFile, data: bytearray, dictionaries: list[str] 
             if parquet is not None:
                 parquet.close()
             data[key] = _ARROW_SCHEMA_KEY  # the bytes renamed were not the key: read the file as written
-    return _parquet_file(source, None, dictionaries), False
+    return _parquet_file(source, None, dictionaries, False), False
 
 
 def _footer_without_arrow_schema(

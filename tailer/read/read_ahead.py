@@ -14,8 +14,11 @@ on one of :data:`~tailer.read.prefetch.READ_THREADS` worker threads (so at most
 that many are ahead at once, and memory stays bounded); when one planning
 burst holds at least ``limits.min_files`` smaller files, they go to the reader
 processes (:mod:`tailer.read.reader_pool`) in runs of one schema; the rest are
-read when their turn comes. Rows come out exactly as the sequential reader
-gives them.
+read when their turn comes. On a remote store (an object store) the small
+files are instead fetched whole, concurrently, as soon as they are planned
+(:meth:`~tailer.storage.base.Storage.prefetch`), and read in-process: there the
+network, not the interpreter, is the limit. Rows come out exactly as the
+sequential reader gives them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from state.planning import VersionPlan
 from tailer.read.prefetch import READ_THREADS, Prefetch
 from tailer.read.reader_pool import ReaderPool, RemoteRun
 from tailer.read.readers import PlanRows
+from tailer.read.rows import resolve_data_path
 from tailer.read.tasks import decode_task, finish_batch, read_task
 from tailer.storage import Storage
 
@@ -83,7 +87,7 @@ class ReadAheadReader:
         """See :meth:`~tailer.read.readers.PlanReader.read`; closing the generator stops the workers."""
         threads = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="deltatail-read")
         started: list[Prefetch] = []
-        processes = self.pool
+        processes = self.pool if not self.storage.remote else None  # remote: fetched ahead, read here
         if processes is not None and not processes.acquire():
             processes = None  # another consumer holds them: read in-process
         try:
@@ -126,6 +130,8 @@ class ReadAheadReader:
                 except DeltaTailError as e:
                     failure = e
                 else:
+                    if self.storage.remote:
+                        self._fetch_ahead(plan)
                     prefetches = [self._prefetch(threads, plan, t) for t in plan.tasks]
                     started[:] = [f for f in started if not f.finished]
                     started.extend(f for f in prefetches if f is not None)
@@ -156,6 +162,17 @@ class ReadAheadReader:
             yield plan, self._in_order(plan, fetches)
         if failure is not None and failure is not _END:
             raise failure
+
+    def _fetch_ahead(self, plan: VersionPlan) -> None:
+        """On a remote store: start fetching the plan's small files whole, concurrently (large ones stream)."""
+        root = plan.context.table_root
+        self.storage.prefetch(
+            [
+                (resolve_data_path(root, t.path), t.size)
+                for t in plan.tasks
+                if t.size is not None and t.size < self.min_bytes
+            ]
+        )
 
     def _prefetch(self, threads: ThreadPoolExecutor, plan: VersionPlan, task: FileTask) -> Prefetch | None:
         if task.size is None or task.size < self.min_bytes:

@@ -24,6 +24,7 @@ from state.changes import FileTask
 from state.feed import COMMIT_TIMESTAMP_TYPE, change_schema
 from state.planning import ReadContext
 from tailer.read.deletion_vectors import read_deletion_vector
+from tailer.read.parquet_file import DEFAULT_OPENING, REMOTE_OPENING
 from tailer.read.rows import FileBatch, RowFilter, read_file_batches
 from tailer.storage import Storage
 
@@ -81,6 +82,8 @@ def decode_task(
         batch_size=batch_size,
         table=ctx.table_root,
         version=ctx.version,
+        size=task.size,
+        opening=REMOTE_OPENING if storage.remote else DEFAULT_OPENING,
     )
 
 

@@ -18,6 +18,7 @@ protocol is all an object store needs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,7 +35,14 @@ class FileInfo:
 
 
 class Storage(Protocol):
-    """What deltatail needs from a file system or object store."""
+    """What deltatail needs from a file system or object store.
+
+    Attributes:
+        remote: every request crosses a network: readers coalesce ranged reads and fetch files
+            concurrently ahead of their turn, and the log cannot be watched, only polled.
+    """
+
+    remote: bool
 
     def list_from(self, directory: str, start_after: str | None = None) -> list[FileInfo]:
         """Files (not directories) directly in ``directory`` whose names sort after ``start_after``, in name order.
@@ -59,6 +67,13 @@ class Storage(Protocol):
 
         Raises:
             MissingFileError: if the file does not exist.
+        """
+        ...
+
+    def prefetch(self, files: Sequence[tuple[str, int | None]]) -> None:
+        """A hint: these whole ``(path, size)`` files will be read soon (a remote store fetches them ahead).
+
+        Never raises: a file that cannot be fetched ahead is read, and its error raised, when it is read.
         """
         ...
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import pyarrow as pa
 
@@ -21,6 +22,8 @@ def to_local_path(path: str) -> str:
 
 class LocalStorage:
     """:class:`Storage` over the local file system."""
+
+    remote = False
 
     def list_from(self, directory: str, start_after: str | None = None) -> list[FileInfo]:
         """See :meth:`Storage.list_from`."""
@@ -59,6 +62,9 @@ class LocalStorage:
             return pa.OSFile(to_local_path(path))
         except FileNotFoundError as e:
             raise MissingFileError("file does not exist", file=path) from e
+
+    def prefetch(self, files: Sequence[tuple[str, int | None]]) -> None:
+        """See :meth:`Storage.prefetch`: nothing to do locally (the page cache is the prefetch)."""
 
     def stat(self, path: str) -> FileInfo:
         """See :meth:`Storage.stat`."""
