@@ -76,7 +76,7 @@ from state.errors import DataFileError
 VARIANT_STORAGE_TYPE = pa.struct([pa.field("metadata", pa.binary(), False), pa.field("value", pa.binary(), False)])
 
 #: How deep objects and arrays may nest before a value is refused (as malformed, not as a crash).
-MAX_DEPTH = 500
+MAX_DEPTH = 256
 
 _PRIMITIVE, _SHORT_STRING, _OBJECT, _ARRAY = 0, 1, 2, 3
 
@@ -151,6 +151,8 @@ def metadata_keys(metadata: bytes) -> tuple[str, ...]:
     if len(metadata) < 1 + size:
         raise _malformed("the metadata ends inside its dictionary size")
     count = int.from_bytes(metadata[1 : 1 + size], "little")
+    if count == 0:  # the specification's own examples write an empty dictionary as "01 00", without its offset
+        return ()
     offsets_start = 1 + size
     strings_start = offsets_start + (count + 1) * size
     if strings_start > len(metadata):
@@ -372,16 +374,18 @@ def _to_python(value: bytes, pos: int, end: int, keys: tuple[str, ...], depth: i
     if depth >= MAX_DEPTH:
         raise _malformed(f"objects and arrays nest deeper than {MAX_DEPTH} levels")
     layout = _container(value, pos, end, basic, info)
+    # Plain loops, not comprehensions: a comprehension is one more stack frame per level of nesting.
     if basic == _ARRAY:
-        return [
-            _to_python(value, layout.element(value, i), layout.data_end, keys, depth + 1) for i in range(layout.count)
-        ]
+        items = []
+        for i in range(layout.count):
+            items.append(_to_python(value, layout.element(value, i), layout.data_end, keys, depth + 1))
+        return items
     names = [_key(keys, layout.field_id(value, i)) for i in range(layout.count)]
     _check_unique(names)
-    return {
-        name: _to_python(value, layout.element(value, i), layout.data_end, keys, depth + 1)
-        for i, name in enumerate(names)
-    }
+    fields = {}
+    for i, name in enumerate(names):
+        fields[name] = _to_python(value, layout.element(value, i), layout.data_end, keys, depth + 1)
+    return fields
 
 
 def variant_to_python(metadata: bytes, value: bytes) -> Any:
@@ -434,7 +438,11 @@ def _shortest_digits(text: str) -> tuple[str, int]:
 
 
 def _as_single(x: float) -> float:
-    return float(struct.unpack("<f", struct.pack("<f", x))[0])
+    """``x`` rounded to the nearest float32 (infinite beyond the float32 range)."""
+    try:
+        return float(struct.unpack("<f", struct.pack("<f", x))[0])
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 def java_double_text(x: float, *, single: bool = False) -> str:
