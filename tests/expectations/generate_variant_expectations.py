@@ -23,7 +23,8 @@ their JSON text, maps as objects) and the first rows in full.
 
 It also records Spark's JSON text (or Spark's error) for hand-built variants: bytes written here one
 by one from the Parquet VariantEncoding.md (``vectors``), every primitive type and container shape,
-and a few malformed ones.
+and a few malformed ones; and Spark's JSON text of the rows of small shredded Parquet files that
+Spark itself writes here (``shredded``, files in ``variant_shredded/``): every shredding shape.
 """
 
 from __future__ import annotations
@@ -314,6 +315,99 @@ def spark_vectors(spark: Any, tmp: Path) -> list[dict[str, Any]]:
     return results
 
 
+# -- shredded files written by Spark ------------------------------------------------------------------
+#
+# Spark shreds variants when writing Parquet with spark.sql.variant.writeShredding.enabled; its
+# test-only spark.sql.variant.forceShreddingSchemaForTest fixes the typed_value schema, so that every
+# shredding shape can be made: objects (fully and partly shredded, fields of the wrong type), arrays,
+# primitives of every type, nesting. Each case is (name, shredding schema, SQL rows of (id, v)).
+
+SHREDDED_DIR = HERE / "variant_shredded"
+
+_OBJECT_ROWS = [
+    """{"a":1,"b":"hi","c":1.5,"d":[1.5,2,"x"],"z":true}""",
+    """{"a":"no","b":null}""",
+    """[1,2]""",
+    """12""",
+    """null""",
+    """{}""",
+    """{"a":2147483648,"d":[]}""",
+    """{"c":1.55,"e":{"f":[1]}}""",
+]
+
+SHREDDED_CASES: list[tuple[str, str, str]] = [
+    (
+        "object",
+        "a int, b string, c decimal(15, 1), d array<double>",
+        "select id, parse_json(j) as v from values "
+        + ", ".join(f"({i}, '{row}')" for i, row in enumerate(_OBJECT_ROWS))
+        + f", ({len(_OBJECT_ROWS)}, null) as t(id, j)",
+    ),
+    (
+        "array",
+        "array<string>",
+        """select id, parse_json(j) as v from values (0, '["a",null,"b",3]'), (1, '{"x":1}'), (2, '[]'),
+           (3, null), (4, '[["nested"]]') as t(id, j)""",
+    ),
+    (
+        "primitives",
+        "e struct<x: timestamp, y: date>, f boolean, g binary, h timestamp_ntz, i float, k tinyint, l smallint, "
+        "m decimal(30, 2), n decimal(5, 2), o double, p bigint, q string",
+        """select 0 as id, to_variant_object(named_struct('e', named_struct('x', timestamp'2024-02-29 13:45:00.5',
+           'y', date'2024-02-29'), 'f', true, 'g', X'00FF61', 'h', timestamp_ntz'2024-01-01 00:00:00',
+           'i', cast(1.1 as float), 'k', cast(-5 as tinyint), 'l', cast(300 as smallint),
+           'm', cast(123456789012345678901.25 as decimal(30,2)), 'n', cast(1.50 as decimal(5,2)),
+           'o', cast(1e300 as double), 'p', cast(-9 as bigint), 'q', repeat('long string ', 8))) as v
+           union all select 1, parse_json('{"e":{"x":"not a timestamp"},"f":"yes","k":1000,"o":1}')
+           union all select 2, to_variant_object(named_struct('e',
+           named_struct('x', timestamp'1969-12-31 23:59:59.999999', 'y', date'0001-01-01'),
+           'i', cast('NaN' as float), 'o', cast('-Infinity' as double), 'm', cast(-0.01 as decimal(30,2))))""",
+    ),
+    (
+        "bigint",
+        "bigint",
+        """select id, parse_json(j) as v from values (0, '1'), (1, '"x"'), (2, '2.5'),
+        (3, 'null'), (4, null), (5, '9223372036854775807') as t(id, j)""",
+    ),
+    (
+        "nested",
+        "p struct<q: array<struct<r: int>>>, s string",
+        """select id, parse_json(j) as v from values (0, '{"p":{"q":[{"r":1},{"r":"x","t":2}]},"s":"a"}'),
+           (1, '{"p":5}'), (2, '{"p":{"q":[]},"u":null}'), (3, '{"p":{"q":"no"}}'),
+           (4, '{"p":{"q":[{"r":null},{}]}}') as t(id, j)""",
+    ),
+]
+
+
+def spark_shredded(spark: Any) -> list[dict[str, Any]]:
+    """Write each shredded case with Spark into ``variant_shredded/<name>.parquet``; record Spark's JSON per row."""
+    import shutil
+    import tempfile
+
+    SHREDDED_DIR.mkdir(exist_ok=True)
+    results = []
+    spark.conf.set("spark.sql.variant.writeShredding.enabled", "true")
+    for name, schema, query in SHREDDED_CASES:
+        spark.conf.set("spark.sql.variant.forceShreddingSchemaForTest", schema)
+        with tempfile.TemporaryDirectory() as tmp:
+            spark.sql(query).coalesce(1).write.mode("overwrite").parquet(f"{tmp}/out")
+            [written] = glob.glob(f"{tmp}/out/*.parquet")
+            target = SHREDDED_DIR / f"{name}.parquet"
+            shutil.copyfile(written, target)
+        rows = spark.read.parquet(str(target)).selectExpr("id", "to_json(v) as j").orderBy("id").collect()
+        results.append(
+            {
+                "name": name,
+                "file": f"variant_shredded/{name}.parquet",
+                "shredding_schema": schema,
+                "rows": [[r["id"], r["j"]] for r in rows],
+            }
+        )
+    spark.conf.unset("spark.sql.variant.forceShreddingSchemaForTest")
+    spark.conf.set("spark.sql.variant.writeShredding.enabled", "false")
+    return results
+
+
 def _row_line(row: dict[str, Any]) -> str:
     return json.dumps(row, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str)
 
@@ -371,6 +465,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         out["vectors"] = spark_vectors(spark, Path(tmp))
+    out["shredded"] = spark_shredded(spark)
     spark.stop()
     OUT.write_text(json.dumps(out, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     print(f"wrote {OUT}", file=sys.stderr)
