@@ -478,6 +478,16 @@ def test_files_spark_shredded_read_as_spark_reads_them(case: dict[str, Any]) -> 
     assert sorted(zip(table.column("id").to_pylist(), texts, strict=True)) == [tuple(r) for r in case["rows"]]
 
 
+@pytest.mark.parametrize("case", expectations()["shredded"], ids=lambda c: c["name"])
+def test_slices_of_a_shredded_column_give_slices_of_the_result(case: dict[str, Any]) -> None:
+    column = pq.read_table(EXPECTATIONS.parent / case["file"]).column("v").combine_chunks()
+    full = variant_json_array(column).to_pylist()
+    for k in range(1, len(column)):
+        assert variant_json_array(column.slice(k)).to_pylist() == full[k:]
+        assert variant_json_array(column.slice(0, k)).to_pylist() == full[:k]
+        assert unshred(column.slice(k)).to_pylist() == unshred(column).to_pylist()[k:]
+
+
 # What each table should yield, established from the log (json), Spark (values) and deltalake.
 TABLE_FACTS = {
     # table: (versions, rows in the latest snapshot, files the log names that are missing on disk)
