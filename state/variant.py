@@ -63,7 +63,6 @@ import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -134,7 +133,14 @@ def _malformed(what: str) -> DataFileError:
 # -- metadata ----------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=4096)
+# Rows of a column usually share one metadata: decoded dictionaries are kept, for small metadata only
+# (so that the cache's memory stays bounded by about _CACHE_ENTRIES x _CACHE_MAX_BYTES).
+_CACHE_ENTRIES = 1024
+_CACHE_MAX_BYTES = 4096
+_keys_cache: dict[bytes, tuple[str, ...]] = {}
+_ids_cache: dict[bytes, dict[str, int]] = {}
+
+
 def metadata_keys(metadata: bytes) -> tuple[str, ...]:
     """The dictionary of field names a variant's metadata holds, in id order.
 
@@ -142,6 +148,18 @@ def metadata_keys(metadata: bytes) -> tuple[str, ...]:
         DataFileError: if the metadata is malformed: empty, a version other than 1, a dictionary that
             does not fit, offsets that decrease or point past the end, or a name that is not UTF-8.
     """
+    found = _keys_cache.get(metadata)
+    if found is not None:
+        return found
+    keys = _parse_metadata(metadata)
+    if len(metadata) <= _CACHE_MAX_BYTES:
+        if len(_keys_cache) >= _CACHE_ENTRIES:
+            _keys_cache.clear()
+        _keys_cache[metadata] = keys
+    return keys
+
+
+def _parse_metadata(metadata: bytes) -> tuple[str, ...]:
     if not metadata:
         raise _malformed("the metadata is empty")
     header = metadata[0]
@@ -174,11 +192,18 @@ def metadata_keys(metadata: bytes) -> tuple[str, ...]:
     return tuple(keys)
 
 
-@lru_cache(maxsize=4096)
 def _key_ids(metadata: bytes) -> dict[str, int]:
+    """Name -> the first id it has in the dictionary (what shredded object fields are encoded with)."""
+    found = _ids_cache.get(metadata)
+    if found is not None:
+        return found
     ids: dict[str, int] = {}
     for i, key in enumerate(metadata_keys(metadata)):
         ids.setdefault(key, i)
+    if len(metadata) <= _CACHE_MAX_BYTES:
+        if len(_ids_cache) >= _CACHE_ENTRIES:
+            _ids_cache.clear()
+        _ids_cache[metadata] = ids
     return ids
 
 
@@ -782,6 +807,7 @@ def _reconstruct(
                 for name, _ in extra:
                     if name in names:
                         raise _malformed(f"the field {name!r} is both shredded and in the object's value")
+                _check_unique([name for name, _ in extra])
                 fields += extra
             out[i] = _encode_object(meta, [(name, encoded) for name, encoded in fields if encoded is not None])
         return out

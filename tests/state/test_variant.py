@@ -350,6 +350,18 @@ def test_invalid_shredding_is_a_data_file_error_naming_the_column(
     assert "column 'v'" in str(info.value)
 
 
+def test_a_partly_shredded_object_whose_value_holds_a_name_twice_is_a_data_file_error() -> None:
+    # value {"a": true, "a": false} (ids 0 and 1 both name "a") beside a shredded field "b"
+    meta = _meta("a", "a", "b")
+    rest = bytes([0x02, 2, 0, 1, 0, 1, 2]) + b"\x04\x08"
+    typed = pa.StructArray.from_arrays(
+        [pa.StructArray.from_arrays([pa.array([None], pa.binary()), pa.array([1])], names=["value", "typed_value"])],
+        names=["b"],
+    )
+    with pytest.raises(DataFileError, match="twice"):
+        unshred(_one_row(rest, typed, meta))
+
+
 def test_a_missing_array_element_is_a_data_file_error() -> None:
     element = pa.struct([pa.field("value", pa.binary()), pa.field("typed_value", pa.string())])
     lists = pa.array([[{"value": None, "typed_value": None}]], pa.list_(pa.field("element", element, nullable=False)))
