@@ -6,12 +6,20 @@ adds: "readers MUST ignore unknown actions and unknown fields" — both are
 ignored here. Paths in ``add``, ``remove`` and ``cdc`` "are URIs as specified
 by RFC 2396 ... which need to be decoded to get the data file path": they are
 percent-decoded once, here, and every other module sees decoded paths.
+
+Parsing is strict about what the protocol types: a required field that is
+missing or null, or a field of the wrong JSON type (``"dataChange": 1``,
+``"size": "10"``, ``"size": 1.0``), is an :class:`~state.errors.InvalidLogError`
+naming the action and the field; the readers of log files add the table,
+version and file. Nothing is coerced: a wrong value would otherwise change
+change rows silently.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import unquote
 
 import orjson
@@ -39,15 +47,234 @@ def decode_path(raw: str) -> str:
     return path  # another host's file: URI stays a URI (absolute), never a relative path
 
 
-def _required_map(body: dict[str, Any], key: str) -> dict[str, str | None]:
-    value = body[key]
-    if not isinstance(value, dict):
-        raise TypeError(f"{key} must be a map")
-    return dict(value)
+# -- field validation -----------------------------------------------------------------------------
+#
+# Every field the protocol types is checked here for its JSON type (JSON ``true``/``false`` for a
+# Boolean, an integer inside the 64-bit range for a Long, 32-bit for an Int, a string, an object of
+# strings for a Map[String, String], an array of strings) and every required field for presence.
+# ``null`` counts as absent: writers put ``null`` where a field has no value (delta-rs writes
+# ``"baseRowId": null``), and Parquet checkpoints hold a null for every absent field. Unknown
+# fields are never looked at ("readers MUST ignore unknown fields").
+#
+# Each action's fields are declared once as a schema (the ``_*_SCHEMA`` tables below). The parsers of
+# ``add``, ``remove`` and the DV descriptor, which run once per file of a table, test their fields
+# inline and consult the schema only to word the error; the other actions are validated against
+# their schema directly.
+
+_MIN_LONG, _MAX_LONG = -(2**63), 2**63 - 1
+_MIN_INT, _MAX_INT = -(2**31), 2**31 - 1
+_STORAGE_TYPES = ("u", "i", "p")
+
+_Check: TypeAlias = Callable[[Any], "str | None"]
+"""A field check: ``None`` when the (non-null) value is of the field's type, else what is wrong."""
 
 
-def _str_map(raw: Any) -> dict[str, str | None]:
-    return dict(raw) if isinstance(raw, dict) else {}
+def _shown(value: Any) -> str:
+    """A value as a message shows it: its JSON kind and, for scalars, a short rendering."""
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return f"the boolean {'true' if value else 'false'}"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:37] + "..."
+        return f"the string {text!r}"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def _long(value: Any) -> str | None:
+    if type(value) is not int:
+        return f"must be a long (a JSON integer), got {_shown(value)}"
+    if not _MIN_LONG <= value <= _MAX_LONG:
+        return f"must be a long, got {value}, outside the 64-bit range"
+    return None
+
+
+def _int(value: Any) -> str | None:
+    if type(value) is not int:
+        return f"must be an int (a JSON integer), got {_shown(value)}"
+    if not _MIN_INT <= value <= _MAX_INT:
+        return f"must be an int, got {value}, outside the 32-bit range"
+    return None
+
+
+def _boolean(value: Any) -> str | None:
+    return None if type(value) is bool else f"must be a boolean (true or false), got {_shown(value)}"
+
+
+def _string(value: Any) -> str | None:
+    return None if type(value) is str else f"must be a string, got {_shown(value)}"
+
+
+def _string_map(value: Any) -> str | None:
+    if type(value) is not dict:
+        return f"must be a map (a JSON object of strings), got {_shown(value)}"
+    for key, item in value.items():
+        if type(key) is not str:
+            return f"must be a map with string keys, got the key {key!r}"
+        if item is not None and type(item) is not str:
+            return f"must map strings to strings or null, but maps {key!r} to {_shown(item)}"
+    return None
+
+
+def _strict_string_map(value: Any) -> str | None:
+    problem = _string_map(value)
+    if problem is None:
+        for key, item in value.items():
+            if item is None:
+                return f"must map strings to strings, but maps {key!r} to null"
+    return problem
+
+
+def _strings(value: Any) -> str | None:
+    if type(value) is not list:
+        return f"must be an array of strings, got {_shown(value)}"
+    for i, item in enumerate(value):
+        if type(item) is not str:
+            return f"must be an array of strings, but element {i} is {_shown(item)}"
+    return None
+
+
+def _storage_type(value: Any) -> str | None:
+    if type(value) is not str or value not in _STORAGE_TYPES:
+        return f"must be 'u', 'i' or 'p', got {_shown(value)}"
+    return None
+
+
+_Schema: TypeAlias = dict[str, tuple["_Check | _Schema", bool]]
+"""Field name -> (its check, or the schema of a nested struct; whether it is required)."""
+
+
+def _first_problem(body: dict[str, Any], schema: _Schema, prefix: str = "") -> tuple[str, str] | None:
+    """The first field of ``body`` that breaks ``schema``, as ``(dotted field name, what is wrong)``."""
+    for name, (check, required) in schema.items():
+        value = body.get(name)
+        where = prefix + name
+        if value is None:
+            if required:
+                return where, "is required but missing" if name not in body else "is required but null"
+            continue
+        if isinstance(check, dict):
+            if type(value) is not dict:
+                return where, f"must be an object, got {_shown(value)}"
+            found = _first_problem(value, check, where + ".")
+        else:
+            problem = check(value)
+            found = None if problem is None else (where, problem)
+        if found is not None:
+            return found
+    return None
+
+
+def _invalid(action: str, body: Any, schema: _Schema) -> InvalidLogError:
+    """The error for an ``action`` whose ``body`` breaks ``schema``, naming the action and the field."""
+    if type(body) is not dict:
+        return InvalidLogError(f"{action} action must be a JSON object, got {_shown(body)}")
+    found = _first_problem(body, schema)
+    if found is None:  # an inline check refused what the schema allows: say so rather than guess a field
+        return InvalidLogError(f"{action} action is malformed")
+    field_name, problem = found
+    return InvalidLogError(f"{action} action: field {field_name!r} {problem}")
+
+
+def _validate(action: str, body: Any, schema: _Schema) -> dict[str, Any]:
+    """``body`` itself when it is an object that satisfies ``schema``.
+
+    Raises:
+        InvalidLogError: naming the action and the first offending field.
+    """
+    if type(body) is not dict or _first_problem(body, schema) is not None:
+        raise _invalid(action, body, schema)
+    return body
+
+
+def _nullable_strings(values: dict[str, Any]) -> bool:
+    """Whether every value of a (JSON object) map is a string or null."""
+    for value in values.values():  # noqa: SIM110 - a loop is twice as fast as all() over a generator here
+        if value is not None and type(value) is not str:
+            return False
+    return True
+
+
+_DV_SCHEMA: _Schema = {
+    "storageType": (_storage_type, True),
+    "pathOrInlineDv": (_string, True),
+    "offset": (_int, False),
+    "sizeInBytes": (_int, True),
+    "cardinality": (_long, True),
+}
+_ADD_SCHEMA: _Schema = {
+    "path": (_string, True),
+    "partitionValues": (_string_map, True),
+    "size": (_long, True),
+    "modificationTime": (_long, True),
+    "dataChange": (_boolean, True),
+    "stats": (_string, False),
+    "tags": (_string_map, False),
+    "deletionVector": (_DV_SCHEMA, False),
+    "baseRowId": (_long, False),
+    "defaultRowCommitVersion": (_long, False),
+    "clusteringProvider": (_string, False),
+}
+_REMOVE_SCHEMA: _Schema = {
+    "path": (_string, True),
+    "deletionTimestamp": (_long, False),
+    "dataChange": (_boolean, True),
+    "extendedFileMetadata": (_boolean, False),
+    "partitionValues": (_string_map, False),
+    "size": (_long, False),
+    "stats": (_string, False),
+    "tags": (_string_map, False),
+    "deletionVector": (_DV_SCHEMA, False),
+    "baseRowId": (_long, False),
+    "defaultRowCommitVersion": (_long, False),
+}
+_CDC_SCHEMA: _Schema = {
+    "path": (_string, True),
+    "partitionValues": (_string_map, True),
+    "size": (_long, True),
+    "dataChange": (_boolean, True),
+    "tags": (_string_map, False),
+}
+# configuration and format options are Map[String, String] with no null values: a null would reach
+# code that reads a setting as a string (delta.enableChangeDataFeed ...).
+_FORMAT_SCHEMA: _Schema = {"provider": (_string, True), "options": (_strict_string_map, False)}
+# schemaString is required by the protocol, but real tables of the corpus (delta-rs/delta-live-table,
+# delta-golden/deltalog-commit-info ...) omit it; its absence is reported when the schema is needed
+# (Metadata.schema), so that such a log can still be followed for its file actions.
+_METADATA_SCHEMA: _Schema = {
+    "id": (_string, True),
+    "name": (_string, False),
+    "description": (_string, False),
+    "format": (_FORMAT_SCHEMA, True),
+    "schemaString": (_string, False),
+    "partitionColumns": (_strings, True),
+    "createdTime": (_long, False),
+    "configuration": (_strict_string_map, True),
+}
+_PROTOCOL_SCHEMA: _Schema = {
+    "minReaderVersion": (_int, True),
+    "minWriterVersion": (_int, True),
+    "readerFeatures": (_strings, False),
+    "writerFeatures": (_strings, False),
+}
+_TXN_SCHEMA: _Schema = {"appId": (_string, True), "version": (_long, True), "lastUpdated": (_long, False)}
+_DOMAIN_SCHEMA: _Schema = {"domain": (_string, True), "configuration": (_string, True), "removed": (_boolean, True)}
+_SIDECAR_SCHEMA: _Schema = {
+    "path": (_string, True),
+    "sizeInBytes": (_long, True),
+    "modificationTime": (_long, True),
+    "tags": (_string_map, False),
+}
+_CHECKPOINT_METADATA_SCHEMA: _Schema = {"version": (_long, True), "tags": (_string_map, False)}
+# commitInfo is free-form ("implementations are free to store any valid JSON"); only the in-commit
+# timestamp, which the In-Commit Timestamps feature defines as a Long, is typed.
+_COMMIT_INFO_SCHEMA: _Schema = {"inCommitTimestamp": (_long, False)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,23 +337,23 @@ class DeletionVector:
 
     @staticmethod
     def parse(raw: Any) -> DeletionVector | None:
-        """Parse a descriptor object; ``None`` or absent means no DV."""
-        if not raw:
+        """Parse a ``DeletionVectorDescriptor`` object; ``None`` (JSON null, or absent) means no DV.
+
+        Raises:
+            InvalidLogError: if ``raw`` is not an object, lacks a required field, has a field of the
+                wrong type (``offset`` and ``sizeInBytes`` are Ints, ``cardinality`` a Long), or an
+                unknown ``storageType``; the message names the field.
+        """
+        if raw is None:
             return None
-        try:
-            storage_type = raw["storageType"]
-            if storage_type not in ("u", "i", "p"):
-                raise InvalidLogError(f"unknown deletion vector storageType {storage_type!r}")
-            offset = raw.get("offset")
-            return DeletionVector(
-                storage_type=storage_type,
-                path_or_inline_dv=raw["pathOrInlineDv"],
-                size_in_bytes=int(raw["sizeInBytes"]),
-                cardinality=int(raw["cardinality"]),
-                offset=None if offset is None else int(offset),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise InvalidLogError(f"invalid deletionVector descriptor {raw!r}: {e}") from e
+        dv = _deletion_vector(raw)
+        if dv is None:
+            if type(raw) is not dict:
+                raise InvalidLogError(f"deletionVector must be a JSON object, got {_shown(raw)}")
+            found = _first_problem(raw, _DV_SCHEMA, "deletionVector.")
+            where, problem = found if found is not None else ("deletionVector", "is malformed")
+            raise InvalidLogError(f"deletion vector descriptor: field {where!r} {problem}")
+        return dv
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +482,12 @@ class Txn:
 
 @dataclass(frozen=True, slots=True)
 class CommitInfo:
-    """``commitInfo``: free-form provenance; a few fields are typed, the rest kept in ``raw``."""
+    """``commitInfo``: free-form provenance; a few fields are read, the rest kept in ``raw``.
+
+    The protocol lets writers store "any valid JSON" here, so only ``inCommitTimestamp`` (a Long
+    where the In-Commit Timestamps feature is on) is validated when parsing; a ``timestamp`` that is
+    not an integer is treated as absent.
+    """
 
     raw: dict[str, Any] = field(hash=False)
 
@@ -263,13 +495,13 @@ class CommitInfo:
     def timestamp(self) -> int | None:
         """``timestamp`` in epoch milliseconds, if the writer recorded one."""
         value = self.raw.get("timestamp")
-        return value if isinstance(value, int) else None
+        return value if type(value) is int else None  # not a boolean, which Python counts as an int
 
     @property
     def in_commit_timestamp(self) -> int | None:
         """``inCommitTimestamp`` (epoch ms), present when in-commit timestamps are enabled."""
         value = self.raw.get("inCommitTimestamp")
-        return value if isinstance(value, int) else None
+        return value if type(value) is int else None
 
     @property
     def operation(self) -> str | None:
@@ -316,112 +548,225 @@ Action = (
 )
 
 
-def _features(raw: Any) -> frozenset[str] | None:
-    return None if raw is None else frozenset(raw)
-
-
-def _opt_int(raw: Any) -> int | None:
-    return None if raw is None else int(raw)
+def _deletion_vector(raw: Any) -> DeletionVector | None:
+    """The descriptor ``raw`` (not null) holds, or ``None`` if it breaks :data:`_DV_SCHEMA` (the fast path)."""
+    if type(raw) is not dict:
+        return None
+    get = raw.get
+    storage_type = get("storageType")
+    path = get("pathOrInlineDv")
+    offset = get("offset")
+    size = get("sizeInBytes")
+    cardinality = get("cardinality")
+    if (
+        type(storage_type) is str
+        and storage_type in _STORAGE_TYPES
+        and type(path) is str
+        and type(size) is int
+        and _MIN_INT <= size <= _MAX_INT
+        and type(cardinality) is int
+        and _MIN_LONG <= cardinality <= _MAX_LONG
+        and (offset is None or (type(offset) is int and _MIN_INT <= offset <= _MAX_INT))
+    ):
+        return DeletionVector(storage_type, path, size, cardinality, offset)
+    return None
 
 
 def parse_add(a: dict[str, Any]) -> Add:
-    """Parse the body of an ``add`` action."""
+    """Parse the body of an ``add`` action.
+
+    Raises:
+        InvalidLogError: if a required field (``path``, ``partitionValues``, ``size``,
+            ``modificationTime``, ``dataChange``) is missing or null, or any typed field has the
+            wrong JSON type; the message names the field.
+    """
+    if type(a) is not dict:
+        raise _invalid("add", a, _ADD_SCHEMA)
+    get = a.get
+    path = get("path")
+    partition_values = get("partitionValues")
+    size = get("size")
+    modification_time = get("modificationTime")
+    data_change = get("dataChange")
+    stats = get("stats")
+    tags = get("tags")
+    raw_dv = get("deletionVector")
+    base_row_id = get("baseRowId")
+    row_commit_version = get("defaultRowCommitVersion")
+    clustering_provider = get("clusteringProvider")
+    dv = None if raw_dv is None else _deletion_vector(raw_dv)
+    if not (
+        type(path) is str
+        and type(partition_values) is dict
+        and _nullable_strings(partition_values)
+        and type(size) is int
+        and _MIN_LONG <= size <= _MAX_LONG
+        and type(modification_time) is int
+        and _MIN_LONG <= modification_time <= _MAX_LONG
+        and type(data_change) is bool
+        and (stats is None or type(stats) is str)
+        and (tags is None or (type(tags) is dict and _nullable_strings(tags)))
+        and (dv is not None or raw_dv is None)
+        and (base_row_id is None or (type(base_row_id) is int and _MIN_LONG <= base_row_id <= _MAX_LONG))
+        and (
+            row_commit_version is None
+            or (type(row_commit_version) is int and _MIN_LONG <= row_commit_version <= _MAX_LONG)
+        )
+        and (clustering_provider is None or type(clustering_provider) is str)
+    ):
+        raise _invalid("add", a, _ADD_SCHEMA)
     return Add(
-        path=decode_path(a["path"]),
-        partition_values=_required_map(a, "partitionValues"),
-        size=int(a["size"]),
-        modification_time=int(a["modificationTime"]),
-        data_change=bool(a["dataChange"]),
-        stats=a.get("stats"),
-        tags=a.get("tags"),
-        deletion_vector=DeletionVector.parse(a.get("deletionVector")),
-        base_row_id=_opt_int(a.get("baseRowId")),
-        default_row_commit_version=_opt_int(a.get("defaultRowCommitVersion")),
-        clustering_provider=a.get("clusteringProvider"),
+        path=decode_path(path),
+        partition_values=partition_values,
+        size=size,
+        modification_time=modification_time,
+        data_change=data_change,
+        stats=stats,
+        tags=tags,
+        deletion_vector=dv,
+        base_row_id=base_row_id,
+        default_row_commit_version=row_commit_version,
+        clustering_provider=clustering_provider,
     )
 
 
 def parse_remove(r: dict[str, Any]) -> Remove:
-    """Parse the body of a ``remove`` action."""
-    pv = r.get("partitionValues")
+    """Parse the body of a ``remove`` action.
+
+    Raises:
+        InvalidLogError: if ``path`` or ``dataChange`` is missing or null, or any typed field has the
+            wrong JSON type; the message names the field.
+    """
+    if type(r) is not dict:
+        raise _invalid("remove", r, _REMOVE_SCHEMA)
+    get = r.get
+    path = get("path")
+    deletion_timestamp = get("deletionTimestamp")
+    data_change = get("dataChange")
+    extended = get("extendedFileMetadata")
+    partition_values = get("partitionValues")
+    size = get("size")
+    stats = get("stats")
+    tags = get("tags")
+    raw_dv = get("deletionVector")
+    base_row_id = get("baseRowId")
+    row_commit_version = get("defaultRowCommitVersion")
+    dv = None if raw_dv is None else _deletion_vector(raw_dv)
+    if not (
+        type(path) is str
+        and (
+            deletion_timestamp is None
+            or (type(deletion_timestamp) is int and _MIN_LONG <= deletion_timestamp <= _MAX_LONG)
+        )
+        and type(data_change) is bool
+        and (extended is None or type(extended) is bool)
+        and (partition_values is None or (type(partition_values) is dict and _nullable_strings(partition_values)))
+        and (size is None or (type(size) is int and _MIN_LONG <= size <= _MAX_LONG))
+        and (stats is None or type(stats) is str)
+        and (tags is None or (type(tags) is dict and _nullable_strings(tags)))
+        and (dv is not None or raw_dv is None)
+        and (base_row_id is None or (type(base_row_id) is int and _MIN_LONG <= base_row_id <= _MAX_LONG))
+        and (
+            row_commit_version is None
+            or (type(row_commit_version) is int and _MIN_LONG <= row_commit_version <= _MAX_LONG)
+        )
+    ):
+        raise _invalid("remove", r, _REMOVE_SCHEMA)
     return Remove(
-        path=decode_path(r["path"]),
-        deletion_timestamp=_opt_int(r.get("deletionTimestamp")),
-        data_change=bool(r["dataChange"]),
-        extended_file_metadata=r.get("extendedFileMetadata"),
-        partition_values=None if pv is None else _str_map(pv),
-        size=_opt_int(r.get("size")),
-        stats=r.get("stats"),
-        tags=r.get("tags"),
-        deletion_vector=DeletionVector.parse(r.get("deletionVector")),
-        base_row_id=_opt_int(r.get("baseRowId")),
-        default_row_commit_version=_opt_int(r.get("defaultRowCommitVersion")),
+        path=decode_path(path),
+        deletion_timestamp=deletion_timestamp,
+        data_change=data_change,
+        extended_file_metadata=extended,
+        partition_values=partition_values,
+        size=size,
+        stats=stats,
+        tags=tags,
+        deletion_vector=dv,
+        base_row_id=base_row_id,
+        default_row_commit_version=row_commit_version,
     )
 
 
 def parse_metadata(m: dict[str, Any]) -> Metadata:
-    """Parse the body of a ``metaData`` action."""
-    fmt = m.get("format") or {}
+    """Parse the body of a ``metaData`` action.
+
+    Raises:
+        InvalidLogError: if ``id``, ``format`` (with its ``provider``), ``partitionColumns`` or
+            ``configuration`` is missing or null, or any typed field has the wrong JSON type.
+    """
+    _validate("metaData", m, _METADATA_SCHEMA)
+    fmt = m["format"]
     return Metadata(
         id=m["id"],
         schema_string=m.get("schemaString"),
-        partition_columns=tuple(m.get("partitionColumns") or ()),
-        configuration=dict(m.get("configuration") or {}),
+        partition_columns=tuple(m["partitionColumns"]),
+        configuration=dict(m["configuration"]),
         name=m.get("name"),
         description=m.get("description"),
-        format=Format(fmt.get("provider", "parquet"), dict(fmt.get("options") or {})),
-        created_time=_opt_int(m.get("createdTime")),
+        format=Format(fmt["provider"], dict(fmt.get("options") or {})),
+        created_time=m.get("createdTime"),
     )
 
 
 def parse_protocol(p: dict[str, Any]) -> Protocol:
-    """Parse the body of a ``protocol`` action."""
+    """Parse the body of a ``protocol`` action.
+
+    Raises:
+        InvalidLogError: if a version is missing, null or not an Int, or a feature list is not an
+            array of strings.
+    """
+    _validate("protocol", p, _PROTOCOL_SCHEMA)
+    readers = p.get("readerFeatures")
+    writers = p.get("writerFeatures")
     return Protocol(
-        min_reader_version=int(p["minReaderVersion"]),
-        min_writer_version=int(p["minWriterVersion"]),
-        reader_features=_features(p.get("readerFeatures")),
-        writer_features=_features(p.get("writerFeatures")),
+        min_reader_version=p["minReaderVersion"],
+        min_writer_version=p["minWriterVersion"],
+        reader_features=None if readers is None else frozenset(readers),
+        writer_features=None if writers is None else frozenset(writers),
     )
 
 
 def _parse_cdc(c: dict[str, Any]) -> AddCDCFile:
+    _validate("cdc", c, _CDC_SCHEMA)
     return AddCDCFile(
         path=decode_path(c["path"]),
-        partition_values=_required_map(c, "partitionValues"),
-        size=int(c["size"]),
-        data_change=bool(c.get("dataChange", False)),
+        partition_values=c["partitionValues"],
+        size=c["size"],
+        data_change=c["dataChange"],
         tags=c.get("tags"),
     )
 
 
 def _parse_txn(t: dict[str, Any]) -> Txn:
-    return Txn(app_id=t["appId"], version=int(t["version"]), last_updated=_opt_int(t.get("lastUpdated")))
+    _validate("txn", t, _TXN_SCHEMA)
+    return Txn(app_id=t["appId"], version=t["version"], last_updated=t.get("lastUpdated"))
 
 
 def _parse_domain(d: dict[str, Any]) -> DomainMetadata:
-    return DomainMetadata(
-        domain=d["domain"], configuration=d.get("configuration") or "", removed=bool(d.get("removed", False))
-    )
+    _validate("domainMetadata", d, _DOMAIN_SCHEMA)
+    return DomainMetadata(domain=d["domain"], configuration=d["configuration"], removed=d["removed"])
 
 
 def _parse_sidecar(s: dict[str, Any]) -> Sidecar:
+    _validate("sidecar", s, _SIDECAR_SCHEMA)
     return Sidecar(
         path=decode_path(s["path"]),
-        size_in_bytes=int(s.get("sizeInBytes") or 0),
-        modification_time=int(s.get("modificationTime") or 0),
+        size_in_bytes=s["sizeInBytes"],
+        modification_time=s["modificationTime"],
         tags=s.get("tags"),
     )
 
 
 def _parse_checkpoint_metadata(c: dict[str, Any]) -> CheckpointMetadata:
-    return CheckpointMetadata(version=int(c["version"]), tags=c.get("tags"))
+    _validate("checkpointMetadata", c, _CHECKPOINT_METADATA_SCHEMA)
+    return CheckpointMetadata(version=c["version"], tags=c.get("tags"))
 
 
 def _parse_commit_info(c: dict[str, Any]) -> CommitInfo:
-    return CommitInfo(raw=c)
+    return CommitInfo(raw=_validate("commitInfo", c, _COMMIT_INFO_SCHEMA))
 
 
-_PARSERS: dict[str, Any] = {
+_PARSERS: dict[str, Callable[[Any], Action]] = {
     "add": parse_add,
     "remove": parse_remove,
     "metaData": parse_metadata,
@@ -436,22 +781,21 @@ _PARSERS: dict[str, Any] = {
 
 
 def parse_action(obj: dict[str, Any]) -> Action | None:
-    """Parse one action object (``{"add": {...}}``); unknown actions give ``None``.
+    """Parse one action object (``{"add": {...}}``); unknown actions, and known ones that are null, give ``None``.
+
+    ``obj`` is a decoded JSON object (or a Parquet checkpoint row as Python values, where absent
+    fields are null). Unknown fields of known actions are ignored.
 
     Raises:
-        InvalidLogError: if a known action lacks a required field or has a field of the wrong type.
+        InvalidLogError: if a known action is not an object, lacks a required field, or has a field of
+            the wrong JSON type; the message names the action and the field (nested fields dotted,
+            e.g. ``deletionVector.sizeInBytes``).
     """
     for key, body in obj.items():
         parser = _PARSERS.get(key)
         if parser is None or body is None:
             continue
-        try:
-            action: Action = parser(body)
-        except InvalidLogError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise InvalidLogError(f"invalid {key} action: {type(e).__name__}: {e}") from e
-        return action
+        return parser(body)
     return None
 
 

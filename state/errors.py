@@ -128,6 +128,10 @@ class DeletionVectorError(DeltaTailError):
     """A deletion vector cannot be decoded: bad magic, bad checksum, truncated data."""
 
 
+class DataFileError(DeltaTailError):
+    """A value in a data or change-data file breaks its encoding (e.g. malformed Parquet variant bytes)."""
+
+
 class SchemaChangeError(DeltaTailError):
     """A non-additive schema change appeared inside a range being read."""
 

@@ -189,25 +189,41 @@ def _parse_type(raw: Any) -> DataType:
         if kind == "struct":
             return _parse_struct(raw)
         if kind == "array":
-            return ArrayType(_parse_type(raw["elementType"]), bool(raw.get("containsNull", True)))
+            return ArrayType(_parse_type(raw["elementType"]), _flag(raw, "containsNull"))
         if kind == "map":
             return MapType(
                 _parse_type(raw["keyType"]),
                 _parse_type(raw["valueType"]),
-                bool(raw.get("valueContainsNull", True)),
+                _flag(raw, "valueContainsNull"),
             )
     raise InvalidLogError(f"unknown schema type {raw!r}")
 
 
+def _flag(raw: dict[str, Any], key: str) -> bool:
+    """A Boolean member of a schema object (``true`` when absent); anything but ``true``/``false`` is refused."""
+    value = raw.get(key, True)
+    if type(value) is not bool:
+        raise InvalidLogError(f"schema member {key!r} must be true or false, got {value!r}")
+    return value
+
+
 def _parse_struct(raw: dict[str, Any]) -> StructType:
+    items = raw.get("fields", [])
+    if type(items) is not list:
+        raise InvalidLogError(f"schema struct 'fields' must be an array, got {items!r}")
     fields = []
-    for f in raw.get("fields", []):
+    for f in items:
+        if type(f) is not dict or type(f.get("name")) is not str:
+            raise InvalidLogError(f"schema field must be an object with a string 'name', got {f!r}")
+        metadata = f.get("metadata")
+        if metadata is not None and type(metadata) is not dict:
+            raise InvalidLogError(f"schema field {f['name']!r} has metadata that is not an object: {metadata!r}")
         fields.append(
             StructField(
                 name=f["name"],
                 type=_parse_type(f["type"]),
-                nullable=bool(f.get("nullable", True)),
-                metadata=dict(f.get("metadata") or {}),
+                nullable=_flag(f, "nullable"),
+                metadata=dict(metadata or {}),
             )
         )
     return StructType(tuple(fields))
@@ -217,12 +233,14 @@ def parse_schema(schema_string: str) -> StructType:
     """Parse ``metaData.schemaString``.
 
     Raises:
-        InvalidLogError: if the string is not JSON or holds an unknown type.
+        InvalidLogError: if the string is not JSON, holds an unknown type, or a field of the wrong
+            shape (a ``name`` that is not a string, a ``nullable`` that is not a boolean, ``metadata``
+            that is not an object), or nests too deeply to parse.
     """
     try:
         raw = orjson.loads(schema_string)
         if not isinstance(raw, dict) or raw.get("type") != "struct":
             raise InvalidLogError("schemaString is not a struct type")
         return _parse_struct(raw)
-    except (orjson.JSONDecodeError, KeyError, TypeError) as e:
-        raise InvalidLogError(f"invalid schemaString: {e}") from e
+    except (orjson.JSONDecodeError, KeyError, TypeError, RecursionError) as e:
+        raise InvalidLogError(f"invalid schemaString: {type(e).__name__}: {e}") from e

@@ -212,6 +212,8 @@ class Snapshot:
 
         Raises:
             VersionGapError: if the commit does not follow this snapshot's version.
+            InvalidLogError: if the new snapshot would have no protocol or no metaData (neither this
+                commit nor an earlier one held it); this snapshot stays usable.
             UnsupportedFeatureError: if the commit's protocol needs unsupported reader features.
             StateError: if this snapshot was already applied (its files moved on).
         """
@@ -228,6 +230,14 @@ class Snapshot:
         if commit.metadata is not None:
             metadata = commit.metadata
             schema = None
+        if protocol is None or metadata is None:
+            # Protocol: "The first version of a table must contain a metaData action" (and a protocol).
+            missing = "protocol" if protocol is None else "metaData"
+            raise InvalidLogError(
+                f"no {missing} action found in the log up to this version (the table's first version must hold one)",
+                table=self.table,
+                version=commit.version,
+            )
         txns = self.txns
         if commit.txns:
             txns = dict(txns)
@@ -320,5 +330,5 @@ def parse_interval_ms(text: str) -> int:
         count = float(words[0])
         unit = words[1].rstrip("s")
         return int(count * _UNITS_MS[unit])
-    except (IndexError, ValueError, KeyError) as e:
+    except (IndexError, ValueError, KeyError, OverflowError) as e:
         raise InvalidLogError(f"cannot parse interval {text!r}") from e

@@ -72,7 +72,13 @@ def cdc(path: str) -> dict[str, Any]:
 
 def metadata(table_id: str = "t") -> dict[str, Any]:
     return {
-        "metaData": {"id": table_id, "format": {"provider": "parquet"}, "schemaString": _SCHEMA, "partitionColumns": []}
+        "metaData": {
+            "id": table_id,
+            "format": {"provider": "parquet"},
+            "schemaString": _SCHEMA,
+            "partitionColumns": [],
+            "configuration": {},
+        }
     }
 
 

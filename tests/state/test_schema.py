@@ -248,6 +248,40 @@ def test_schema_string_that_is_not_a_struct_is_an_invalid_log(text: str) -> None
         parse_schema(text)
 
 
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"name": 5, "type": "long"},
+        {"type": "long"},
+        {"name": "x", "type": "long", "nullable": "yes"},
+        {"name": "x", "type": "long", "nullable": 1},
+        {"name": "x", "type": "long", "metadata": "ab"},
+        {"name": "x", "type": "long", "metadata": [["a", "b"]]},
+        {"name": "x", "type": {"type": "array", "elementType": "long", "containsNull": 0}},
+        {"name": "x", "type": {"type": "map", "keyType": "string", "valueType": "long", "valueContainsNull": "t"}},
+        "x",
+        ["x", "long"],
+    ],
+)
+def test_field_of_the_wrong_shape_is_an_invalid_log(field: Any) -> None:
+    # name is a String, nullable/containsNull/valueContainsNull Booleans, metadata an object; nothing coerced
+    with pytest.raises(InvalidLogError):
+        parse_schema(json.dumps({"type": "struct", "fields": [field]}))
+
+
+def test_fields_that_are_not_an_array_is_an_invalid_log() -> None:
+    with pytest.raises(InvalidLogError, match="'fields' must be an array"):
+        parse_schema('{"type": "struct", "fields": {"name": "x"}}')
+
+
+def test_a_schema_nested_too_deeply_to_parse_is_an_invalid_log() -> None:
+    dtype = '"long"'
+    for _ in range(900):  # within orjson's nesting limit, beyond what a recursive parse can descend
+        dtype = f'{{"type":"array","elementType":{dtype},"containsNull":true}}'
+    with pytest.raises(InvalidLogError, match="RecursionError"):
+        parse_schema(f'{{"type":"struct","fields":[{{"name":"x","type":{dtype}}}]}}')
+
+
 def test_field_metadata_is_kept() -> None:
     schema = parse_schema(_schema({**_field("x", "long"), "metadata": {"delta.generationExpression": "1 + 1"}}))
     assert schema.field("x").metadata == {"delta.generationExpression": "1 + 1"}

@@ -24,7 +24,7 @@ from state.actions import Protocol, parse_json_actions
 from state.commit import Commit
 from state.errors import InvalidLogError, StateError, UnsupportedFeatureError, VersionGapError
 from state.files import FileKey
-from state.snapshot import Snapshot
+from state.snapshot import Snapshot, parse_interval_ms
 
 
 @pytest.fixture
@@ -241,6 +241,34 @@ def test_replay_without_protocol_or_metadata_is_not_valid() -> None:
         Snapshot.empty("tbl").require_valid()
 
 
+def test_an_empty_first_commit_is_an_invalid_log_naming_table_and_version() -> None:
+    # A version-0 commit file that is empty (or holds only commitInfo) leaves no protocol and no metaData:
+    # apply() refuses it, so no caller ever holds a snapshot at version >= 0 without them.
+    empty = Snapshot.empty("tbl")
+    for lines in ((), ({"commitInfo": {"timestamp": 1}},)):
+        with pytest.raises(InvalidLogError, match="protocol") as info:
+            empty.apply(commit(0, *lines))
+        assert (info.value.table, info.value.version) == ("tbl", 0)
+        assert "version 0" in str(info.value)
+    # the refused commit left the snapshot usable
+    assert empty.files is not None
+    snapshot, _ = empty.apply(_V0)
+    assert snapshot.version == 0
+
+
+def test_a_later_commit_keeps_the_protocol_and_metadata_it_does_not_repeat() -> None:
+    snapshot = replay(_V0, commit(1, add("a")), commit(2))
+    assert snapshot.protocol is not None
+    assert snapshot.metadata is not None
+    snapshot.require_valid()
+
+
+@pytest.mark.parametrize("text", ["interval inf weeks", "interval 1e400 days", "interval nan hours", "soon", ""])
+def test_unparsable_retention_interval_is_an_invalid_log(text: str) -> None:
+    with pytest.raises(InvalidLogError, match="interval"):
+        parse_interval_ms(text)
+
+
 @pytest.mark.parametrize(
     ("table", "missing"),
     [
@@ -249,9 +277,11 @@ def test_replay_without_protocol_or_metadata_is_not_valid() -> None:
     ],
 )
 def test_corpus_replay_without_protocol_or_metadata_is_not_valid(corpus: Path, table: str, missing: str) -> None:
-    snapshot = _replay_table(corpus / table)
-    with pytest.raises(InvalidLogError, match=missing):
-        snapshot.require_valid()
+    # apply() refuses the first version that leaves the snapshot without it, naming table and version
+    with pytest.raises(InvalidLogError, match=missing) as info:
+        _replay_table(corpus / table)
+    assert info.value.version == 0
+    assert info.value.table == str(corpus / table)
 
 
 def test_checkpoint_without_protocol_or_metadata_is_refused() -> None:
