@@ -1,0 +1,255 @@
+"""Audit events for a range of versions: the IO around :func:`state.audit.build_audit_event`.
+
+:class:`AuditFeed` lists and reads the commits of a range, keeps the snapshot
+moving one commit at a time, and yields one :class:`~state.audit.AuditEvent`
+per version. It reads only the log, except where asked for more:
+
+- ``counted=True``: each commit's change rows are read (as ``deltatail
+  changes`` would) and the event's row figures are the counts of
+  ``_change_type`` (:meth:`AuditEvent.with_counted`).
+- ``track_table_rows=True``: the table's live row count is carried from
+  version to version (``table_rows_before``/``after``, which rules on the
+  share of the table deleted need). At the start it is the sum over the live
+  files of their Parquet footers' row counts less their deletion vectors'
+  cardinalities (0 when the range starts at version 0); then each commit moves
+  it on by the rows of its data-changing file actions.
+
+A file action without ``numRecords`` statistics (delta-rs writes none on
+``remove``) has its rows read from the data file's Parquet footer, when a
+figure needs them: a few KiB read per such file. A file that is gone (vacuumed)
+leaves the figure unknown (``None``).
+
+:class:`AuditTracker` is the same step for a follower that already moves its
+own snapshot: call :meth:`AuditTracker.event` with each commit and the snapshot
+before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from state.audit import AuditEvent, build_audit_event
+from state.commit import Commit
+from state.errors import (
+    ConfigError,
+    DeltaTailError,
+    MissingFileError,
+    VersionGapError,
+    VersionNotFoundError,
+)
+from state.snapshot import Snapshot
+from tailer.changes import ChangeFeed, ChangeOptions
+from tailer.log import DeltaLog
+from tailer.rows import resolve_data_path
+from tailer.storage import Storage
+
+log = logging.getLogger("deltatail.audit")
+
+_MAGIC = b"PAR1"
+
+
+def parquet_row_count(storage: Storage, location: str) -> int:
+    """The number of rows a Parquet file holds, from its footer alone (two small reads).
+
+    Raises:
+        MissingFileError: if the file does not exist.
+        DeltaTailError: if the file is not Parquet or its footer does not parse.
+    """
+    size = storage.stat(location).size
+    if size < 12:
+        raise DeltaTailError("file is too short to be Parquet", file=location)
+    tail = storage.read(location, size - 8, 8)
+    if tail[4:] != _MAGIC:
+        raise DeltaTailError("file does not end with the Parquet magic bytes", file=location)
+    (footer_length,) = struct.unpack("<I", tail[:4])
+    if footer_length + 12 > size:
+        raise DeltaTailError(f"Parquet footer length {footer_length} exceeds the file", file=location)
+    footer = storage.read(location, size - 8 - footer_length, footer_length)
+    try:
+        metadata = pq.read_metadata(pa.BufferReader(_MAGIC + footer + tail))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DeltaTailError(f"Parquet footer does not parse: {e}", file=location) from e
+    return int(metadata.num_rows)
+
+
+class _FooterRows:
+    """``row_count`` for :func:`build_audit_event`: a data file's rows from its footer, or ``None``."""
+
+    def __init__(self, table: str, storage: Storage) -> None:
+        self.table = table
+        self.storage = storage
+        self.reads = 0
+
+    def __call__(self, path: str) -> int | None:
+        location = resolve_data_path(self.table, path)
+        self.reads += 1
+        try:
+            return parquet_row_count(self.storage, location)
+        except MissingFileError:
+            log.debug("data file %s is gone (vacuumed?): its rows are unknown", location)
+            return None
+        except DeltaTailError as e:
+            log.warning("cannot count the rows of a data file: %s", e)
+            return None
+
+
+def table_row_count(snapshot: Snapshot, storage: Storage) -> int | None:
+    """The live rows of ``snapshot``: footer row counts of its live files less their DV cardinalities.
+
+    ``None`` if a live file cannot be read (its rows are then unknown).
+    """
+    rows = _FooterRows(snapshot.table, storage)
+    total = 0
+    for f in snapshot.live_files():
+        n = rows(f.path)
+        if n is None:
+            return None
+        total += n - (0 if f.deletion_vector is None else f.deletion_vector.cardinality)
+    return total
+
+
+class AuditTracker:
+    """Builds the audit event of each commit a follower applies, carrying the table's row count along.
+
+    Args:
+        table: the table root.
+        storage: how to read data-file footers when a figure needs a file's rows.
+        table_rows: the table's live rows before the first commit given, or ``None`` not to track them.
+    """
+
+    def __init__(self, table: str, storage: Storage, *, table_rows: int | None = None) -> None:
+        self.table_rows = table_rows
+        self._rows = _FooterRows(table, storage)
+
+    @property
+    def footer_reads(self) -> int:
+        """How many data-file footers were read so far."""
+        return self._rows.reads
+
+    def event(
+        self, commit: Commit, before: Snapshot, *, file_mtime_ms: int, previous_timestamp_ms: int | None
+    ) -> AuditEvent:
+        """The event of ``commit`` (call before ``before.apply(commit)``, so removed files' sizes resolve).
+
+        Raises:
+            VersionGapError: if ``commit`` does not follow ``before``.
+            InvalidLogError: if there is no metadata, or the new schema does not parse.
+        """
+        event = build_audit_event(
+            commit,
+            before,
+            file_mtime_ms=file_mtime_ms,
+            previous_timestamp_ms=previous_timestamp_ms,
+            table_rows_before=self.table_rows,
+            row_count=self._rows,
+        )
+        if self.table_rows is not None:
+            self.table_rows = event.counts.table_rows_after
+        return event
+
+
+class AuditFeed:
+    """Audit events of a table for a range of versions.
+
+    Example:
+        >>> for event in AuditFeed("/data/events").events(starting_version=3):  # doctest: +SKIP
+        ...     print(event.version, event.operation, event.user, event.counts.rows_deleted)
+    """
+
+    def __init__(self, table_root: str, storage: Storage | None = None) -> None:
+        # The change feed reads change rows for counted figures; it never refuses a schema change here.
+        self._changes = ChangeFeed(
+            table_root, storage, ChangeOptions(allow_non_additive=True, read_ahead=0, reader_processes=0)
+        )
+        self.log: DeltaLog = self._changes.log
+        self.storage = self.log.storage
+        self.table = self.log.table
+
+    def events(
+        self,
+        starting_version: int | None = None,
+        ending_version: int | None = None,
+        *,
+        starting_timestamp_ms: int | None = None,
+        counted: bool = False,
+        track_table_rows: bool = False,
+    ) -> Iterator[AuditEvent]:
+        """One event per version of the range, in order.
+
+        Args:
+            starting_version: first version (inclusive); default the oldest the log can
+                audit (0, or the version after the oldest checkpoint when older commits are gone).
+            ending_version: last version (inclusive); default the latest now.
+            starting_timestamp_ms: start at the first commit at or after this time instead.
+            counted: count row figures from each commit's change rows (reads data files).
+            track_table_rows: carry the table's live row count (see the module docstring).
+
+        Raises:
+            VersionNotFoundError: if the range starts after the latest version or before what the log holds.
+            ConfigError: if ``ending_version`` is before the starting version.
+            VersionGapError: if a commit inside the range is missing.
+            InvalidLogError: if a commit is malformed.
+        """
+        latest = self.log.latest_version()
+        if starting_timestamp_ms is not None:
+            starting_version = self._changes.version_at_or_after(starting_timestamp_ms)
+        if starting_version is None:
+            earliest = self.log.earliest_version()
+            starting_version = 0 if earliest == 0 else earliest + 1
+            if starting_version > latest:
+                return  # the log holds only a checkpoint: no commit to audit
+        end = latest if ending_version is None else ending_version
+        if starting_version > latest:
+            raise VersionNotFoundError(
+                f"starting version {starting_version} is after the latest version {latest}", table=self.table
+            )
+        if end < starting_version:
+            raise ConfigError(f"ending version {end} is before starting version {starting_version}", table=self.table)
+        if end > latest:
+            raise VersionNotFoundError(f"ending version {end} is after the latest version {latest}", table=self.table)
+        listing = self.log.list_log(max(starting_version - 1, 0))
+        if starting_version == 0:
+            before = Snapshot.empty(self.table)
+            previous: int | None = None
+        else:
+            before = self.log.snapshot(starting_version - 1)
+            previous = self._changes.snapshot_time(before, listing)
+        rows = None
+        if track_table_rows:
+            rows = 0 if starting_version == 0 else table_row_count(before, self.storage)
+        tracker = AuditTracker(self.table, self.storage, table_rows=rows)
+        for v in range(starting_version, end + 1):
+            info = listing.commits.get(v)
+            if info is None:
+                raise VersionGapError(
+                    f"commit {v} is missing from the log (cleaned up, or a gap); the range cannot be audited",
+                    table=self.table,
+                    version=v,
+                    file=self.log.commit_path(v),
+                )
+            commit = self.log.read_commit(v)
+            try:
+                event = tracker.event(
+                    commit, before, file_mtime_ms=info.modification_time, previous_timestamp_ms=previous
+                )
+            except DeltaTailError as e:
+                raise e.at(table=self.table, version=v, file=self.log.commit_path(v)) from None
+            if counted:
+                before, plan = self._changes.plan_commit(before, commit, info.modification_time, previous)
+                counts: dict[str, int] = {}
+                for batch in self._changes.plan_batches(plan):
+                    for value in batch.rows.column("_change_type").value_counts().to_pylist():
+                        counts[value["values"]] = counts.get(value["values"], 0) + int(value["counts"])
+                event = event.with_counted(counts)
+            else:
+                try:
+                    before, _ = before.apply(commit)
+                except DeltaTailError as e:
+                    raise e.at(table=self.table, file=self.log.commit_path(v)) from None
+            previous = event.timestamp_ms
+            yield event
