@@ -798,14 +798,14 @@ class _FileRows:
         return n - (0 if dv is None else dv.cardinality)
 
     def compute(self) -> None:
-        """Fill ``inserted`` and ``deleted`` (``None`` where a file's rows are unknown)."""
+        """Fill ``inserted`` and ``deleted``; each is ``None`` where one of its files' rows is unknown."""
         if self._done:
             return
         self._done = True
         adds = [a for a in self._commit.adds if a.data_change]
         removes = {r.path: r for r in self._commit.removes if r.data_change}
-        inserted = deleted = 0
-        known = True
+        inserted: int | None = 0
+        deleted: int | None = 0
         paired: set[str] = set()
         for a in adds:
             r = removes.get(a.path)
@@ -814,25 +814,19 @@ class _FileRows:
                 paired.add(a.path)
                 c_old = 0 if r.deletion_vector is None else r.deletion_vector.cardinality
                 c_new = 0 if a.deletion_vector is None else a.deletion_vector.cardinality
-                deleted += max(0, c_new - c_old)
-                inserted += max(0, c_old - c_new)
+                deleted = None if deleted is None else deleted + max(0, c_new - c_old)
+                inserted = None if inserted is None else inserted + max(0, c_old - c_new)
+        for a in adds:
+            if a.path in paired or inserted is None:
                 continue
             n = self._rows(a)
-            if n is None:
-                known = False
-                break
-            inserted += n
-        if known:
-            for path, r in removes.items():
-                if path in paired:
-                    continue
-                n = self._rows(r)
-                if n is None:
-                    known = False
-                    break
-                deleted += n
-        if known:
-            self.inserted, self.deleted = inserted, deleted
+            inserted = None if n is None else inserted + n
+        for path, r in removes.items():
+            if path in paired or deleted is None:
+                continue
+            n = self._rows(r)
+            deleted = None if n is None else deleted + n
+        self.inserted, self.deleted = inserted, deleted
 
 
 def _metric(metrics: Mapping[str, Any], names: tuple[str, ...]) -> int | None:
