@@ -194,6 +194,7 @@ class AuditFeed:
             ConfigError: if ``ending_version`` is before the starting version.
             VersionGapError: if a commit inside the range is missing.
             InvalidLogError: if a commit is malformed.
+            MissingFileError: with ``counted``, if a data file the change rows need is gone (vacuumed).
         """
         latest = self.log.latest_version()
         if starting_timestamp_ms is not None:
