@@ -469,7 +469,7 @@ def parse_alert_rules(raw: Any, *, source: str | None = None) -> tuple[AlertRule
                 values[key] = reader(value)
             except ValueError as e:
                 raise ConfigError(f"{_where(index, name)}: key {key!r}: {e} (got {value!r})", file=source) from None
-        conditions = [k for k, v in values.items() if k not in _MODIFIERS and v not in (None, False)]
+        conditions = [k for k, v in values.items() if k not in _MODIFIERS and v is not None and v is not False]
         if not conditions:
             raise ConfigError(
                 f"{_where(index, name)}: the rule has no condition (e.g. operation_in, rows_deleted_over, "
