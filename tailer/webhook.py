@@ -214,7 +214,7 @@ class Webhook:
             self._count("dropped", 1)
             return False
         try:
-            body = orjson.dumps(document, default=str)
+            body = orjson.dumps(document)
         except TypeError as e:
             log.error("webhook %s: %s is not JSON-serialisable (%s): not sent", self.where, label, e)
             self._count("dropped", 1)
@@ -255,6 +255,9 @@ class Webhook:
         if left:
             self._count("dropped", left)
             log.warning("webhook %s: %d documents not delivered before closing", self.where, left)
+        if self._thread.is_alive():  # still inside a request past the deadline: let it end after that one
+            with contextlib.suppress(queue.Full):
+                self._queue.put_nowait(_Stop())
 
     def _count(self, name: str, n: int) -> None:
         with self._lock:
@@ -333,6 +336,8 @@ class Webhook:
             e.close()
             return e.code in RETRY_STATUSES, f"HTTP {e.code}"
         except urllib.error.URLError as e:
+            if isinstance(e.reason, TimeoutError):
+                return True, f"no answer within {self.config.timeout_s:g} s (connecting)"
             return True, self._scrub(f"connection failed: {e.reason}")
         except TimeoutError:
             return True, f"no answer within {self.config.timeout_s:g} s"
