@@ -244,11 +244,12 @@ def test_bad_webhook_settings_never_show_the_url() -> None:
     with pytest.raises(ConfigError, match=r"webhook URL must be http\(s\)://host/...; got ftp://h/…") as e:
         WebhookConfig("ftp://h/XsecretX")
     assert "XsecretX" not in str(e.value)
-    for kwargs, message in (
+    cases: tuple[tuple[dict[str, Any], str], ...] = (
         ({"timeout_s": 0}, "webhook timeout must be positive"),
         ({"retries": -1}, "retries and backoff not negative"),
         ({"queue_size": 0}, "queue_size must be at least 1"),
-    ):
+    )
+    for kwargs, message in cases:
         with pytest.raises(ConfigError, match=message):
             WebhookConfig("https://h/x", **kwargs)
 
@@ -276,8 +277,11 @@ def test_bad_webhook_tables(raw: dict[str, Any], message: str) -> None:
 
 
 def test_stats_are_consistent_under_concurrent_sends(server: Server) -> None:
-    hook = Webhook(config(server.url, queue_size=1000))
-    threads = [threading.Thread(target=lambda: [hook.send({"n": i}) for i in range(25)]) for _ in range(4)]
+    hook = Webhook(config(server.url, queue_size=1000, timeout_s=2.0))
+    threads = [
+        threading.Thread(target=lambda k=k: [hook.send({"n": 25 * k + i}) for i in range(25)])
+        for k in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -286,4 +290,6 @@ def test_stats_are_consistent_under_concurrent_sends(server: Server) -> None:
     while hook.stats.delivered < 100 and time.monotonic() < deadline:
         time.sleep(0.01)
     hook.close()
-    assert hook.stats.delivered == 100 and len(server.received) == 100
+    assert hook.stats.delivered == 100 and hook.stats.dropped == 0
+    # at least once: a request that timed out on a busy machine may have arrived before its retry
+    assert {json.loads(r.body)["n"] for r in server.received} == set(range(100))
