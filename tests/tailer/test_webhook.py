@@ -278,10 +278,7 @@ def test_bad_webhook_tables(raw: dict[str, Any], message: str) -> None:
 
 def test_stats_are_consistent_under_concurrent_sends(server: Server) -> None:
     hook = Webhook(config(server.url, queue_size=1000, timeout_s=2.0))
-    threads = [
-        threading.Thread(target=lambda k=k: [hook.send({"n": 25 * k + i}) for i in range(25)])
-        for k in range(4)
-    ]
+    threads = [threading.Thread(target=lambda k=k: [hook.send({"n": 25 * k + i}) for i in range(25)]) for k in range(4)]
     for t in threads:
         t.start()
     for t in threads:
