@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import html
 import os
-import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -316,7 +316,7 @@ h2{font-size:16px;margin:4px 0 12px}
 .stats{display:flex;flex-wrap:wrap;gap:12px}.stat{background:#f6f8fa;border-radius:6px;padding:8px 12px;min-width:120px}
 .stat b{display:block;font-size:18px}
 #timeline{width:100%;overflow-x:auto}
-#commits td:nth-child(2){white-space:nowrap}
+#commits td:nth-child(2),#commits td:nth-child(10),#commits td:nth-child(11){white-space:nowrap}
 .filters{display:flex;gap:12px;align-items:center;margin:0 0 8px;flex-wrap:wrap}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{border-bottom:1px solid #eaeef2;padding:4px 6px;text-align:left;vertical-align:top}
@@ -481,8 +481,9 @@ def write_report(events: Sequence[AuditEvent], alerts: Sequence[Alert], path: st
     """
     page = render_report(events, alerts, title=title).encode()
     directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".audit-report-", suffix=".html", dir=directory)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for any new file
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(page)
