@@ -507,15 +507,25 @@ _MAPPED_KEYS = frozenset(
     }
 )
 
-#: Row metrics by writer: Delta Spark's camelCase names first, then delta-rs's snake_case ones.
-_WRITE_INSERTED = ("numOutputRows", "num_added_rows")
+#: Row metrics by operation and figure: Delta Spark's camelCase names first, then delta-rs's snake_case ones.
 _DELETED = ("numDeletedRows", "num_deleted_rows")
 _UPDATED = ("numUpdatedRows", "num_updated_rows")
 _COPIED = ("numCopiedRows", "num_copied_rows")
-_MERGE_INSERTED = ("numTargetRowsInserted", "num_target_rows_inserted")
-_MERGE_UPDATED = ("numTargetRowsUpdated", "num_target_rows_updated")
-_MERGE_DELETED = ("numTargetRowsDeleted", "num_target_rows_deleted")
-_MERGE_COPIED = ("numTargetRowsCopied", "num_target_rows_copied")
+_Metrics = tuple[tuple[str, tuple[str, ...]], ...]
+_MERGE_METRICS: _Metrics = (
+    ("inserted", ("numTargetRowsInserted", "num_target_rows_inserted")),
+    ("updated", ("numTargetRowsUpdated", "num_target_rows_updated")),
+    ("deleted", ("numTargetRowsDeleted", "num_target_rows_deleted")),
+    ("copied", ("numTargetRowsCopied", "num_target_rows_copied")),
+)
+_UPDATE_METRICS: _Metrics = (("updated", _UPDATED), ("copied", _COPIED))
+_DELETE_METRICS: _Metrics = (("deleted", _DELETED), ("copied", _COPIED))
+_WRITE_METRICS: _Metrics = (
+    ("inserted", ("numOutputRows", "num_added_rows")),
+    ("deleted", _DELETED),
+    ("updated", _UPDATED),
+    ("copied", _COPIED),
+)
 
 RowCount = Callable[[str], int | None]
 
@@ -568,12 +578,16 @@ def build_audit_event(
         _metadata_changes(before.metadata, commit.metadata) if commit.metadata is not None else ((), ())
     )
     domain_changes = _domain_changes(before.domains, commit.domain_metadata)
-    noop_merge = is_noop_merge(commit)
-    data_change = (
-        any(a.data_change for a in commit.adds) or any(r.data_change for r in commit.removes) or bool(commit.cdcs)
-    ) and not noop_merge
+    data_adds = [a for a in commit.adds if a.data_change]
+    data_removes = [r for r in commit.removes if r.data_change]
+    has_changes = bool(data_adds or data_removes or commit.cdcs)
+    data_change = has_changes and not is_noop_merge(commit)
     rows = _FileRows(commit, row_count)
-    counts = _counts(commit, before, operation, metrics, rows, data_change, table_rows_before)
+    counts = _counts(
+        commit, before, operation, metrics, rows, (len(data_adds), len(data_removes)), has_changes, table_rows_before
+    )
+    if not data_change and has_changes:  # a MERGE whose metrics report no change: nothing else was moved either
+        counts = _settle_unknown(counts)
     no_op = not (
         commit.adds
         or commit.removes
@@ -617,9 +631,7 @@ def build_audit_event(
 
 
 def _str(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
+    if value is None or type(value) is str:
         return value
     if isinstance(value, bool | int | float):
         return str(value)
@@ -627,10 +639,13 @@ def _str(value: Any) -> str | None:
 
 
 def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or value is None:
-        return None
+    kind = type(value)
+    if kind is int:
+        return value  # type: ignore[no-any-return]
+    if kind is not str:
+        return None  # absent, a boolean, a float, a structure: not a count
     try:
-        return int(str(value))
+        return int(value)
     except ValueError:
         return None
 
@@ -829,35 +844,33 @@ class _FileRows:
         self.inserted, self.deleted = inserted, deleted
 
 
-def _metric(metrics: Mapping[str, Any], names: tuple[str, ...]) -> int | None:
-    for name in names:
-        value = _int(metrics.get(name))
-        if value is not None:
-            return value
-    return None
-
-
 def _counts(
     commit: Commit,
     before: Snapshot,
     operation: str | None,
     metrics: Mapping[str, Any],
     rows: _FileRows,
-    data_change: bool,
+    data_files: tuple[int, int],
+    has_changes: bool,
     table_rows_before: int | None,
 ) -> Counts:
     bytes_removed: int | None = 0
-    lookup = None if before.handed_on else before.files.get
+    lookup = None
     for r in commit.removes:
         size = r.size
-        if size is None and lookup is not None:
-            entry = lookup(FileKey(r.path, r.dv_id))
+        if size is None:
+            if lookup is None and not before.handed_on:
+                lookup = before.files.get
+            entry = None if lookup is None else lookup(FileKey(r.path, r.dv_id))
             size = None if entry is None else entry.size
         if size is None or bytes_removed is None:
             bytes_removed = None
         else:
             bytes_removed += size
-    figures, sources = _row_figures(commit, (operation or "").upper(), metrics, rows, data_change)
+    if has_changes:
+        figures, sources = _row_figures(commit, (operation or "").upper(), metrics, rows)
+    else:
+        figures, sources = dict(_NO_CHANGE_FIGURES), dict(_NO_CHANGE_SOURCES)
     table_rows_after = None
     if table_rows_before is not None:
         inserted, deleted = figures["inserted"], figures["deleted"]
@@ -869,8 +882,8 @@ def _counts(
     return Counts(
         files_added=len(commit.adds),
         files_removed=len(commit.removes),
-        data_files_added=sum(1 for a in commit.adds if a.data_change),
-        data_files_removed=sum(1 for r in commit.removes if r.data_change),
+        data_files_added=data_files[0],
+        data_files_removed=data_files[1],
         cdc_files=len(commit.cdcs),
         bytes_added=sum(a.size for a in commit.adds),
         bytes_removed=bytes_removed,
@@ -884,66 +897,63 @@ def _counts(
     )
 
 
+_NO_CHANGE_FIGURES: dict[str, int | None] = dict.fromkeys(ROW_FIGURES, 0)
+_NO_CHANGE_SOURCES = dict.fromkeys(ROW_FIGURES, "no_data_change")
+
+
+def _settle_unknown(c: Counts) -> Counts:
+    """A commit whose rows did not change: figures the metrics left unknown are 0, from ``no_data_change``."""
+    values = {"rows_" + f: getattr(c, "rows_" + f) for f in ROW_FIGURES}
+    sources = dict(c.row_sources)
+    for f in ROW_FIGURES:
+        if values["rows_" + f] is None:
+            values["rows_" + f] = 0
+            sources[f] = "no_data_change"
+    return replace(c, row_sources=sources, **values)
+
+
 def _row_figures(
-    commit: Commit, op: str, metrics: Mapping[str, Any], rows: _FileRows, data_change: bool
+    commit: Commit, op: str, metrics: Mapping[str, Any], rows: _FileRows
 ) -> tuple[dict[str, int | None], dict[str, str]]:
-    has_changes = (
-        bool(commit.cdcs) or any(a.data_change for a in commit.adds) or any(r.data_change for r in commit.removes)
-    )
-    if not has_changes:
-        return dict.fromkeys(ROW_FIGURES, 0), dict.fromkeys(ROW_FIGURES, "no_data_change")
-    figures: dict[str, int | None] = dict.fromkeys(ROW_FIGURES)
-    sources: dict[str, str] = dict.fromkeys(ROW_FIGURES, "unknown")
-
-    def take(figure: str, names: tuple[str, ...]) -> None:
-        value = _metric(metrics, names)
-        if value is not None:
-            figures[figure] = value
-            sources[figure] = "metrics"
-
-    def implied(*names: str) -> None:
-        for name in names:
-            figures[name] = 0
-            sources[name] = "operation"
-
-    from_files = not commit.cdcs
+    """Row figures of a commit that changes rows, each with its source (see the module docstring)."""
+    figures: dict[str, int | None] = {"inserted": None, "deleted": None, "updated": None, "copied": None}
+    sources = {"inserted": "unknown", "deleted": "unknown", "updated": "unknown", "copied": "unknown"}
     if op == "MERGE":
-        take("inserted", _MERGE_INSERTED)
-        take("updated", _MERGE_UPDATED)
-        take("deleted", _MERGE_DELETED)
-        take("copied", _MERGE_COPIED)
+        wanted = _MERGE_METRICS
     elif op == "UPDATE":
-        take("updated", _UPDATED)
-        take("copied", _COPIED)
-        implied("inserted", "deleted")
+        wanted = _UPDATE_METRICS
+        figures["inserted"] = figures["deleted"] = 0
+        sources["inserted"] = sources["deleted"] = "operation"
     elif op == "DELETE":
-        take("deleted", _DELETED)
-        take("copied", _COPIED)
-        implied("inserted", "updated")
-        if figures["deleted"] is None and from_files:
+        wanted = _DELETE_METRICS
+        figures["inserted"] = figures["updated"] = 0
+        sources["inserted"] = sources["updated"] = "operation"
+    else:
+        wanted = _WRITE_METRICS
+    for figure, names in wanted:
+        for name in names:
+            value = _int(metrics.get(name))
+            if value is not None:
+                figures[figure] = value
+                sources[figure] = "metrics"
+                break
+    if commit.cdcs or op == "MERGE" or op == "UPDATE":
+        return figures, sources  # the file actions cannot tell these figures apart
+    if op == "DELETE":
+        if figures["deleted"] is None:
             rows.compute()
             if rows.inserted is not None and rows.deleted is not None:
                 figures["deleted"] = rows.deleted - rows.inserted
                 sources["deleted"] = "files"
-    else:
-        take("inserted", _WRITE_INSERTED)
-        take("deleted", _DELETED)
-        take("updated", _UPDATED)
-        take("copied", _COPIED)
-        if from_files:
-            if figures["updated"] is None:
-                figures["updated"] = 0
-                sources["updated"] = "files"
-            for figure in ("inserted", "deleted"):
-                if figures[figure] is None:
-                    rows.compute()
-                    value = rows.inserted if figure == "inserted" else rows.deleted
-                    if value is not None:
-                        figures[figure] = value
-                        sources[figure] = "files"
-    if not data_change:  # a MERGE whose metrics report no change: nothing was copied either, as far as rows go
-        for figure in ROW_FIGURES:
-            if figures[figure] is None:
-                figures[figure] = 0
-                sources[figure] = "no_data_change"
+        return figures, sources
+    if figures["updated"] is None:
+        figures["updated"] = 0
+        sources["updated"] = "files"
+    for figure in ("inserted", "deleted"):
+        if figures[figure] is None:
+            rows.compute()
+            value = rows.inserted if figure == "inserted" else rows.deleted
+            if value is not None:
+                figures[figure] = value
+                sources[figure] = "files"
     return figures, sources

@@ -190,20 +190,25 @@ class AuditFeed:
             track_table_rows: carry the table's live row count (see the module docstring).
 
         Raises:
-            VersionNotFoundError: if the range starts after the latest version or before what the log holds.
+            TableNotFoundError: if the path holds no Delta table.
+            VersionNotFoundError: if the range starts after the latest commit or before what the log holds.
             ConfigError: if ``ending_version`` is before the starting version.
             VersionGapError: if a commit inside the range is missing.
             InvalidLogError: if a commit is malformed.
             MissingFileError: with ``counted``, if a data file the change rows need is gone (vacuumed).
         """
-        latest = self.log.latest_version()
         if starting_timestamp_ms is not None:
             starting_version = self._changes.version_at_or_after(starting_timestamp_ms)
+        # One listing serves the range: the commits from the one before the start on, with their times.
+        listing = self.log.list_log(max((starting_version or 0) - 1, 0))
+        # (without commits, latest_version() tells the checkpoint-only log from no table at all)
+        latest = max(listing.commits) if listing.commits else self.log.latest_version()
         if starting_version is None:
-            earliest = self.log.earliest_version()
+            earliest = 0 if 0 in listing.commits else self.log.earliest_version()
             starting_version = 0 if earliest == 0 else earliest + 1
             if starting_version > latest:
-                return  # the log holds only a checkpoint: no commit to audit
+                log.info("%s: the log holds no commit after its checkpoint at version %d", self.table, earliest)
+                return
         end = latest if ending_version is None else ending_version
         if starting_version > latest:
             raise VersionNotFoundError(
@@ -213,7 +218,6 @@ class AuditFeed:
             raise ConfigError(f"ending version {end} is before starting version {starting_version}", table=self.table)
         if end > latest:
             raise VersionNotFoundError(f"ending version {end} is after the latest version {latest}", table=self.table)
-        listing = self.log.list_log(max(starting_version - 1, 0))
         if starting_version == 0:
             before = Snapshot.empty(self.table)
             previous: int | None = None

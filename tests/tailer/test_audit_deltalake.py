@@ -21,7 +21,14 @@ from audit_tables import AuditTables
 from deltalake import DeltaTable, QueryBuilder
 
 from state.audit import AuditEvent
-from state.errors import ConfigError, DeltaTailError, MissingFileError, VersionGapError, VersionNotFoundError
+from state.errors import (
+    ConfigError,
+    DeltaTailError,
+    MissingFileError,
+    TableNotFoundError,
+    VersionGapError,
+    VersionNotFoundError,
+)
 from tailer.audit_feed import AuditFeed, parquet_row_count, table_row_count
 from tailer.changes import ChangeFeed, ChangeOptions
 from tailer.log import DeltaLog
@@ -207,6 +214,14 @@ def test_ranges_and_their_errors(tables: AuditTables) -> None:
         list(feed.events(0, 20))
     with pytest.raises(ConfigError, match="ending version 2 is before starting version 5"):
         list(feed.events(5, 2))
+
+
+def test_a_path_without_a_table(tmp_path: Path) -> None:
+    with pytest.raises(TableNotFoundError, match="no _delta_log directory"):
+        list(AuditFeed(str(tmp_path)).events())
+    (tmp_path / "_delta_log").mkdir()
+    with pytest.raises(TableNotFoundError, match="holds no commits"):
+        list(AuditFeed(str(tmp_path)).events())
 
 
 def test_a_missing_commit_inside_the_range_is_an_error(tables: AuditTables, tmp_path: Path) -> None:
