@@ -29,7 +29,8 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from tailer.audit_feed import AuditFeed, parquet_row_count, table_row_count
+from state.snapshot import Snapshot
+from tailer.audit_feed import AuditFeed, AuditTracker, parquet_row_count, table_row_count
 from tailer.changes import ChangeFeed, ChangeOptions
 from tailer.log import DeltaLog
 from tailer.storage import LocalStorage
@@ -232,6 +233,27 @@ def test_a_missing_commit_inside_the_range_is_an_error(tables: AuditTables, tmp_
         list(AuditFeed(str(copy)).events(3, 6))
     assert e.value.version == 5
     assert [ev.version for ev in AuditFeed(str(copy)).events(0, 4)] == [0, 1, 2, 3, 4]
+
+
+def test_a_follower_builds_events_with_the_tracker(tables: AuditTables) -> None:
+    log = DeltaLog(str(tables.ops))
+    listing = log.list_log(0)
+    tracker = AuditTracker(str(tables.ops), LocalStorage(), table_rows=0)
+    snap = Snapshot.empty(log.table)
+    previous: int | None = None
+    got = []
+    for v in range(10):
+        commit = log.read_commit(v)
+        event = tracker.event(
+            commit, snap, file_mtime_ms=listing.commits[v].modification_time, previous_timestamp_ms=previous
+        )
+        snap, _ = snap.apply(commit)
+        previous = event.timestamp_ms
+        got.append(event)
+    assert got == tables.followed[:10]
+    assert tracker.table_rows == 8
+    # deltalake writes no statistics on removes: only RESTORE, which records no row metrics, needs a footer
+    assert tracker.footer_reads == 1
 
 
 def test_footer_row_counts(tables: AuditTables, tmp_path: Path) -> None:
