@@ -24,6 +24,7 @@ from state.audit import AuditEvent
 from state.errors import (
     ConfigError,
     DeltaTailError,
+    InvalidLogError,
     MissingFileError,
     TableNotFoundError,
     VersionGapError,
@@ -31,6 +32,7 @@ from state.errors import (
 )
 from state.snapshot import Snapshot
 from tailer.audit_feed import AuditFeed, AuditTracker, parquet_row_count, table_row_count
+from tailer.audit_log import AUDIT_ARROW_SCHEMA, read_audit_log, write_audit_log
 from tailer.changes import ChangeFeed, ChangeOptions
 from tailer.log import DeltaLog
 from tailer.storage import LocalStorage
@@ -280,3 +282,34 @@ def test_footer_row_counts(tables: AuditTables, tmp_path: Path) -> None:
     garbage.write_bytes(b"PAR1" + b"\xff" * 20 + (20).to_bytes(4, "little") + b"PAR1")
     with pytest.raises(DeltaTailError, match="footer does not parse"):
         parquet_row_count(storage, str(garbage))
+
+
+def test_audit_logs_round_trip_in_both_formats(tables: AuditTables, tmp_path: Path) -> None:
+    for name in ("audit.jsonl", "audit.parquet"):
+        path = str(tmp_path / name)
+        assert write_audit_log(tables.followed, path) == 13
+        assert list(read_audit_log(path)) == tables.followed
+    table = pq.read_table(str(tmp_path / "audit.parquet"))
+    assert table.schema == AUDIT_ARROW_SCHEMA
+    assert table.column("operation").to_pylist()[:5] == ["WRITE", "WRITE", "DELETE", "UPDATE", "MERGE"]
+    assert table.column("rows_deleted").to_pylist()[12] == 8
+    assert table.column("timestamp").to_pylist()[0].timestamp() * 1000 == tables.followed[0].timestamp_ms
+    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
+    assert json.loads(lines[2])["operation"] == "DELETE"
+
+
+def test_audit_log_errors(tables: AuditTables, tmp_path: Path) -> None:
+    with pytest.raises(DeltaTailError, match=r"an audit log is .jsonl"):
+        write_audit_log(tables.followed, str(tmp_path / "audit.csv"))
+    with pytest.raises(DeltaTailError, match="cannot write the audit log"):
+        write_audit_log(tables.followed, str(tmp_path / "no" / "audit.jsonl"))
+    with pytest.raises(DeltaTailError, match="cannot read the audit log"):
+        list(read_audit_log(str(tmp_path / "absent.jsonl")))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"format": "deltatail.audit.commit/1"}\n')
+    with pytest.raises(InvalidLogError, match="entry 1 is not an audit event: malformed audit event") as e:
+        list(read_audit_log(str(bad)))
+    assert e.value.file == str(bad)
+    bad.write_text("not json\n")
+    with pytest.raises(InvalidLogError, match="entry 1 is not an audit event"):
+        list(read_audit_log(str(bad)))
