@@ -254,6 +254,8 @@ def test_a_follower_builds_events_with_the_tracker(tables: AuditTables) -> None:
         got.append(event)
     assert got == tables.followed[:10]
     assert tracker.table_rows == 8
+    with pytest.raises(VersionGapError, match="commit 3 does not follow version 9"):
+        tracker.event(log.read_commit(3), snap, file_mtime_ms=0, previous_timestamp_ms=None)
     # deltalake writes no statistics on removes: only RESTORE, which records no row metrics, needs a footer
     assert tracker.footer_reads == 1
 
