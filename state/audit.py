@@ -676,22 +676,30 @@ def _predicate(parameters: Mapping[str, Any]) -> str | None:
 
 
 def _actor(raw: Mapping[str, Any]) -> Actor:
-    job = _dict(raw.get("job"))
-    notebook = _dict(raw.get("notebook"))
+    get = raw.get
+    job = get("job")
+    notebook = get("notebook")
+    job_id = job_name = job_run_id = job_owner_id = job_trigger_type = None
+    if isinstance(job, dict):
+        job_id, job_name, job_run_id = _str(job.get("jobId")), _str(job.get("jobName")), _str(job.get("runId"))
+        job_owner_id, job_trigger_type = _str(job.get("jobOwnerId")), _str(job.get("triggerType"))
+    notebook_id = notebook_path = None
+    if isinstance(notebook, dict):
+        notebook_id, notebook_path = _str(notebook.get("notebookId")), _str(notebook.get("notebookPath"))
     return Actor(
-        user_id=_str(raw.get("userId")),
-        user_name=_str(raw.get("userName")),
-        engine_info=_str(raw.get("engineInfo")),
-        client_version=_str(raw.get("clientVersion")),
-        job_id=_str(job.get("jobId")),
-        job_name=_str(job.get("jobName")),
-        job_run_id=_str(job.get("runId")),
-        job_owner_id=_str(job.get("jobOwnerId")),
-        job_trigger_type=_str(job.get("triggerType")),
-        notebook_id=_str(notebook.get("notebookId")),
-        notebook_path=_str(notebook.get("notebookPath")),
-        cluster_id=_str(raw.get("clusterId")),
-        user_metadata=_str(raw.get("userMetadata")),
+        _str(get("userId")),
+        _str(get("userName")),
+        _str(get("engineInfo")),
+        _str(get("clientVersion")),
+        job_id,
+        job_name,
+        job_run_id,
+        job_owner_id,
+        job_trigger_type,
+        notebook_id,
+        notebook_path,
+        _str(get("clusterId")),
+        _str(get("userMetadata")),
     )
 
 
@@ -792,16 +800,22 @@ def _num_records(stats: str | None) -> int | None:
 
 
 class _FileRows:
-    """Live rows of the commit's data-changing file actions, worked out on first use."""
+    """Live rows of the commit's data-changing file actions, each side worked out on first use.
 
-    __slots__ = ("_commit", "_done", "_row_count", "deleted", "inserted")
+    ``inserted()`` sums the added files, ``deleted()`` the removed ones; a remove and an add of one
+    path with a deletion vector (a DV update) count only the rows whose DV membership changed.
+    Each is ``None`` where one of its files' rows is unknown.
+    """
+
+    __slots__ = ("_commit", "_deleted", "_deleted_done", "_inserted", "_inserted_done", "_pairs", "_row_count")
 
     def __init__(self, commit: Commit, row_count: RowCount | None) -> None:
         self._commit = commit
         self._row_count = row_count
-        self._done = False
-        self.inserted: int | None = None
-        self.deleted: int | None = None
+        self._pairs: dict[str, tuple[int, int]] | None = None
+        self._inserted: int | None = None
+        self._deleted: int | None = None
+        self._inserted_done = self._deleted_done = False
 
     def _rows(self, action: Add | Remove) -> int | None:
         n = _num_records(action.stats)
@@ -812,36 +826,46 @@ class _FileRows:
         dv = action.deletion_vector
         return n - (0 if dv is None else dv.cardinality)
 
-    def compute(self) -> None:
-        """Fill ``inserted`` and ``deleted``; each is ``None`` where one of its files' rows is unknown."""
-        if self._done:
-            return
-        self._done = True
-        adds = [a for a in self._commit.adds if a.data_change]
-        removes = {r.path: r for r in self._commit.removes if r.data_change}
-        inserted: int | None = 0
-        deleted: int | None = 0
-        paired: set[str] = set()
-        for a in adds:
-            r = removes.get(a.path)
-            if r is not None and (a.deletion_vector is not None or r.deletion_vector is not None):
-                # A DV update: only the deletion vectors moved (rows newly hidden, or restored).
-                paired.add(a.path)
-                c_old = 0 if r.deletion_vector is None else r.deletion_vector.cardinality
-                c_new = 0 if a.deletion_vector is None else a.deletion_vector.cardinality
-                deleted = None if deleted is None else deleted + max(0, c_new - c_old)
-                inserted = None if inserted is None else inserted + max(0, c_old - c_new)
-        for a in adds:
-            if a.path in paired or inserted is None:
+    def _dv_pairs(self) -> dict[str, tuple[int, int]]:
+        """Paths removed and added with a deletion vector on either side: (old, new) DV cardinalities."""
+        if self._pairs is None:
+            self._pairs = {}
+            commit = self._commit
+            if commit.adds and commit.removes:
+                removes = {r.path: r for r in commit.removes if r.data_change}
+                for a in commit.adds:
+                    r = removes.get(a.path) if a.data_change else None
+                    if r is not None and (a.deletion_vector is not None or r.deletion_vector is not None):
+                        c_old = 0 if r.deletion_vector is None else r.deletion_vector.cardinality
+                        c_new = 0 if a.deletion_vector is None else a.deletion_vector.cardinality
+                        self._pairs[a.path] = (c_old, c_new)
+        return self._pairs
+
+    def _sum(self, actions: tuple[Add, ...] | tuple[Remove, ...], moved: int) -> int | None:
+        pairs = self._dv_pairs()
+        total = moved
+        for action in actions:
+            if not action.data_change or action.path in pairs:
                 continue
-            n = self._rows(a)
-            inserted = None if n is None else inserted + n
-        for path, r in removes.items():
-            if path in paired or deleted is None:
-                continue
-            n = self._rows(r)
-            deleted = None if n is None else deleted + n
-        self.inserted, self.deleted = inserted, deleted
+            n = self._rows(action)
+            if n is None:
+                return None
+            total += n
+        return total
+
+    def inserted(self) -> int | None:
+        """Rows the added files bring (and rows a DV update restores)."""
+        if not self._inserted_done:
+            restored = sum(max(0, old - new) for old, new in self._dv_pairs().values())
+            self._inserted, self._inserted_done = self._sum(self._commit.adds, restored), True
+        return self._inserted
+
+    def deleted(self) -> int | None:
+        """Rows the removed files take away (and rows a DV update newly hides)."""
+        if not self._deleted_done:
+            hidden = sum(max(0, new - old) for old, new in self._dv_pairs().values())
+            self._deleted, self._deleted_done = self._sum(self._commit.removes, hidden), True
+        return self._deleted
 
 
 def _counts(
@@ -875,8 +899,7 @@ def _counts(
     if table_rows_before is not None:
         inserted, deleted = figures["inserted"], figures["deleted"]
         if inserted is None or deleted is None:
-            rows.compute()
-            inserted, deleted = rows.inserted, rows.deleted
+            inserted, deleted = rows.inserted(), rows.deleted()
         if inserted is not None and deleted is not None:
             table_rows_after = table_rows_before + inserted - deleted
     return Counts(
@@ -932,7 +955,8 @@ def _row_figures(
         wanted = _WRITE_METRICS
     for figure, names in wanted:
         for name in names:
-            value = _int(metrics.get(name))
+            raw_value = metrics.get(name)
+            value = None if raw_value is None else _int(raw_value)
             if value is not None:
                 figures[figure] = value
                 sources[figure] = "metrics"
@@ -941,9 +965,9 @@ def _row_figures(
         return figures, sources  # the file actions cannot tell these figures apart
     if op == "DELETE":
         if figures["deleted"] is None:
-            rows.compute()
-            if rows.inserted is not None and rows.deleted is not None:
-                figures["deleted"] = rows.deleted - rows.inserted
+            removed, added = rows.deleted(), rows.inserted()
+            if removed is not None and added is not None:
+                figures["deleted"] = removed - added
                 sources["deleted"] = "files"
         return figures, sources
     if figures["updated"] is None:
@@ -951,8 +975,7 @@ def _row_figures(
         sources["updated"] = "files"
     for figure in ("inserted", "deleted"):
         if figures[figure] is None:
-            rows.compute()
-            value = rows.inserted if figure == "inserted" else rows.deleted
+            value = rows.inserted() if figure == "inserted" else rows.deleted()
             if value is not None:
                 figures[figure] = value
                 sources[figure] = "files"
