@@ -68,6 +68,7 @@ from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, TableInfo
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
+from tailer.storage import storage_for
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -80,18 +81,24 @@ WRITE_FORMAT = "deltatail_kafka"
 CHANGE_RANK = {"update_preimage": 0, "delete": 1, "update_postimage": 2, "insert": 3}
 
 
-def table_info(path: str, name: str | None = None) -> TableInfo:
+def table_info(path: str, name: str | None = None, storage_options: Mapping[str, str] | None = None) -> TableInfo:
     """The :class:`TableInfo` of a table: its id from commit 0 (else from the latest snapshot).
 
     Raises:
         TableNotFoundError: if the path holds no Delta table.
         InvalidLogError: if the log holds no ``metaData`` to take the id from.
     """
-    log = DeltaLog(path)
+    log = DeltaLog(path, storage_for(path, storage_options))
     return TableInfo(log.table, table_id(log), name)
 
 
-def kafka_batch_writer(uri: str, table_path: str, *, table_name: str | None = None) -> KafkaBatchWriter:
+def kafka_batch_writer(
+    uri: str,
+    table_path: str,
+    *,
+    table_name: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> KafkaBatchWriter:
     """A ``foreachBatch`` function writing each micro-batch of a ``deltatail`` stream to Kafka.
 
     Args:
@@ -99,6 +106,7 @@ def kafka_batch_writer(uri: str, table_path: str, *, table_name: str | None = No
             ``commit_topic`` and ``backend=confluent``).
         table_path: the table the stream reads (for its id, and Debezium's ``source``).
         table_name: the table's name (topic templates, Debezium ``source.table``).
+        storage_options: the table's object-store options, if it is in one (read on the driver only).
 
     Raises:
         ConfigError: if the URI is invalid, asks for ``exactly_once``, ``commit_topic`` or the
@@ -110,7 +118,7 @@ def kafka_batch_writer(uri: str, table_path: str, *, table_name: str | None = No
         raise ConfigError(
             f"kafka URI {uri!r}: exactly_once, commit_topic and backend=confluent are not available from Spark"
         )
-    table = table_info(table_path, table_name)
+    table = table_info(table_path, table_name, storage_options)
     topic = fill_topic(options.topic, table)
     sink_id = options.sink_id or default_sink_id(table.table_id, topic)
     return KafkaBatchWriter(ProduceJob(uri, table, topic, sink_id), options.key_columns)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxBytes, ReadMaxFiles
@@ -11,7 +11,10 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxBytes, ReadMaxFil
 from state.errors import ConfigError
 from tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
+from tailer.storage import Storage, storage_for
 
+#: Options with this prefix are the table's storage options (``storage.aws_region``...).
+STORAGE_PREFIX = "storage."
 #: Delta's default ``maxFilesPerTrigger``.
 DEFAULT_MAX_FILES = 1000
 
@@ -48,6 +51,8 @@ class SourceOptions:
     net_changes: bool = False
     key_columns: tuple[str, ...] = ()
     fail_on_data_loss: bool = True
+    #: ``storage.KEY`` options: the table's object-store options (never shown; not in offsets).
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SourceOptions:
@@ -78,6 +83,7 @@ class SourceOptions:
             net_changes=_bool("netChanges", opts.get("netchanges", "false")),
             key_columns=keys,
             fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
+            storage_options={k[len(STORAGE_PREFIX) :]: v for k, v in opts.items() if k.startswith(STORAGE_PREFIX)},
         )
         if start is not None and parsed.starting_timestamp_ms is not None:
             raise ConfigError("give startingVersion or startingTimestamp, not both")
@@ -89,6 +95,14 @@ class SourceOptions:
     def has_start(self) -> bool:
         """Whether ``startingVersion`` or ``startingTimestamp`` was given."""
         return self.starting_latest or self.starting_version is not None or self.starting_timestamp_ms is not None
+
+    def storage(self) -> Storage:
+        """The table's storage (an object store's client built from ``storage_options`` and the environment).
+
+        Raises:
+            ConfigError: if storage options are given for a local path, or are malformed.
+        """
+        return storage_for(self.path, self.storage_options or None)
 
     def change_options(self) -> ChangeOptions:
         """The :class:`~tailer.read.feed.ChangeOptions` these options ask for."""

@@ -15,7 +15,7 @@ from state.feed import change_schema
 from state.planning import ReadContext, VersionPlan
 from tailer.read.net_changes import net_changes
 from tailer.read.tasks import read_task
-from tailer.storage import LocalStorage
+from tailer.storage import Storage
 
 BATCH_SIZE = 65536
 
@@ -48,7 +48,11 @@ def make_partitions(plan: VersionPlan, first: int, last: int, options: SourceOpt
 
 
 def read_partition(
-    partition: InputPartition, target: pa.Schema, key_columns: tuple[str, ...], batch_size: int = BATCH_SIZE
+    partition: InputPartition,
+    target: pa.Schema,
+    key_columns: tuple[str, ...],
+    storage: Storage,
+    batch_size: int = BATCH_SIZE,
 ) -> Iterator[pa.RecordBatch]:
     """The rows of one partition in ``target``'s layout (runs on an executor).
 
@@ -61,7 +65,7 @@ def read_partition(
     """
     if not isinstance(partition, ChangePartition):
         return
-    storage, ctx = LocalStorage(), partition.context
+    ctx = partition.context
     batches: Iterator[pa.RecordBatch] = (b for t in partition.tasks for b in read_task(storage, ctx, t, batch_size))
     if partition.net:
         rows = pa.Table.from_batches(list(batches), schema=change_schema(ctx.schema()))

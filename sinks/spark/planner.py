@@ -47,13 +47,13 @@ class StreamPlanner:
     Args:
         options: the source's options.
         stream_schema: the query's fixed schema (Arrow).
-        storage: where the table is (by default the local file system).
+        storage: where the table is (by default the storage its path and ``storage.*`` options name).
     """
 
     def __init__(self, options: SourceOptions, stream_schema: pa.Schema, storage: Storage | None = None) -> None:
         self.options = options
         self.stream_schema = stream_schema
-        self.feed = ChangeFeed(options.path, storage, options=options.change_options())
+        self.feed = ChangeFeed(options.path, storage or options.storage(), options=options.change_options())
         self.log: DeltaLog = self.feed.log
         self.table_id: str | None = None
         self.target: int | None = None

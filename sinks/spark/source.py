@@ -64,8 +64,12 @@ query starts and never reads past it.
 
 Partitions: one Spark partition per file task, carrying only the task and the
 version's :class:`~state.planning.ReadContext`; executors read it with
-:func:`tailer.read.tasks.read_task` through :class:`~tailer.storage.LocalStorage`
-(the table path must be readable there) and hand Arrow batches to Spark.
+:func:`tailer.read.tasks.read_task` through the table's storage (a local path
+must be readable there; an object store is reached with the ``storage.*``
+options, e.g. ``.option("storage.aws_region", "eu-west-1")``, which travel in
+the query plan, never in offsets, or with the executors' own environment:
+``AWS_*``, ``AZURE_*``, ``GOOGLE_*``, instance credentials) and hand Arrow
+batches to Spark.
 Nothing is collected to the driver. Under ``netChanges`` a commit without cdc
 files needs all its rows together, so it is *one* partition, and the executor
 applies :func:`tailer.read.net_changes.net_changes` to it.
@@ -130,7 +134,7 @@ class DeltaTailStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     Args:
         options: the parsed options.
         schema: the query's schema (what :meth:`DeltaTailDataSource.schema` returned, or the user's).
-        storage: where the table is, for the driver's planning (by default the local file system).
+        storage: where the table is, for the driver's planning (by default from the path and ``storage.*`` options).
 
     Raises:
         ConfigError: if ``endingVersion`` is given (batch reads only) or a key column is not in ``schema``.
@@ -207,7 +211,7 @@ class DeltaTailStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The rows of one partition (on an executor); raises what :func:`read_partition` raises."""
-        return read_partition(partition, arrow_target(self.schema), self.options.key_columns)
+        return read_partition(partition, arrow_target(self.schema), self.options.key_columns, self.options.storage())
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark processed everything before ``end``: drop those cached plans."""
@@ -247,7 +251,7 @@ class DeltaTailBatchReader(DataSourceReader):
             VersionNotFoundError, VersionGapError: as :meth:`ChangeFeed.plans`.
         """
         o = self.options
-        feed = ChangeFeed(o.path, options=o.change_options())
+        feed = ChangeFeed(o.path, o.storage(), o.change_options())
         target = arrow_target(self.schema)
         plans = feed.plans(
             o.starting_version,
@@ -263,7 +267,7 @@ class DeltaTailBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The rows of one partition (on an executor); raises what :func:`read_partition` raises."""
-        return read_partition(partition, arrow_target(self.schema), self.options.key_columns)
+        return read_partition(partition, arrow_target(self.schema), self.options.key_columns, self.options.storage())
 
 
 class DeltaTailDataSource(DataSource):
@@ -286,7 +290,7 @@ class DeltaTailDataSource(DataSource):
             VersionNotFoundError: if ``endingVersion`` is after the latest version.
         """
         options = SourceOptions.parse(self.options)
-        snap = DeltaLog(options.path).snapshot(options.ending_version)
+        snap = DeltaLog(options.path, options.storage()).snapshot(options.ending_version)
         self.schema_version = snap.version
         return spark_schema(change_schema(snap.schema))
 

@@ -543,7 +543,7 @@ def test_missing_data_file_fails_the_read(tmp_path: Path) -> None:
     assert isinstance(parts[0], ChangePartition)
     (root / parts[0].tasks[0].path).unlink()
     with pytest.raises(MissingFileError):
-        list(read_partition(parts[0], arrow_target(reader.schema), ()))
+        list(read_partition(parts[0], arrow_target(reader.schema), (), LocalStorage()))
 
 
 def test_corrupt_deletion_vector_fails_the_read(tmp_path: Path) -> None:
