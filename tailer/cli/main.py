@@ -10,18 +10,20 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import orjson
 import pyarrow.parquet as pq
 
 from state.errors import ConfigError, DeltaTailError
 from state.feed import ChangeBatch, TableInfo, change_schema
+from state.filters import ChangeFilter
 from tailer.cli import logs
 from tailer.cli.demo import run_demo
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.report import snapshot_document, snapshot_text
-from tailer.cli.settings import STORAGE, merge
+from tailer.cli.settings import STORAGE, merge, names
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
 from tailer.follow.tailer import TailerConfig, table_name
@@ -88,8 +90,10 @@ def _changes(args: argparse.Namespace) -> int:
         net_changes=args.net_changes,
         key_columns=_keys(args.key),
         reader_processes=_reader_processes(args.reader_processes),
+        filter=change_filter(vars(args)),
     )
     feed = ChangeFeed(args.table, _storage(args.table, parse_option_pairs(args.storage_option or [])), options)
+    feed.check_filter()
     start_ms = None
     if args.starting_timestamp is not None:
         start_ms = parse_timestamp_ms(args.starting_timestamp, name="--starting-timestamp")
@@ -182,6 +186,7 @@ def _run(args: argparse.Namespace) -> int:
             key_columns=_keys(s.get("key")),
             allow_non_additive=bool(s.get("allow_non_additive", READ_DEFAULTS.allow_non_additive)),
             reader_processes=_reader_processes(s.get("reader_processes")),
+            filter=change_filter(s),
         ),
         storage_options=storage_options,
     )
@@ -199,6 +204,31 @@ def _demo(args: argparse.Namespace) -> int:
     rows = run_demo(commits=args.commits, interval=args.interval)
     logging.getLogger("deltatail").info("demo done: %d change rows delivered", rows)
     return 0
+
+
+def change_filter(settings: Mapping[str, Any]) -> ChangeFilter:
+    """The filter the ``columns``, ``where``, ``change_types`` and ``skip_operations`` settings ask for."""
+
+    def listed(name: str) -> tuple[str, ...] | None:
+        value = settings.get(name)
+        return None if value is None else names(value)
+
+    types = listed("change_types")
+    return ChangeFilter(
+        columns=listed("columns"),
+        where=settings.get("where"),
+        change_types=None if types is None else frozenset(types),
+        skip_operations=frozenset(op.upper() for op in listed("skip_operations") or ()),
+    )
+
+
+def _filter_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--columns", default=None, help="table columns to deliver (COL,...); the change columns go too")
+    parser.add_argument("--where", default=None, help="a SQL predicate rows must meet (amount > 10)")
+    parser.add_argument(
+        "--change-types", default=None, help="deliver only these (insert,delete,update_preimage,update_postimage)"
+    )
+    parser.add_argument("--skip-operations", default=None, help="operations whose commits deliver nothing")
 
 
 def _storage_option(parser: argparse.ArgumentParser) -> None:
@@ -237,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--output", default=None, help="FILE.jsonl or FILE.parquet (default: JSON lines on stdout)")
     ch.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     _storage_option(ch)
+    _filter_options(ch)
     ch.set_defaults(handler=_changes)
 
     run = sub.add_parser("run", help="follow a table and deliver its changes to a sink")
@@ -290,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     _storage_option(run)
+    _filter_options(run)
     run.set_defaults(handler=_run)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")

@@ -29,6 +29,19 @@ def version_value(value: Any) -> int | str:
     return int(value)
 
 
+def names(value: Any) -> tuple[str, ...]:
+    """A list setting: ``a,b`` (flags, environment) or a TOML list of strings.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ValueError(f"expected a list of names or a comma-separated string, got {value!r}")
+
+
 #: The TOML table (and merged setting) of storage options (:mod:`tailer.storage.options`).
 STORAGE = "storage"
 
@@ -49,6 +62,10 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "net_changes": bool,
     "key": str,
     "allow_non_additive": bool,
+    "columns": names,
+    "where": str,
+    "change_types": names,
+    "skip_operations": names,
     "sink_retries": int,
     "reader_processes": int,
 }

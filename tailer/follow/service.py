@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 from state.errors import DeltaTailError, SinkUnavailableError, StorageError
 from tailer.follow.sink import Sink
+from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import Progress, status
-from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.follow.tailer import Tailer, TailerConfig, table_name
 
 
 class TailerService:
@@ -29,7 +30,9 @@ class TailerService:
         make_sink: makes a new, unopened sink for each run.
         retries: restarts allowed in a row on an unavailable sink (``None``: no limit).
         max_backoff: the longest wait between two runs, in seconds.
-        make_tailer: makes each run's tailer (tests pass collaborators through it).
+        make_tailer: makes each run's tailer (tests pass collaborators through it); by default a
+            :class:`Tailer` reporting to ``stats``.
+        stats: the figures every run's tailer updates (a new one by default).
     """
 
     def __init__(
@@ -39,13 +42,15 @@ class TailerService:
         *,
         retries: int | None = None,
         max_backoff: float = 60.0,
-        make_tailer: Callable[[TailerConfig, Sink], Tailer] = Tailer,
+        make_tailer: Callable[[TailerConfig, Sink], Tailer] | None = None,
+        stats: TableStats | None = None,
     ) -> None:
         self.config = config
         self.make_sink = make_sink
         self.retries = retries
         self.max_backoff = max_backoff
-        self.make_tailer = make_tailer
+        self.stats = stats if stats is not None else TableStats(config.table, table_name(config.table))
+        self.make_tailer = make_tailer or (lambda c, sink: Tailer(c, sink, stats=self.stats))
         self._stopping = threading.Event()
         self._current: Tailer | None = None
 
@@ -82,6 +87,8 @@ class TailerService:
                 failures = 1 if tailer.progress.versions else failures + 1
                 if self.retries is not None and failures > self.retries:
                     raise
+                self.stats.retries += 1
+                self.stats.set_state(TableState.UNAVAILABLE, str(e))
                 self._wait_before_retry(e, failures)
             finally:
                 self._current = None

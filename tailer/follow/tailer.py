@@ -41,6 +41,7 @@ from tailer.follow.checkpointer import Checkpointer
 from tailer.follow.faults import crash_point
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
+from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import Progress, count_change_types, status
 from tailer.log.delta_log import DeltaLog
 from tailer.log.follower import GAP_CHECK_SECONDS, PREFETCH_COMMITS, Hints, LogFollower
@@ -99,6 +100,7 @@ class Tailer:
             by default :class:`~tailer.log.watch.LogWatcher`.
         clock: monotonic seconds (checkpoint intervals, status lines).
         wall_clock: epoch seconds (how far behind the newest commit the tailer is).
+        stats: where the tailer's figures go (metrics, status); a new one by default.
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class Tailer:
         watcher: Callable[[str, bool], Watcher] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        stats: TableStats | None = None,
     ) -> None:
         self.config = config
         self.sink = sink
@@ -136,6 +139,8 @@ class Tailer:
         self._unflushed = False
         self._watcher: Watcher | None = None
         self._idle_polls = 0
+        self._open = False
+        self.stats = stats if stats is not None else TableStats(self.log.table, table_name(self.log.table))
 
     # -- control -------------------------------------------------------------------------------
 
@@ -153,6 +158,10 @@ class Tailer:
             self._resume_saved(saved)
         else:
             self._start_new()
+        self.stats.table_id = self._table_id
+        self.stats.delivered_version = self._cursor.version - (0 if self._cursor.snapshot else 1)
+        self.stats.newest_version = max(self.stats.newest_version, self.stats.delivered_version)
+        self.feed.check_filter()  # fail fast on a column the table does not have
         held = self.sink.open(TableInfo(self.log.table, self._table_id, table_name(self.log.table)))
         if held is not None and held > self._cursor:
             log.info("sink already holds rows up to %s; skipping them", held)
@@ -252,43 +261,105 @@ class Tailer:
             SchemaChangeError: a non-additive schema change (cursor saved before it).
             SinkError: the sink failed; the cursor stays at the last successful checkpoint.
         """
-        with self.store:
-            self._start()
-            # An object store cannot be watched: it is polled (listing from the last position).
-            watcher = self._make_watcher(self.log.log_dir, self.config.watch and not self.log.storage.remote)
-            self._watcher = watcher
-            try:
-                self._loop(watcher)
-            finally:
-                watcher.close()
-                self.sink.close()
+        self.open()
+        # An object store cannot be watched: it is polled (listing from the last position).
+        watcher = self._make_watcher(self.log.log_dir, self.config.watch and not self.log.storage.remote)
+        self._watcher = watcher
+        try:
+            while not self._stop.is_set():
+                delivered = self.step()
+                if self._stop.is_set() or (not delivered and self.config.until_caught_up):
+                    break
+                if not delivered:
+                    self.rest()
+                    watcher.wait(self._idle_timeout())
+            self._checkpoint()
+        finally:
+            watcher.close()
+            self.close()
         return self.progress
 
-    def _loop(self, watcher: Watcher) -> None:
-        if self._cursor.snapshot:
-            self._deliver_initial_snapshot()
-        while not self._stop.is_set():
+    def open(self) -> None:
+        """Lock the state directory, resume or start, open the sink, and deliver an initial snapshot if due.
+
+        Raises:
+            StateError, DeltaTailError: as :meth:`run`; the state directory is unlocked again then.
+        """
+        self.store.lock()
+        try:
+            self._start()
+            self._open = True
+            if self._cursor.snapshot:
+                self._deliver_initial_snapshot()
+        except BaseException as e:
+            if isinstance(e, DeltaTailError):
+                self.stats.errors[type(e).__name__] += 1
+                self.stats.set_state(TableState.FAILED, str(e))
+            if self._open:
+                self.sink.close()
+                self._open = False
+            self.store.unlock()
+            raise
+
+    def step(self, max_versions: int | None = None) -> int:
+        """Look at the log once and deliver what is new (at most ``max_versions`` versions); returns how many.
+
+        Fewer than ``max_versions`` (or none) means caught up for now.
+
+        Raises:
+            DeltaTailError: as :meth:`run` (the cursor is saved first where that keeps what was delivered).
+        """
+        try:
             try:
-                versions = self._new_versions()
+                versions = self._new_versions(max_versions)
             except DeltaTailError:
                 self._checkpoint()  # keep what was delivered: a restart then refuses or resumes from here
                 raise
             self._deliver_versions(versions)
-            if self._stop.is_set():
-                break
-            self._idle_polls = 0 if versions else self._idle_polls + 1
-            if not versions:
-                if self.config.until_caught_up:
-                    break
-                self._flush_idle()
-                self._report_following()
-                self.sink.heartbeat(self._follow_status())  # the sink decides whether one is due
-                watcher.wait(self._idle_timeout())
+        except DeltaTailError as e:
+            self.stats.errors[type(e).__name__] += 1
+            self.stats.set_state(TableState.FAILED, str(e))
+            raise
+        self._idle_polls = 0 if versions else self._idle_polls + 1
+        if versions and self.stats.state is not TableState.CATCHING_UP and self.stats.versions_behind:
+            self.stats.set_state(TableState.CATCHING_UP)
+        return len(versions)
+
+    def rest(self) -> None:
+        """Caught up: flush what was delivered, report, and let the sink send a heartbeat if one is due."""
+        if self.stats.state is not TableState.FOLLOWING:
+            self.stats.set_state(TableState.FOLLOWING)
+        self._flush_idle()
+        self._report_following()
+        self.sink.heartbeat(self._follow_status())  # the sink decides whether one is due
+
+    def close(self) -> None:
+        """Close the sink and unlock the state directory (checkpoint first: :meth:`checkpoint`)."""
+        if self._open:
+            self._open = False
+            try:
+                self.sink.close()
+            finally:
+                self.store.unlock()
+        if self.stats.state not in (TableState.FAILED, TableState.UNAVAILABLE):
+            self.stats.set_state(TableState.STOPPED)
+
+    def checkpoint(self) -> None:
+        """Flush the sink and save the cursor now.
+
+        Raises:
+            SinkError: if the flush fails (the cursor is not saved).
+        """
         self._checkpoint()
 
-    def _new_versions(self) -> list[int]:
+    def _new_versions(self, limit: int | None = None) -> list[int]:
         # Nothing new by name: the log is listed to tell "nothing new" from a gap (always before exiting).
-        return self._following().discover(check_gaps=self.config.until_caught_up)
+        follower = self._following()
+        versions = follower.discover(check_gaps=self.config.until_caught_up, limit=limit)
+        if versions:
+            newest = versions[-1] if limit is None or len(versions) < limit else self.log.latest_version()
+            self.stats.newest_version = max(self.stats.newest_version, newest)
+        return versions
 
     def _following(self) -> LogFollower:
         if self._follower is None:
@@ -355,7 +426,7 @@ class Tailer:
                 follower.prefetch(versions[i : i + PREFETCH_COMMITS])
             followed = follower.plan(version)
             planned[version] = (followed.snapshot, followed.file)
-            yield followed.plan
+            yield self.feed.filtered(followed.plan)
 
     def _deliver_version(
         self,
@@ -375,6 +446,10 @@ class Tailer:
         if self._checkpoints is not None:
             self._checkpoints.delivered_version()
         self.progress.versions += 1
+        self.stats.delivered_version = version
+        self.stats.delivered_commit_ms = plan.context.timestamp_ms
+        self.stats.newest_version = max(self.stats.newest_version, version)
+        self.stats.commits += 1
         if remaining > 0 and self.progress.versions % 100 == 0:
             rate = self.progress.rows / max(self._clock() - self.progress.started, 1e-9)
             status(
@@ -416,7 +491,7 @@ class Tailer:
                 self._unflushed = True
                 crash_point("after_write")
                 self.progress.rows += len(batch)
-                count_change_types(batch.rows.column("_change_type"), counts)
+                self._account(batch, counts)
             self._cursor = batch.end
             if self._stop.is_set():
                 return False
@@ -432,6 +507,16 @@ class Tailer:
                 )
             )
         return True
+
+    def _account(self, batch: ChangeBatch, counts: dict[str, int]) -> None:
+        """Count a written batch's rows (and bytes, shared out by rows) by change type."""
+        here: dict[str, int] = {}
+        count_change_types(batch.rows.column("_change_type"), here)
+        size = batch.rows.nbytes
+        for kind, n in here.items():
+            counts[kind] = counts.get(kind, 0) + n
+            self.stats.rows[kind] += n
+            self.stats.bytes[kind] += size * n // len(batch)
 
     def _skip_delivered(self, batch: ChangeBatch) -> ChangeBatch:
         if self._resume is None:
@@ -481,6 +566,7 @@ class Tailer:
             return
         self._unflushed = False
         self._checkpoints.take(self._snap, self._cursor, self._prev_ts)
+        self.stats.last_checkpoint = self._wall_clock()
 
     def _seconds_behind(self) -> float:
         """Seconds since the delivered version's commit timestamp (0 when unknown)."""

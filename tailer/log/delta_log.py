@@ -327,13 +327,16 @@ class DeltaLog:
         """
         return [v for v, _ in self.discover_commits(after, check_gaps=check_gaps)]
 
-    def discover_commits(self, after: int, *, check_gaps: bool = True) -> list[tuple[int, FileInfo]]:
+    def discover_commits(
+        self, after: int, *, check_gaps: bool = True, limit: int | None = None
+    ) -> list[tuple[int, FileInfo]]:
         """The contiguous commits after ``after`` that exist now, with their files' size and modification time.
 
         The next commits are found by name (``<after+1>.json``, ``<after+2>.json``,
         ...), which costs one request per new commit however large ``_delta_log`` is.
         Only when there is no next commit, and ``check_gaps`` is set, is the log
-        listed (starting after ``after``) to tell "nothing new" from a gap.
+        listed (starting after ``after``) to tell "nothing new" from a gap. At most
+        ``limit`` commits are returned.
 
         Raises:
             VersionGapError: if ``check_gaps`` and a later commit exists while ``after + 1`` does not
@@ -341,7 +344,7 @@ class DeltaLog:
         """
         found: list[tuple[int, FileInfo]] = []
         v = after + 1
-        while (info := self.probe(v)) is not None:
+        while (limit is None or len(found) < limit) and (info := self.probe(v)) is not None:
             found.append((v, info))
             v += 1
         if found or not check_gaps:

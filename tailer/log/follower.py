@@ -128,11 +128,12 @@ class LogFollower:
 
     # -- discovery -----------------------------------------------------------------------------
 
-    def discover(self, *, check_gaps: bool = False) -> list[int]:
+    def discover(self, *, check_gaps: bool = False, limit: int | None = None) -> list[int]:
         """The versions of the contiguous commits after the head that exist now.
 
         Found by name; when there are none, the log is listed (from the head on) if
-        ``check_gaps`` or if ``gap_check_seconds`` passed since the last listing. The head's
+        ``check_gaps`` or if ``gap_check_seconds`` passed since the last listing; at most ``limit``
+        versions are probed and returned (a table catching up, shared fairly with others). The head's
         commit is checked (:meth:`check_not_recreated`) on every call locally; on a remote
         store, where each check is a request, before new versions are returned and whenever
         the log is listed: an idle table there costs one request per call, plus a listing
@@ -144,7 +145,7 @@ class LogFollower:
         """
         if not self.log.storage.remote:
             self.check_not_recreated()  # locally a stat is cheap: a recreated table is refused at once
-        found = self.log.discover_commits(self.head.version, check_gaps=False)
+        found = self.log.discover_commits(self.head.version, check_gaps=False, limit=limit)
         now = self._clock()
         if not found and (check_gaps or now - self._last_gap_check >= self.gap_check_seconds):
             self._last_gap_check = now

@@ -16,14 +16,15 @@ why it differs from delta-rs, which reports ``commitInfo.timestamp``.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TypedDict, Unpack
 
 import pyarrow as pa
 
 from state.cursor import Position
 from state.errors import ConfigError, SchemaChangeError, VersionGapError, VersionNotFoundError
-from state.feed import ChangeBatch, change_schema
+from state.feed import CHANGE_COLUMNS, ChangeBatch, change_schema
+from state.filters import ChangeFilter
 from state.planning import VersionPlan, plan_snapshot
 from state.snapshot import Snapshot
 from tailer.log.delta_log import DeltaLog
@@ -59,6 +60,8 @@ class ChangeOptions:
         reader_processes: child processes that read small files while catching up (see
             :mod:`tailer.read.reader_pool`); they start on first use and are shared by every feed
             in the process. 0 reads everything in-process.
+        filter: what of the feed to deliver (columns, a row predicate, change types, skipped
+            operations; :mod:`state.filters`). Rows keep their unfiltered positions.
     """
 
     net_changes: bool = False
@@ -69,6 +72,7 @@ class ChangeOptions:
     read_ahead: int = 512
     read_ahead_min_bytes: int = 512 << 10
     reader_processes: int = 2
+    filter: ChangeFilter = field(default_factory=ChangeFilter)
 
 
 class RangeStart(TypedDict, total=False):
@@ -107,6 +111,7 @@ class ChangeFeed:
         self.table = self.log.table
         self.options = options or ChangeOptions()
         self._pool = pool
+        self._filters: dict[str, ChangeFilter] = {}
 
     def reader(self) -> PlanReader:
         """The reader of this feed's rows: reading ahead, unless ``options.read_ahead`` is 0."""
@@ -191,7 +196,7 @@ class ChangeFeed:
                     version=v,
                     file=self.log.commit_path(v),
                 )
-            yield follower.plan(v, info).plan
+            yield self.filtered(follower.plan(v, info).plan)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -213,11 +218,46 @@ class ChangeFeed:
         if self.options.net_changes and plan.commit is not None and not plan.commit.cdcs:
             merged = pa.Table.from_batches(list(rows), schema=change_schema(plan.context.schema()))
             rows = net_changes(merged, self.options.key_columns).to_batches(self.options.batch_size)
+        change_filter = self._compiled_filter(plan)
         for batch in rows:
             if batch.num_rows == 0:
                 continue
-            yield ChangeBatch(Position(start.version, start.snapshot_rank, index), batch)
+            unfiltered = ChangeBatch(Position(start.version, start.snapshot_rank, index), batch)
             index += batch.num_rows
+            if change_filter is None:
+                yield unfiltered
+            else:
+                yield from change_filter.apply(unfiltered)
+
+    def _output_schema(self, schema: pa.Schema) -> pa.Schema:
+        columns = self.options.filter.columns
+        if columns is None:
+            return schema
+        return pa.schema([f for f in schema if f.name in columns or f.name in CHANGE_COLUMNS])
+
+    def filtered(self, plan: VersionPlan) -> VersionPlan:
+        """``plan`` without tasks when the filter skips its commit's operation (nothing to read then)."""
+        return replace(plan, tasks=()) if self.options.filter.skips(plan.commit) else plan
+
+    def check_filter(self) -> None:
+        """Check the filter's columns against the table's latest schema (a no-op without columns or predicate).
+
+        Raises:
+            ConfigError: naming a column the table does not have, or a predicate that does not parse.
+        """
+        f = self.options.filter
+        if f.columns is not None or f.where is not None:
+            f.compile(self.log.snapshot().schema.names)
+
+    def _compiled_filter(self, plan: VersionPlan) -> ChangeFilter | None:
+        f = self.options.filter
+        if f.is_empty or (f.columns is None and f.where is None and f.change_types is None):
+            return None
+        key = plan.context.schema_string
+        compiled = self._filters.get(key)
+        if compiled is None:
+            compiled = self._filters[key] = f.compile(plan.context.schema().names)
+        return compiled
 
     def read_plans(self, plans: Iterator[VersionPlan]) -> Generator[PlanRows, None, None]:
         """Each plan of ``plans`` with the rows of its tasks, read by :meth:`reader` (for :meth:`plan_batches`).
@@ -266,10 +306,10 @@ class ChangeFeed:
         schema: pa.Schema | None = None
         plans = self.plans(starting_version, ending_version, **start)
         for plan in plans:
-            schema = change_schema(plan.context.schema())
+            schema = self._output_schema(change_schema(plan.context.schema()))
             tables += [pa.Table.from_batches([b.rows]) for b in self.plan_batches(plan)]
         if schema is None:
-            schema = change_schema(self.log.snapshot(ending_version).schema)
+            schema = self._output_schema(change_schema(self.log.snapshot(ending_version).schema))
         if not tables:
             return schema.empty_table()
         return pa.concat_tables([_conform(t, schema, self.table) for t in tables])
@@ -282,17 +322,17 @@ def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
         SchemaChangeError: if a column cannot be cast (a type change across the range).
     """
     columns = []
-    for field in schema:
-        if field.name not in table.column_names:
-            columns.append(pa.nulls(table.num_rows, field.type))
+    for column in schema:
+        if column.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, column.type))
             continue
         try:
-            columns.append(table.column(field.name).cast(field.type))
+            columns.append(table.column(column.name).cast(column.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
             version = table.column("_commit_version")[0].as_py() if table.num_rows else None
             raise SchemaChangeError(
-                f"column {field.name!r} of type {table.schema.field(field.name).type} cannot be read as "
-                f"{field.type}, the type at the end of the range: read the versions on each side separately",
+                f"column {column.name!r} of type {table.schema.field(column.name).type} cannot be read as "
+                f"{column.type}, the type at the end of the range: read the versions on each side separately",
                 table=where,
                 version=version,
             ) from e

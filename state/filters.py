@@ -1,0 +1,316 @@
+"""Filters on the change feed: columns, a row predicate, change types, and commits skipped by operation.
+
+A filter never moves a row's position. Rows it drops are simply not delivered;
+the rows it keeps go out at the positions they have unfiltered, so the cursor,
+exactly-once delivery and a restart work as without a filter (a batch whose
+kept rows are not consecutive is handed on as several batches, one per run of
+consecutive positions). Changing a filter between two runs changes only which
+rows are delivered from then on.
+
+- ``columns``: the table columns to deliver (the three change columns always go).
+- ``where``: a SQL predicate over the table's columns and the change columns,
+  evaluated with Arrow compute on each batch (SQL semantics: a row whose
+  predicate is null is dropped). Comparisons, ``AND``/``OR``/``NOT``,
+  ``IN (...)``, ``BETWEEN``, ``IS [NOT] NULL``, ``LIKE``; literals are cast to
+  the column's type (``amount > 10``, ``day >= '2024-01-01'``,
+  ``ts < TIMESTAMP '2024-01-01 00:00:00'``). It is parsed with sqlglot.
+- ``change_types``: deliver only these (``insert``, ``delete``,
+  ``update_preimage``, ``update_postimage``): Delta's ``ignoreDeletes`` is
+  ``change_types = ["insert", "update_preimage", "update_postimage"]``.
+- ``skip_operations``: commits whose ``commitInfo.operation`` is one of these
+  (``OPTIMIZE``, ``VACUUM START``...) deliver nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlglot
+import sqlglot.errors
+from sqlglot import expressions as sx
+
+from state.commit import Commit
+from state.cursor import Position
+from state.errors import ConfigError
+from state.feed import CHANGE_COLUMNS, CHANGE_TYPE_COLUMN, ChangeBatch
+
+CHANGE_TYPES = ("insert", "delete", "update_preimage", "update_postimage")
+
+#: A compiled predicate: a batch's rows to a boolean mask (null: unknown, dropped).
+Predicate = Callable[[pa.RecordBatch], pa.Array]
+
+
+@dataclass(frozen=True)
+class ChangeFilter:
+    """What of the change feed to deliver (see the module docstring).
+
+    Raises:
+        ConfigError: from :meth:`compile`, naming the setting, column or predicate at fault.
+    """
+
+    columns: tuple[str, ...] | None = None
+    where: str | None = None
+    change_types: frozenset[str] | None = None
+    skip_operations: frozenset[str] = frozenset()
+    _predicate: Predicate | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether the filter lets everything through."""
+        return self.columns is None and self.where is None and self.change_types is None and not self.skip_operations
+
+    def compile(self, names: Sequence[str]) -> ChangeFilter:
+        """Check the filter against a table's column names and compile its predicate.
+
+        Raises:
+            ConfigError: for an unknown column (in ``columns`` or ``where``), an unknown change
+                type, or a predicate that does not parse or uses something not supported.
+        """
+        known = set(names) | set(CHANGE_COLUMNS)
+        if self.columns is not None:
+            unknown = [c for c in self.columns if c not in known]
+            if unknown:
+                raise ConfigError(f"columns: {', '.join(unknown)} not in the table (its columns: {', '.join(names)})")
+        if self.change_types is not None:
+            wrong = sorted(self.change_types - set(CHANGE_TYPES))
+            if wrong:
+                raise ConfigError(f"change_types: {', '.join(wrong)} (known: {', '.join(CHANGE_TYPES)})")
+        predicate = None if self.where is None else compile_predicate(self.where, known)
+        return ChangeFilter(self.columns, self.where, self.change_types, self.skip_operations, predicate)
+
+    def skips(self, commit: Commit | None) -> bool:
+        """Whether ``commit``'s rows are not delivered at all (its operation is skipped)."""
+        if not self.skip_operations or commit is None or commit.commit_info is None:
+            return False
+        operation = commit.commit_info.operation
+        return operation is not None and operation.upper() in self.skip_operations
+
+    def apply(self, batch: ChangeBatch) -> list[ChangeBatch]:
+        """The rows of ``batch`` to deliver, at their own positions, as batches of consecutive positions.
+
+        Raises:
+            ConfigError: if the predicate cannot be evaluated on the batch's types (a literal that does
+                not fit a column's type).
+        """
+        rows = batch.rows
+        mask: pa.Array | None = None
+        if self.change_types is not None:
+            wanted = pa.array(sorted(self.change_types), pa.string())
+            mask = pc.is_in(rows.column(CHANGE_TYPE_COLUMN), value_set=wanted)
+        if self.where is not None:
+            predicate = self._predicate if self._predicate is not None else compile_predicate(self.where, None)
+            keep = pc.fill_null(predicate(rows), False)
+            mask = keep if mask is None else pc.and_(mask, keep)
+        if self.columns is not None:
+            names = [c for c in rows.schema.names if c in self.columns or c in CHANGE_COLUMNS]
+            rows = rows.select(names)
+        if mask is None:
+            return [ChangeBatch(batch.start, rows)]
+        return _runs(batch.start, rows, mask)
+
+
+def _runs(start: Position, rows: pa.RecordBatch, mask: pa.Array) -> list[ChangeBatch]:
+    kept = pc.indices_nonzero(mask)
+    n = len(kept)
+    if n == 0:
+        return []
+    if n == rows.num_rows:
+        return [ChangeBatch(start, rows)]
+    breaks = [0]
+    if n > 1:
+        steps = pc.subtract(kept.slice(1), kept.slice(0, n - 1))
+        breaks += [int(i) + 1 for i in pc.indices_nonzero(pc.not_equal(steps, pa.scalar(1, steps.type))).to_pylist()]
+    breaks.append(n)
+    out = []
+    for a, b in pairwise(breaks):
+        first = int(kept[a].as_py())
+        position = Position(start.version, start.snapshot_rank, start.index + first)
+        out.append(ChangeBatch(position, rows.slice(first, b - a)))
+    return out
+
+
+# ---------------------------------------------------------------- the predicate --
+
+
+def compile_predicate(text: str, columns: set[str] | None) -> Predicate:
+    """A SQL predicate as a function from a batch to its boolean mask.
+
+    Args:
+        text: the predicate (``where``).
+        columns: the names it may use (``None``: not checked).
+
+    Raises:
+        ConfigError: if it does not parse, uses an unknown column, or something not supported.
+    """
+    try:
+        tree = sqlglot.parse_one(text)
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
+        raise ConfigError(f"where: cannot parse {text!r}: {str(e).splitlines()[0]}") from None
+    if not isinstance(tree, sx.Expression):
+        raise ConfigError(f"where: {text!r} is not a predicate")
+    return _Compiler(text, columns).boolean(tree)
+
+
+_COMPARISONS: dict[type[sx.Expression], Callable[[object, object], pa.Array]] = {
+    sx.EQ: pc.equal,
+    sx.NEQ: pc.not_equal,
+    sx.GT: pc.greater,
+    sx.GTE: pc.greater_equal,
+    sx.LT: pc.less,
+    sx.LTE: pc.less_equal,
+}
+
+
+@dataclass(frozen=True)
+class _Literal:
+    value: object
+
+
+#: A value of the predicate: a column (a batch-to-array function) or a literal.
+Operand = Callable[[pa.RecordBatch], pa.Array] | _Literal
+
+
+class _Compiler:
+    def __init__(self, text: str, columns: set[str] | None) -> None:
+        self.text = text
+        self.columns = columns
+
+    def fail(self, what: str) -> ConfigError:
+        return ConfigError(f"where: {what} in {self.text!r}")
+
+    def boolean(self, node: sx.Expression) -> Predicate:
+        if isinstance(node, sx.Paren):
+            return self.boolean(node.this)
+        if isinstance(node, sx.And | sx.Or):
+            left, right = self.boolean(node.this), self.boolean(node.expression)
+            combine = pc.and_kleene if isinstance(node, sx.And) else pc.or_kleene
+            return lambda b: combine(left(b), right(b))
+        if isinstance(node, sx.Not):
+            inner = self.boolean(node.this)
+            return lambda b: pc.invert(inner(b))
+        if type(node) in _COMPARISONS:
+            op = _COMPARISONS[type(node)]
+            left_o, right_o = self.operand(node.this), self.operand(node.expression)
+            if isinstance(left_o, _Literal) and isinstance(right_o, _Literal):
+                raise self.fail("a comparison needs a column")
+            return lambda b: self._call(op, _value(left_o, b), _value(right_o, b))
+        if isinstance(node, sx.Is):
+            if not isinstance(node.expression, sx.Null):
+                raise self.fail("only IS NULL and IS NOT NULL are supported")
+            column = self.column(node.this)
+            return lambda b: pc.is_null(column(b))
+        if isinstance(node, sx.In):
+            column = self.column(node.this)
+            items = [self.literal(e) for e in node.expressions]
+            return lambda b: self._in(column(b), items)
+        if isinstance(node, sx.Between):
+            column = self.column(node.this)
+            low, high = self.literal(node.args["low"]), self.literal(node.args["high"])
+            return lambda b: pc.and_kleene(
+                self._call(pc.greater_equal, column(b), _Literal(low)),
+                self._call(pc.less_equal, column(b), _Literal(high)),
+            )
+        if isinstance(node, sx.Like):
+            column = self.column(node.this)
+            pattern = self.literal(node.expression)
+            if not isinstance(pattern, str):
+                raise self.fail("LIKE takes a string pattern")
+            return lambda b: pc.match_like(column(b), pattern)
+        if isinstance(node, sx.Column):
+            column = self.column(node)
+            return lambda b: column(b)
+        raise self.fail(f"{node.sql()!r} is not supported")
+
+    def column(self, node: sx.Expression) -> Callable[[pa.RecordBatch], pa.Array]:
+        operand = self.operand(node)
+        if isinstance(operand, _Literal):
+            raise self.fail(f"{node.sql()!r} must be a column")
+        return operand
+
+    def operand(self, node: sx.Expression) -> Operand:
+        if isinstance(node, sx.Paren):
+            return self.operand(node.this)
+        if isinstance(node, sx.Column):
+            if node.table:
+                raise self.fail(f"{node.sql()!r}: nested fields are not supported; use top-level columns")
+            name = node.name
+            if self.columns is not None and name not in self.columns:
+                raise self.fail(f"unknown column {name!r}")
+            return lambda b: b.column(name)
+        return _Literal(self.literal(node))
+
+    def literal(self, node: sx.Expression) -> object:
+        if isinstance(node, sx.Paren):
+            return self.literal(node.this)
+        if isinstance(node, sx.Null):
+            return None
+        if isinstance(node, sx.Boolean):
+            return bool(node.this)
+        if isinstance(node, sx.Neg):
+            inner = self.literal(node.this)
+            if isinstance(inner, int | float | decimal.Decimal) and not isinstance(inner, bool):
+                return -inner
+            raise self.fail(f"cannot negate {node.this.sql()!r}")
+        if isinstance(node, sx.Literal):
+            if node.is_string:
+                return str(node.this)
+            text = str(node.this)
+            if text.lstrip("-").isdigit():
+                return int(text)
+            return decimal.Decimal(text) if "e" not in text.lower() else float(text)
+        if isinstance(node, sx.Cast) and isinstance(node.this, sx.Literal) and node.this.is_string:
+            kind = node.to.this
+            text = str(node.this.this)
+            try:
+                if kind == sx.DataType.Type.DATE:
+                    return dt.date.fromisoformat(text)
+                if kind in (sx.DataType.Type.TIMESTAMP, sx.DataType.Type.TIMESTAMPTZ):
+                    moment = dt.datetime.fromisoformat(text)
+                    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+            except ValueError:
+                raise self.fail(f"{node.sql()!r} is not a valid {kind.value.lower()}") from None
+        raise self.fail(f"{node.sql()!r} is not a column or a literal")
+
+    def _in(self, value: pa.Array, items: list[object]) -> pa.Array:
+        try:
+            value_set = pa.array([_scalar_for(item, value.type) for item in items], value.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError) as e:
+            raise self.fail(f"the IN list does not fit column type {value.type}: {e}") from None
+        return pc.is_in(value, value_set=value_set)
+
+    def _call(
+        self, op: Callable[[object, object], pa.Array], left: pa.Array | _Literal, right: pa.Array | _Literal
+    ) -> pa.Array:
+        try:
+            if isinstance(left, _Literal) and isinstance(right, pa.Array):
+                return op(_scalar_for(left.value, right.type), right)
+            if isinstance(right, _Literal) and isinstance(left, pa.Array):
+                return op(left, _scalar_for(right.value, left.type))
+            return op(left, right)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError) as e:
+            raise self.fail(f"cannot compare: {e}") from None
+
+
+def _value(operand: Operand, batch: pa.RecordBatch) -> pa.Array | _Literal:
+    return operand if isinstance(operand, _Literal) else operand(batch)
+
+
+def _scalar_for(value: object, dtype: pa.DataType) -> pa.Scalar:
+    """``value`` as a scalar of ``dtype`` (a string literal is cast: dates, timestamps, decimals...)."""
+    if value is None:
+        return pa.scalar(None, dtype)
+    if isinstance(value, str) and not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)):
+        return pa.scalar(value, pa.string()).cast(dtype)
+    if isinstance(value, decimal.Decimal) and pa.types.is_floating(dtype):
+        value = float(value)
+    if isinstance(value, int | decimal.Decimal) and pa.types.is_decimal(dtype):
+        return pa.scalar(decimal.Decimal(value), dtype)
+    if isinstance(value, dt.datetime) and pa.types.is_timestamp(dtype) and dtype.tz is None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return pa.scalar(value).cast(dtype) if not isinstance(value, bool) else pa.scalar(value, pa.bool_())

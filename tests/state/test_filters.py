@@ -1,0 +1,121 @@
+"""Filters: the predicate language, column and change-type selection, and positions kept exact."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from state.actions import parse_json_actions
+from state.commit import Commit
+from state.cursor import Position
+from state.errors import ConfigError
+from state.feed import ChangeBatch
+from state.filters import ChangeFilter
+
+TS = pa.timestamp("us", tz="UTC")
+ROWS = pa.record_batch(
+    {
+        "id": pa.array([1, 2, 3, 4, 5, 6], pa.int64()),
+        "region": pa.array(["emea", "amer", "emea", None, "emea", "apac"]),
+        "amount": pa.array([Decimal("1.00"), Decimal("20.50"), Decimal("30.00"), None, Decimal("50.25"), Decimal("7")],
+                           pa.decimal128(10, 2)),
+        "day": pa.array([dt.date(2024, 1, d) for d in range(1, 7)]),
+        "at": pa.array([dt.datetime(2024, 1, d, 12, tzinfo=dt.UTC) for d in range(1, 7)], TS),
+        "name": pa.array(["anna", "bob", "annie", "carl", "ann", None]),
+        "_change_type": ["insert", "delete", "insert", "update_preimage", "update_postimage", "insert"],
+        "_commit_version": pa.array([7] * 6, pa.int64()),
+        "_commit_timestamp": pa.array([0] * 6, TS),
+    }
+)  # fmt: skip
+START = Position.change(7, 100)
+
+
+def kept(f: ChangeFilter) -> list[tuple[int, list[int]]]:
+    """(first position index, ids) of each batch the filter hands on."""
+    out = f.compile(ROWS.schema.names).apply(ChangeBatch(START, ROWS))
+    return [(b.start.index, b.rows.column("id").to_pylist()) for b in out]
+
+
+@pytest.mark.parametrize(
+    ("where", "ids"),
+    [
+        ("region = 'emea'", [1, 3, 5]),
+        ("region <> 'emea'", [2, 6]),  # a null region is neither equal nor unequal: dropped
+        ("amount > 10", [2, 3, 5]),
+        ("amount >= 20.5 AND amount < 50", [2, 3]),
+        ("amount BETWEEN 7 AND 30", [2, 3, 6]),
+        ("day >= '2024-01-03' AND day <= DATE '2024-01-05'", [3, 4, 5]),
+        ("at < TIMESTAMP '2024-01-02 13:00:00'", [1, 2]),
+        ("id IN (2, 4, 6)", [2, 4, 6]),
+        ("NOT id IN (2, 4, 6)", [1, 3, 5]),
+        ("region IS NULL OR name IS NULL", [4, 6]),
+        ("region IS NOT NULL AND name LIKE 'ann%'", [1, 3, 5]),
+        ("(id = 1 OR id = 2) AND _change_type = 'delete'", [2]),
+        ("_commit_version = 7 AND id > -1", [1, 2, 3, 4, 5, 6]),
+        ("id = 99", []),
+    ],
+)
+def test_predicates(where: str, ids: list[int]) -> None:
+    got = [i for _, batch_ids in kept(ChangeFilter(where=where)) for i in batch_ids]
+    assert got == ids
+
+
+def test_kept_rows_keep_their_positions_in_runs_of_consecutive_rows() -> None:
+    assert kept(ChangeFilter(where="region = 'emea'")) == [(100, [1]), (102, [3]), (104, [5])]
+    assert kept(ChangeFilter(where="id < 4")) == [(100, [1, 2, 3])]
+    assert kept(ChangeFilter(change_types=frozenset({"insert", "update_postimage"}))) == [
+        (100, [1]),
+        (102, [3]),
+        (104, [5, 6]),
+    ]
+    assert kept(ChangeFilter(where="id > 0")) == [(100, [1, 2, 3, 4, 5, 6])]
+
+
+def test_columns_keep_the_change_columns() -> None:
+    [batch] = ChangeFilter(columns=("id", "name")).compile(ROWS.schema.names).apply(ChangeBatch(START, ROWS))
+    assert batch.rows.schema.names == ["id", "name", "_change_type", "_commit_version", "_commit_timestamp"]
+    assert batch.start == START and len(batch) == 6
+
+
+def test_change_types_and_where_together() -> None:
+    f = ChangeFilter(where="region = 'emea'", change_types=frozenset({"insert"}))
+    assert kept(f) == [(100, [1]), (102, [3])]
+
+
+@pytest.mark.parametrize(
+    ("f", "message"),
+    [
+        (ChangeFilter(columns=("id", "nope")), "columns: nope not in the table"),
+        (ChangeFilter(change_types=frozenset({"upsert"})), "change_types: upsert"),
+        (ChangeFilter(where="nope = 1"), "unknown column 'nope'"),
+        (ChangeFilter(where="region = "), "cannot parse"),
+        (ChangeFilter(where="1 = 1"), "a comparison needs a column"),
+        (ChangeFilter(where="s.x = 1"), "nested fields are not supported"),
+        (ChangeFilter(where="upper(region) = 'EMEA'"), "is not a column or a literal"),
+        (ChangeFilter(where="day = DATE 'not a date'"), "is not a valid date"),
+    ],
+)
+def test_bad_filters_are_config_errors_naming_the_culprit(f: ChangeFilter, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        f.compile(ROWS.schema.names)
+
+
+def test_a_literal_that_does_not_fit_the_column_type_is_a_config_error() -> None:
+    f = ChangeFilter(where="day > 'soon'").compile(ROWS.schema.names)
+    with pytest.raises(ConfigError, match="cannot compare"):
+        f.apply(ChangeBatch(START, ROWS))
+
+
+def test_skip_operations_by_commit_operation() -> None:
+    f = ChangeFilter(skip_operations=frozenset({"OPTIMIZE"}))
+    assert not f.skips(Commit.from_actions(3, [])) and not f.skips(None)
+    commit = Commit.from_actions(3, parse_json_actions(b'{"commitInfo":{"operation":"OPTIMIZE"}}\n'))
+    write = Commit.from_actions(3, parse_json_actions(b'{"commitInfo":{"operation":"WRITE"}}\n'))
+    assert f.skips(commit) and not f.skips(write)
+
+
+def test_an_empty_filter_is_empty() -> None:
+    assert ChangeFilter().is_empty and not ChangeFilter(columns=("id",)).is_empty
