@@ -10,38 +10,43 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import orjson
 import pyarrow.parquet as pq
 
 from state.errors import ConfigError, DeltaTailError
 from state.feed import ChangeBatch, TableInfo, change_schema
-from state.filters import ChangeFilter
 from tailer.cli import logs
+from tailer.cli.configure import (
+    DEFAULT_SINK,
+    READ_DEFAULTS,
+    RUN_DEFAULTS,
+    change_filter,
+    keys,
+    reader_processes,
+    storage,
+    tailer_config,
+)
+from tailer.cli.cursor import add_parsers as add_cursor_parsers
 from tailer.cli.demo import run_demo
 from tailer.cli.process import stop_on_signals, tune_for_latency
+from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
-from tailer.cli.settings import STORAGE, merge, names
+from tailer.cli.serve import serve
+from tailer.cli.settings import merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
-from tailer.follow.tailer import TailerConfig, table_name
+from tailer.follow.tailer import table_name
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
 from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.storage import Storage, storage_for
 from tailer.storage.options import parse_option_pairs
 
 
-def _storage(table: str, options: dict[str, str] | None) -> Storage:
-    """The storage of ``table`` with the storage options given (flags, ``[storage]``; obstore reads the environment)."""
-    return storage_for(table, options or None)
-
-
 def _snapshot(args: argparse.Namespace) -> int:
-    snap = DeltaLog(args.table, _storage(args.table, parse_option_pairs(args.storage_option or []))).snapshot(
+    snap = DeltaLog(args.table, storage(args.table, parse_option_pairs(args.storage_option or []))).snapshot(
         args.version
     )
     if args.json:
@@ -61,26 +66,9 @@ def _version(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a version number or 'latest', got {text!r}") from None
 
 
-def _keys(text: str | None) -> tuple[str, ...]:
-    return tuple(k.strip() for k in text.split(",") if k.strip()) if text else ()
-
-
-#: The sink of ``deltatail run`` when none is given: JSON lines on stdout.
-DEFAULT_SINK = "jsonl:-"
-#: The defaults of every setting, from the config types themselves.
-RUN_DEFAULTS = TailerConfig(table="", state_dir="")
-READ_DEFAULTS = ChangeOptions()
 READER_PROCESSES_HELP = (
     f"child processes reading small files while catching up (default {READ_DEFAULTS.reader_processes}; 0: none)"
 )
-
-
-def _reader_processes(value: int | None) -> int:
-    if value is None:
-        return READ_DEFAULTS.reader_processes
-    if value < 0:
-        raise ConfigError(f"--reader-processes must be 0 or more, got {value}")
-    return value
 
 
 def _changes(args: argparse.Namespace) -> int:
@@ -88,11 +76,11 @@ def _changes(args: argparse.Namespace) -> int:
         raise ConfigError("--key needs --net-changes")
     options = ChangeOptions(
         net_changes=args.net_changes,
-        key_columns=_keys(args.key),
-        reader_processes=_reader_processes(args.reader_processes),
+        key_columns=keys(args.key),
+        reader_processes=reader_processes(args.reader_processes),
         filter=change_filter(vars(args)),
     )
-    feed = ChangeFeed(args.table, _storage(args.table, parse_option_pairs(args.storage_option or [])), options)
+    feed = ChangeFeed(args.table, storage(args.table, parse_option_pairs(args.storage_option or [])), options)
     feed.check_filter()
     start_ms = None
     if args.starting_timestamp is not None:
@@ -143,83 +131,30 @@ def _write_parquet(feed: ChangeFeed, batches: Iterator[ChangeBatch], output: str
     return 0
 
 
-def _run_start(table: str, storage: Storage, value: object) -> int | None:
-    """``--starting-version`` for ``run``: a number, or ``latest`` (the commits after the current latest)."""
-    if value is None:
-        return None
-    if value == "latest":
-        return DeltaLog(table, storage).latest_version() + 1
-    try:
-        return int(str(value))
-    except ValueError:
-        raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
-
-
 def _run(args: argparse.Namespace) -> int:
     s = merge(vars(args))
     if not s.get("state_dir"):
         raise ConfigError("--state-dir is required (or DELTATAIL_STATE_DIR, or state_dir in the config file)")
-    starts = [k for k in ("starting_version", "starting_timestamp") if s.get(k) is not None]
-    if len(starts) > 1:
-        raise ConfigError("give at most one of --starting-version and --starting-timestamp")
-    if s.get("key") and not s.get("net_changes"):
-        raise ConfigError("--key needs --net-changes")
-    d = RUN_DEFAULTS
-    start_ts = s.get("starting_timestamp")
-    storage_options = s.get(STORAGE, {})
-    storage = _storage(args.table, storage_options)
-    config = TailerConfig(
-        table=args.table,
-        state_dir=s["state_dir"],
-        starting_version=_run_start(args.table, storage, s.get("starting_version")),
-        starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
-        initial_snapshot=bool(s.get("initial_snapshot", d.initial_snapshot)),
-        poll_interval=s.get("poll_interval", d.poll_interval),
-        max_poll_interval=s.get("max_poll_interval", d.max_poll_interval),
-        watch=not s.get("no_watch", not d.watch),
-        checkpoint_commits=s.get("checkpoint_commits", d.checkpoint_commits),
-        checkpoint_seconds=s.get("checkpoint_seconds", d.checkpoint_seconds),
-        snapshot_commits=s.get("snapshot_commits", d.snapshot_commits),
-        until_caught_up=bool(s.get("until_caught_up", d.until_caught_up)),
-        options=ChangeOptions(
-            net_changes=bool(s.get("net_changes", READ_DEFAULTS.net_changes)),
-            key_columns=_keys(s.get("key")),
-            allow_non_additive=bool(s.get("allow_non_additive", READ_DEFAULTS.allow_non_additive)),
-            reader_processes=_reader_processes(s.get("reader_processes")),
-            filter=change_filter(s),
-        ),
-        storage_options=storage_options,
-    )
+    config = tailer_config(args.table, s["state_dir"], s)
     uri = s.get("sink", DEFAULT_SINK)
     retries = s.get("sink_retries", -1)
     tune_for_latency()
     service = TailerService(config, lambda: open_sink(uri), retries=None if retries < 0 else retries)
     stop_on_signals(service.stop)
-    progress = service.run()
+    with ServiceProgress(lambda: [service.stats]):
+        progress = service.run()
     logging.getLogger("deltatail").info("stopped: %d versions, %d rows delivered", progress.versions, progress.rows)
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    return serve(args.config)
 
 
 def _demo(args: argparse.Namespace) -> int:
     rows = run_demo(commits=args.commits, interval=args.interval)
     logging.getLogger("deltatail").info("demo done: %d change rows delivered", rows)
     return 0
-
-
-def change_filter(settings: Mapping[str, Any]) -> ChangeFilter:
-    """The filter the ``columns``, ``where``, ``change_types`` and ``skip_operations`` settings ask for."""
-
-    def listed(name: str) -> tuple[str, ...] | None:
-        value = settings.get(name)
-        return None if value is None else names(value)
-
-    types = listed("change_types")
-    return ChangeFilter(
-        columns=listed("columns"),
-        where=settings.get("where"),
-        change_types=None if types is None else frozenset(types),
-        skip_operations=frozenset(op.upper() for op in listed("skip_operations") or ()),
-    )
 
 
 def _filter_options(parser: argparse.ArgumentParser) -> None:
@@ -323,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     _storage_option(run)
     _filter_options(run)
     run.set_defaults(handler=_run)
+
+    add_cursor_parsers(sub, _storage_option)
+
+    srv = sub.add_parser("serve", help="follow every table a TOML file names or discovers, in one process")
+    srv.add_argument("--config", required=True, help="the service's TOML file (see the README's Service section)")
+    srv.set_defaults(handler=_serve)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")
     demo.add_argument("--commits", type=int, default=8, help="how many commits the writer makes (default 8)")

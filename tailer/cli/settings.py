@@ -71,7 +71,12 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _coerce(name: str, value: Any, source: str) -> Any:
+def coerce(name: str, value: Any, source: str) -> Any:
+    """Setting ``name``'s value in its type (``source`` names where it came from, for errors).
+
+    Raises:
+        ConfigError: if the value does not convert.
+    """
     kind = RUN_SETTINGS[name]
     try:
         if kind is bool:
@@ -101,15 +106,16 @@ def load_toml(path: str) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name not in RUN_SETTINGS:
             raise ConfigError(f"unknown setting {key!r} in config file", file=path)
-        out[name] = _coerce(name, value, path)
+        out[name] = coerce(name, value, path)
     if not isinstance(storage, dict) or not all(isinstance(v, str | int | float | bool) for v in storage.values()):
         raise ConfigError("[storage] must be a table of KEY = value pairs (storage options)", file=path)
     if storage:
-        out[STORAGE] = {str(k).lower(): _option_text(v) for k, v in storage.items()}
+        out[STORAGE] = {str(k).lower(): option_text(v) for k, v in storage.items()}
     return out
 
 
-def _option_text(value: str | int | float | bool) -> str:
+def option_text(value: str | int | float | bool) -> str:
+    """A TOML storage option's value as the text object stores take (booleans lower-case)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -119,7 +125,7 @@ def from_environment(env: Mapping[str, str]) -> dict[str, Any]:
     for name in RUN_SETTINGS:
         value = env.get(f"DELTATAIL_{name.upper()}")
         if value is not None:
-            out[name] = _coerce(name, value, f"DELTATAIL_{name.upper()}")
+            out[name] = coerce(name, value, f"DELTATAIL_{name.upper()}")
     return out
 
 

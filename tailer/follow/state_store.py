@@ -108,6 +108,22 @@ class StateStore:
         for leftover in self.dir.glob(".*.tmp-*"):
             leftover.unlink(missing_ok=True)  # a write cut short by a crash; the rename never happened
 
+    def locked_by(self) -> str | None:
+        """The pid holding the lock, or ``None`` if no process does (a tailer following the table holds it)."""
+        path = self.dir / "LOCK"
+        if not path.exists() or self._lock_fd is not None:
+            return None
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
     def unlock(self) -> None:
         """Release the lock (also released by the OS if the process dies)."""
         if self._lock_fd is not None:
@@ -148,7 +164,7 @@ class StateStore:
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, StateError) as e:
             raise StateError(f"cannot read the tailer's cursor ({e}); {hint}", file=str(path)) from e
-        if not (self.dir / saved.snapshot_file).exists():
+        if saved.snapshot_version >= 0 and not (self.dir / saved.snapshot_file).exists():
             raise StateError(f"the saved snapshot {saved.snapshot_file} is missing; {hint}", file=str(path))
         return saved
 
@@ -183,11 +199,13 @@ class StateStore:
         return name
 
     def load_snapshot(self, saved: SavedState) -> Snapshot:
-        """The snapshot a saved state names.
+        """The snapshot a saved state names (the empty snapshot for version -1).
 
         Raises:
             StateError: if the file is unreadable.
         """
+        if saved.snapshot_version < 0:  # a cursor at version 0 (a seek there): the state before the table
+            return Snapshot.empty(saved.table)
         path = self.dir / saved.snapshot_file
         state = CheckpointState()
         try:

@@ -200,7 +200,7 @@ class Tailer:
 
     def _resume_saved(self, saved: SavedState) -> None:
         snap = self.store.load_snapshot(saved)
-        if snap.metadata is None or snap.metadata.id != saved.table_id:
+        if snap.version >= 0 and (snap.metadata is None or snap.metadata.id != saved.table_id):
             raise StateError("saved snapshot does not match the saved table id", file=self.config.state_dir)
         current = table_id(self.log)
         if current != saved.table_id:
@@ -272,7 +272,7 @@ class Tailer:
                     break
                 if not delivered:
                     self.rest()
-                    watcher.wait(self._idle_timeout())
+                    watcher.wait(self.idle_timeout())
             self._checkpoint()
         finally:
             watcher.close()
@@ -454,8 +454,9 @@ class Tailer:
             rate = self.progress.rows / max(self._clock() - self.progress.started, 1e-9)
             status(
                 "catching_up",
-                f"catching up: version {version}, {remaining} versions remaining, "
+                f"{self.stats.name}: catching up: version {version}, {remaining} versions remaining, "
                 f"{self.progress.versions} versions and {self.progress.rows} rows done, {rate:,.0f} rows/s",
+                table=self.stats.name,
                 version=version,
                 versions_remaining=remaining,
                 versions_done=self.progress.versions,
@@ -533,15 +534,16 @@ class Tailer:
         if self._checkpoints is not None and self._checkpoints.is_due():
             self._checkpoint()
 
-    def _idle_timeout(self) -> float:
-        """How long to wait for news: the poll interval, but no later than the next checkpoint that is due.
+    def idle_timeout(self, poll: float | None = None) -> float:
+        """How long to wait for news: ``poll`` (default the poll interval), but no later than a checkpoint due.
 
-        On an object store (polled: nothing can be watched) the interval doubles with every idle
-        poll, up to ``max_poll_interval``, and is back to ``poll_interval`` once a commit is found.
+        On an object store (polled: nothing can be watched) the default interval doubles with
+        every idle poll, up to ``max_poll_interval``, and is back to ``poll_interval`` once a
+        commit is found.
         """
         c = self.config
-        timeout = c.poll_interval
-        if self.log.storage.remote:
+        timeout = c.poll_interval if poll is None else poll
+        if poll is None and self.log.storage.remote:
             backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
             timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
         due_in = None if self._checkpoints is None else self._checkpoints.seconds_until_due()
@@ -588,7 +590,9 @@ class Tailer:
         behind = self._seconds_behind()
         status(
             "following",
-            f"following: at version {snap.version}, 0 versions behind, newest commit {behind:.1f}s ago",
+            f"{self.stats.name}: following: at version {snap.version}, 0 versions behind, "
+            f"newest commit {behind:.1f}s ago",
+            table=self.stats.name,
             version=snap.version,
             versions_behind=0,
             seconds_behind=round(behind, 3),

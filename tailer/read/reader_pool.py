@@ -356,6 +356,12 @@ def shared_pool(processes: int) -> ReaderPool:
         return pool
 
 
+def shared_pools() -> list[ReaderPool]:
+    """The process-wide pools made so far (for metrics)."""
+    with _SHARED_LOCK:
+        return list(_SHARED.values())
+
+
 @atexit.register
 def _close_shared() -> None:
     for pool in list(_SHARED.values()):

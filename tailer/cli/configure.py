@@ -1,0 +1,119 @@
+"""Settings (flags, environment, TOML) made into a tailer's configuration: shared by ``run`` and ``serve``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from state.errors import ConfigError
+from state.filters import ChangeFilter
+from tailer.cli.settings import STORAGE, names
+from tailer.follow.tailer import TailerConfig
+from tailer.log.delta_log import DeltaLog
+from tailer.parse import parse_timestamp_ms
+from tailer.read.feed import ChangeOptions
+from tailer.storage import Storage, storage_for
+
+#: The sink of ``deltatail run`` when none is given: JSON lines on stdout.
+DEFAULT_SINK = "jsonl:-"
+#: The defaults of every setting, from the config types themselves.
+RUN_DEFAULTS = TailerConfig(table="", state_dir="")
+READ_DEFAULTS = ChangeOptions()
+
+
+def keys(text: str | None) -> tuple[str, ...]:
+    """``a,b`` as a tuple of names."""
+    return tuple(k.strip() for k in text.split(",") if k.strip()) if text else ()
+
+
+def reader_processes(value: int | None) -> int:
+    """``--reader-processes``, defaulted.
+
+    Raises:
+        ConfigError: if it is negative.
+    """
+    if value is None:
+        return READ_DEFAULTS.reader_processes
+    if value < 0:
+        raise ConfigError(f"--reader-processes must be 0 or more, got {value}")
+    return value
+
+
+def change_filter(settings: Mapping[str, Any]) -> ChangeFilter:
+    """The filter the ``columns``, ``where``, ``change_types`` and ``skip_operations`` settings ask for."""
+
+    def listed(name: str) -> tuple[str, ...] | None:
+        value = settings.get(name)
+        return None if value is None else names(value)
+
+    types = listed("change_types")
+    return ChangeFilter(
+        columns=listed("columns"),
+        where=settings.get("where"),
+        change_types=None if types is None else frozenset(types),
+        skip_operations=frozenset(op.upper() for op in listed("skip_operations") or ()),
+    )
+
+
+def storage(table: str, options: Mapping[str, str] | None) -> Storage:
+    """The storage of ``table`` with the storage options given (flags, ``[storage]``; obstore reads the environment).
+
+    Raises:
+        ConfigError: if options are given for a local table, or are malformed.
+    """
+    return storage_for(table, dict(options) if options else None)
+
+
+def starting_version(table: str, store: Storage, value: object) -> int | None:
+    """``starting_version`` for following: a number, or ``latest`` (the commits after the current latest).
+
+    Raises:
+        ConfigError: if it is neither.
+    """
+    if value is None:
+        return None
+    if value == "latest":
+        return DeltaLog(table, store).latest_version() + 1
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
+
+
+def tailer_config(table: str, state_dir: str, s: Mapping[str, Any]) -> TailerConfig:
+    """The configuration of a tailer of ``table`` from merged settings ``s`` (defaults from the config types).
+
+    Raises:
+        ConfigError: for contradicting or invalid settings.
+    """
+    starts = [k for k in ("starting_version", "starting_timestamp") if s.get(k) is not None]
+    if len(starts) > 1:
+        raise ConfigError("give at most one of starting_version and starting_timestamp")
+    if s.get("key") and not s.get("net_changes"):
+        raise ConfigError("key needs net_changes")
+    d = RUN_DEFAULTS
+    start_ts = s.get("starting_timestamp")
+    storage_options = dict(s.get(STORAGE, {}))
+    store = storage(table, storage_options)
+    return TailerConfig(
+        table=table,
+        state_dir=state_dir,
+        starting_version=starting_version(table, store, s.get("starting_version")),
+        starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
+        initial_snapshot=bool(s.get("initial_snapshot", d.initial_snapshot)),
+        poll_interval=s.get("poll_interval", d.poll_interval),
+        max_poll_interval=s.get("max_poll_interval", d.max_poll_interval),
+        watch=not s.get("no_watch", not d.watch),
+        checkpoint_commits=s.get("checkpoint_commits", d.checkpoint_commits),
+        checkpoint_seconds=s.get("checkpoint_seconds", d.checkpoint_seconds),
+        snapshot_commits=s.get("snapshot_commits", d.snapshot_commits),
+        until_caught_up=bool(s.get("until_caught_up", d.until_caught_up)),
+        options=ChangeOptions(
+            net_changes=bool(s.get("net_changes", READ_DEFAULTS.net_changes)),
+            key_columns=keys(s.get("key")),
+            allow_non_additive=bool(s.get("allow_non_additive", READ_DEFAULTS.allow_non_additive)),
+            reader_processes=reader_processes(s.get("reader_processes")),
+            filter=change_filter(s),
+        ),
+        storage_options=storage_options,
+    )

@@ -1,0 +1,138 @@
+"""The state root of a service: one state directory per followed table, keyed by table id.
+
+Layout::
+
+    STATE_ROOT/
+      <table id>/
+        table.json      the table's path (or URI) and name, written when it is first followed
+        status.json     where the table stands (state, error, versions), rewritten on every change
+        LOCK, cursor.json, snapshot-<v>.parquet    the tailer's own state (tailer.follow.state_store)
+
+A table deleted and recreated at the same path gets a new id; its path is
+then registered to another id already, and following it is refused (with
+``deltatail reset`` as the way to start it over), never silently begun again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from state.errors import StateError
+from tailer.follow.state_store import atomic_write
+from tailer.follow.stats import TableStats
+
+TABLE_FILE = "table.json"
+STATUS_FILE = "status.json"
+
+
+@dataclass(frozen=True, slots=True)
+class TableEntry:
+    """One registered table: its id, path, name and state directory."""
+
+    table_id: str
+    path: str
+    name: str
+    directory: Path
+
+
+class StateRoot:
+    """The state root (see the module docstring)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def entries(self) -> list[TableEntry]:
+        """Every registered table, by name.
+
+        Raises:
+            StateError: if a ``table.json`` is unreadable.
+        """
+        out: list[TableEntry] = []
+        if not self.root.is_dir():
+            return out
+        for directory in sorted(self.root.iterdir()):
+            file = directory / TABLE_FILE
+            if not file.is_file():
+                continue
+            try:
+                doc = json.loads(file.read_bytes())
+                out.append(TableEntry(directory.name, str(doc["path"]), str(doc["name"]), directory))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise StateError(f"unreadable table registration: {e}", file=str(file)) from e
+        return sorted(out, key=lambda e: e.name)
+
+    def register(self, table_id: str, path: str, name: str) -> TableEntry:
+        """The state directory of table ``table_id`` at ``path``, created and registered on first use.
+
+        Raises:
+            StateError: if ``path`` is registered to another table id (deleted and recreated), or this
+                id to another path (two configured tables are one table).
+        """
+        for entry in self.entries():
+            if entry.path == path and entry.table_id != table_id:
+                raise StateError(
+                    f"{path} was followed as table id {entry.table_id} and now has id {table_id}: it was deleted "
+                    f"and recreated; to follow the new table, reset it (deltatail reset {self.root} --table {name} "
+                    "--yes)",
+                    table=path,
+                    file=str(entry.directory),
+                )
+            if entry.table_id == table_id and entry.path != path:
+                raise StateError(
+                    f"{path} and {entry.path} are the same table (id {table_id}): follow it once",
+                    table=path,
+                    file=str(entry.directory),
+                )
+        directory = self.root / table_id
+        directory.mkdir(parents=True, exist_ok=True)
+        file = directory / TABLE_FILE
+        if not file.exists():
+            atomic_write(file, json.dumps({"path": path, "name": name}, indent=2).encode())
+        return TableEntry(table_id, path, name, directory)
+
+    def forget(self, entry: TableEntry) -> None:
+        """Remove a table's registration and state (``deltatail reset``)."""
+        for child in entry.directory.iterdir():
+            if child.is_file():
+                child.unlink()
+        entry.directory.rmdir()
+
+    def find(self, key: str) -> TableEntry:
+        """The registered table whose name, path or id is ``key``.
+
+        Raises:
+            StateError: if none is, or several are.
+        """
+        matches = [e for e in self.entries() if key in (e.name, e.path, e.table_id)]
+        if len(matches) != 1:
+            known = ", ".join(e.name for e in self.entries()) or "none"
+            what = "no table" if not matches else "several tables"
+            raise StateError(f"{what} named {key!r} in this state root (tables: {known})", file=str(self.root))
+        return matches[0]
+
+
+def write_status(directory: Path, stats: TableStats, now: float | None = None) -> None:
+    """Record where a table stands (``status.json``), for ``deltatail status``."""
+    doc: dict[str, Any] = {
+        "state": stats.state.value,
+        "error": stats.error,
+        "delivered_version": stats.delivered_version,
+        "newest_version": stats.newest_version,
+        "delivered_commit_ms": stats.delivered_commit_ms,
+        "updated": stats.updated,
+        "written": time.time() if now is None else now,
+    }
+    atomic_write(directory / STATUS_FILE, json.dumps(doc, indent=2).encode())
+
+
+def read_status(directory: Path) -> dict[str, Any] | None:
+    """The last recorded status of a table, or ``None``."""
+    try:
+        doc = json.loads((directory / STATUS_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
