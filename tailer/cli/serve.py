@@ -200,7 +200,10 @@ def _settings(raw: Mapping[str, Any], where: str, path: str) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name not in TABLE_SETTINGS:
             raise ConfigError(f"unknown setting {key!r} in {where}", file=path)
-        out[name] = coerce(name, value, f"{path} {where}")
+        try:
+            out[name] = coerce(name, value, where)
+        except ConfigError as e:
+            raise e.at(file=path) from None
     return out
 
 

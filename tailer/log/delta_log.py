@@ -33,6 +33,7 @@ from state.commit import Commit
 from state.errors import (
     DeltaTailError,
     IncompleteCheckpointError,
+    InvalidLogError,
     MissingFileError,
     TableNotFoundError,
     VersionGapError,
@@ -190,13 +191,19 @@ class DeltaLog:
     def read_commit(self, version: int) -> Commit:
         """Read and parse commit ``version``.
 
+        An empty commit file is refused: a commit holds at least one action, and on a store
+        without atomic writes an empty file is one still being written (the follower retries it).
+
         Raises:
             MissingFileError: if the commit file does not exist.
-            InvalidLogError: if it is not valid newline-delimited JSON or breaks an action rule.
+            InvalidLogError: if it is empty, not valid newline-delimited JSON, or breaks an action rule.
         """
         path = self.commit_path(version)
         try:
-            return Commit.from_actions(version, parse_json_actions(self.storage.read(path)))
+            data = self.storage.read(path)
+            if not data.strip():
+                raise InvalidLogError("the commit file is empty (a commit holds at least one action)")
+            return Commit.from_actions(version, parse_json_actions(data))
         except DeltaTailError as e:
             raise e.at(table=self.table, version=version, file=path) from None
 

@@ -268,7 +268,8 @@ class Service:
 
     def _fail(self, table: _Table, error: DeltaTailError) -> None:
         table.done = True
-        table.stats.errors[type(error).__name__] += 1
+        if table.stats.state is not TableState.FAILED:  # the tailer counts the errors it raises itself
+            table.stats.errors[type(error).__name__] += 1
         table.stats.set_state(TableState.FAILED, str(error))
         log.error("table %s stopped: %s", table.source.name, error)
         self._close(table, checkpoint=False)

@@ -84,3 +84,13 @@ def test_cli_prints_one_line_and_exits_1(tmp_path: Path) -> None:
     assert lines[0].startswith("deltatail: error: line ")
     assert "remove action: field 'dataChange'" in lines[0]
     assert "Traceback" not in done.stderr
+
+
+def test_an_empty_commit_file_is_an_invalid_log_naming_it(tmp_path: Path) -> None:
+    # A zero-byte commit is one still being written on a store without atomic writes: never an empty commit.
+    root = _copy(tmp_path)
+    path = root / "_delta_log" / f"{4:020d}.json"
+    path.write_bytes(b"")
+    with pytest.raises(InvalidLogError, match="the commit file is empty") as info:
+        DeltaLog(str(root)).read_commit(4)
+    assert (info.value.version, info.value.file) == (4, str(path))
