@@ -5,7 +5,9 @@ COPY pyproject.toml README.md ./
 COPY state ./state
 COPY tailer ./tailer
 COPY sinks ./sinks
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir . \
+ && mkdir /state && chown nobody /state
+# A named volume mounted at /state starts as a copy of this directory, owned by the service's user.
 USER nobody
 ENTRYPOINT ["deltatail"]
 CMD ["--help"]

@@ -40,10 +40,17 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(doc, default=str).decode()
 
 
+#: Client libraries whose INFO lines are connection chatter (one set per producer, so per table
+#: in a service): shown only with --verbose; their warnings and errors always are.
+CHATTY_LIBRARIES = ("kafka", "py4j")
+
+
 def configure(*, verbose: bool, json_lines: bool) -> None:
-    """Send logs to stderr, as text or as JSON lines."""
+    """Send logs to stderr, as text or as JSON lines; client libraries' INFO lines only when ``verbose``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for name in CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)

@@ -917,8 +917,12 @@ def test_broker_outage_is_waited_out_and_the_tailer_resumes_by_itself(broker_fac
         writer.join(WAIT)
         at_outage = saved_cursor(state)
         assert tailer.poll() is None, "the tailer exited instead of waiting for the broker"
+        # Paused while the broker comes back, so the tailer's producer cannot auto-create the topic
+        # (with the broker's default partition count) before the test makes it as it was.
+        tailer.send_signal(signal.SIGSTOP)
         kit.broker.start()  # memory-only: a new, empty broker on the same port
         create_topic(kit.bootstrap, topic)
+        tailer.send_signal(signal.SIGCONT)
         latest = DeltaTable(str(root)).version()
         wait_for("the tailer to catch up on the new broker", lambda: (saved_cursor(state) or (0, 0)) >= (latest + 1, 0))
         tailer.send_signal(signal.SIGTERM)

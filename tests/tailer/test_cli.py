@@ -177,3 +177,24 @@ def test_json_logs_are_one_object_per_line_with_status_fields(tmp_path: Path, ca
     doc = json.loads(JsonFormatter().format(captured[0]))
     assert doc["event"] == "following" and doc["version"] == 3 and doc["seconds_behind"] == 1.5
     assert doc["message"] == "following: at version 3"
+
+
+def test_client_library_chatter_is_shown_only_when_verbose() -> None:
+    import logging
+
+    from tailer.cli.logs import configure
+
+    root, kafka = logging.getLogger(), logging.getLogger("kafka")
+    handlers, root_level, kafka_level = root.handlers[:], root.level, kafka.level
+    try:
+        configure(verbose=False, json_lines=False)
+        connection = logging.getLogger("kafka.net.connection")
+        assert not connection.isEnabledFor(logging.INFO)  # one set of these per producer, so per table
+        assert connection.isEnabledFor(logging.WARNING)
+        assert logging.getLogger("deltatail").isEnabledFor(logging.INFO)
+        configure(verbose=True, json_lines=False)
+        assert connection.isEnabledFor(logging.DEBUG)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(root_level)
+        kafka.setLevel(kafka_level)
