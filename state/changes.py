@@ -58,7 +58,9 @@ class FileTask:
     """One file to read for one commit: everything a reader (local or on an executor) needs.
 
     ``change_type`` is ``None`` for cdc files (the file carries its own
-    ``_change_type`` column).
+    ``_change_type`` column). ``pruned``: a filter drops every row of the file
+    (:meth:`state.filters.ChangeFilter.drops_every_row`), so its rows are
+    counted, not read.
     """
 
     path: str
@@ -66,6 +68,7 @@ class FileTask:
     change_type: ChangeType | None
     selection: RowSelection
     size: int | None = None
+    pruned: bool = False
 
     @property
     def is_cdc(self) -> bool:

@@ -19,6 +19,14 @@ rows are delivered from then on.
   ``change_types = ["insert", "update_preimage", "update_postimage"]``.
 - ``skip_operations``: commits whose ``commitInfo.operation`` is one of these
   (``OPTIMIZE``, ``VACUUM START``...) deliver nothing.
+
+Pruning: a file whose rows all share the values the filter looks at — its
+partition values, its commit's version and timestamp, and (a data file, not
+a cdc file) its change type — is dropped whole when the filter drops those
+values (:meth:`ChangeFilter.drops_every_row`): the reader counts its rows
+instead of reading them, so the positions of the rows after it do not move.
+Partition Value Serialization: "Partition values are stored as strings" in
+the ``add`` action, and every row of the file has them.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ class ChangeFilter:
     change_types: frozenset[str] | None = None
     skip_operations: frozenset[str] = frozenset()
     _predicate: Predicate | None = field(default=None, compare=False, repr=False)
+    _where_columns: frozenset[str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def is_empty(self) -> bool:
@@ -81,8 +90,42 @@ class ChangeFilter:
             wrong = sorted(self.change_types - set(CHANGE_TYPES))
             if wrong:
                 raise ConfigError(f"change_types: {', '.join(wrong)} (known: {', '.join(CHANGE_TYPES)})")
-        predicate = None if self.where is None else compile_predicate(self.where, known)
-        return ChangeFilter(self.columns, self.where, self.change_types, self.skip_operations, predicate)
+        predicate, used = (None, frozenset[str]()) if self.where is None else _compile(self.where, known)
+        return ChangeFilter(self.columns, self.where, self.change_types, self.skip_operations, predicate, used)
+
+    @property
+    def prunes(self) -> bool:
+        """Whether the filter can drop a file whole (it has change types or a predicate)."""
+        return self.change_types is not None or self.where is not None
+
+    def drops_every_row(self, constants: pa.RecordBatch, change_type: str | None) -> bool:
+        """Whether every row of a file is dropped, knowing only the values all its rows share.
+
+        Args:
+            constants: one row of the columns every row of the file has the same value in
+                (partition columns, ``_commit_version``, ``_commit_timestamp``); a column left
+                out is unknown.
+            change_type: the change type of every row (a data file's task), or ``None`` (a cdc
+                file's rows carry their own).
+
+        ``False`` whenever the answer depends on anything else: a filter that was not
+        compiled, or a predicate over a column not in ``constants``.
+
+        Raises:
+            ConfigError: as :meth:`apply`, if the predicate cannot be evaluated on these types.
+        """
+        if self.change_types is not None and change_type is not None and change_type not in self.change_types:
+            return True
+        if self.where is None or self._predicate is None or self._where_columns is None:
+            return False
+        known = set(constants.schema.names)
+        if change_type is not None:
+            known.add(CHANGE_TYPE_COLUMN)
+            constants = constants.append_column(CHANGE_TYPE_COLUMN, pa.array([change_type], pa.string()))
+        if not self._where_columns <= known:
+            return False
+        verdict = self._predicate(constants)
+        return not (verdict.null_count == 0 and bool(verdict[0].as_py()))
 
     def skips(self, commit: Commit | None) -> bool:
         """Whether ``commit``'s rows are not delivered at all (its operation is skipped)."""
@@ -148,13 +191,20 @@ def compile_predicate(text: str, columns: set[str] | None) -> Predicate:
     Raises:
         ConfigError: if it does not parse, uses an unknown column, or something not supported.
     """
+    return _compile(text, columns)[0]
+
+
+def _compile(text: str, columns: set[str] | None) -> tuple[Predicate, frozenset[str]]:
+    """:func:`compile_predicate`, and the columns the predicate reads."""
     try:
         tree = sqlglot.parse_one(text)
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
         raise ConfigError(f"where: cannot parse {text!r}: {str(e).splitlines()[0]}") from None
     if not isinstance(tree, sx.Expression):
         raise ConfigError(f"where: {text!r} is not a predicate")
-    return _Compiler(text, columns).boolean(tree)
+    compiler = _Compiler(text, columns)
+    predicate = compiler.boolean(tree)
+    return predicate, frozenset(compiler.used)
 
 
 _COMPARISONS: dict[type[sx.Expression], Callable[[object, object], pa.Array]] = {
@@ -180,6 +230,7 @@ class _Compiler:
     def __init__(self, text: str, columns: set[str] | None) -> None:
         self.text = text
         self.columns = columns
+        self.used: set[str] = set()
 
     def fail(self, what: str) -> ConfigError:
         return ConfigError(f"where: {what} in {self.text!r}")
@@ -242,6 +293,7 @@ class _Compiler:
             name = node.name
             if self.columns is not None and name not in self.columns:
                 raise self.fail(f"unknown column {name!r}")
+            self.used.add(name)
             return lambda b: b.column(name)
         return _Literal(self.literal(node))
 

@@ -21,6 +21,7 @@ from typing import TypedDict, Unpack
 
 import pyarrow as pa
 
+from state.changes import FileTask
 from state.cursor import Position
 from state.errors import ConfigError, SchemaChangeError, VersionGapError, VersionNotFoundError
 from state.feed import CHANGE_COLUMNS, ChangeBatch, change_schema
@@ -31,10 +32,11 @@ from tailer.log.delta_log import DeltaLog
 from tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
 from tailer.read.net_changes import net_changes
+from tailer.read.pruning import prune
 from tailer.read.read_ahead import ReadAheadReader
 from tailer.read.reader_pool import ReaderPool, shared_pool
 from tailer.read.readers import PlanReader, PlanRows, SequentialReader
-from tailer.read.tasks import read_task
+from tailer.read.tasks import count_task_rows, read_task
 from tailer.storage import Storage
 
 
@@ -214,20 +216,34 @@ class ChangeFeed:
             Position.in_snapshot(plan.context.version, 0) if plan.snapshot else Position.change(plan.context.version, 0)
         )
         index = 0
-        rows: Iterable[pa.RecordBatch] = (b for batches in task_batches for b in batches)
-        if self.options.net_changes and plan.commit is not None and not plan.commit.cdcs:
-            merged = pa.Table.from_batches(list(rows), schema=change_schema(plan.context.schema()))
-            rows = net_changes(merged, self.options.key_columns).to_batches(self.options.batch_size)
         change_filter = self._compiled_filter(plan)
-        for batch in rows:
-            if batch.num_rows == 0:
+        if self._nets(plan):
+            rows = (b for batches in task_batches for b in batches)
+            merged = pa.Table.from_batches(list(rows), schema=change_schema(plan.context.schema()))
+            runs: Iterable[tuple[FileTask | None, Iterable[pa.RecordBatch]]] = [
+                (None, net_changes(merged, self.options.key_columns).to_batches(self.options.batch_size))
+            ]
+        else:
+            runs = zip(plan.tasks, task_batches, strict=True)
+        for task, batches in runs:
+            if task is not None and task.pruned:
+                for _ in batches:  # nothing: a pruned task is not read
+                    pass
+                index += count_task_rows(self.storage, plan.context, task)
                 continue
-            unfiltered = ChangeBatch(Position(start.version, start.snapshot_rank, index), batch)
-            index += batch.num_rows
-            if change_filter is None:
-                yield unfiltered
-            else:
-                yield from change_filter.apply(unfiltered)
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                unfiltered = ChangeBatch(Position(start.version, start.snapshot_rank, index), batch)
+                index += batch.num_rows
+                if change_filter is None:
+                    yield unfiltered
+                else:
+                    yield from change_filter.apply(unfiltered)
+
+    def _nets(self, plan: VersionPlan) -> bool:
+        """Whether ``plan``'s rows go through net changes (then positions count the netted rows)."""
+        return self.options.net_changes and plan.commit is not None and not plan.commit.cdcs
 
     def _output_schema(self, schema: pa.Schema) -> pa.Schema:
         columns = self.options.filter.columns
@@ -236,8 +252,22 @@ class ChangeFeed:
         return pa.schema([f for f in schema if f.name in columns or f.name in CHANGE_COLUMNS])
 
     def filtered(self, plan: VersionPlan) -> VersionPlan:
-        """``plan`` without tasks when the filter skips its commit's operation (nothing to read then)."""
-        return replace(plan, tasks=()) if self.options.filter.skips(plan.commit) else plan
+        """``plan`` as the filter reads it.
+
+        No tasks when the filter skips the commit's operation; the tasks it drops whole
+        marked pruned (:mod:`tailer.read.pruning`), except under net changes, whose
+        positions count netted rows.
+
+        Raises:
+            InvalidLogError: if a partition value the predicate reads does not parse.
+            ConfigError: if the predicate cannot be evaluated on the partition columns' types.
+        """
+        if self.options.filter.skips(plan.commit):
+            return replace(plan, tasks=())
+        change_filter = self._compiled_filter(plan)
+        if change_filter is None or self._nets(plan):
+            return plan
+        return prune(plan, change_filter)
 
     def check_filter(self) -> None:
         """Check the filter's columns against the table's latest schema (a no-op without columns or predicate).

@@ -94,6 +94,34 @@ def resolve_data_path(table_root: str, path: str) -> str:
     return f"{table_root.rstrip('/')}/{path}"
 
 
+def count_file_rows(
+    storage: Storage, table_root: str, path: str, *, size: int | None = None, version: int | None = None
+) -> int:
+    """The number of rows in a Parquet file, from its footer alone (no column is read).
+
+    Raises:
+        MissingFileError: if the file does not exist.
+        DeltaTailError: if the file is not readable Parquet (naming the table, version and file).
+    """
+    location = resolve_data_path(table_root, path)
+    try:
+        source = storage.open_input(location, size)
+    except DeltaTailError as e:
+        e.at(table=table_root, version=version, file=location)
+        raise
+    except (pa.ArrowException, OSError) as e:
+        raise DeltaTailError(f"cannot read Parquet data: {e}", table=table_root, version=version, file=location) from e
+    try:
+        return int(pq.read_metadata(source).num_rows)
+    except DeltaTailError as e:
+        e.at(table=table_root, version=version, file=location)
+        raise
+    except (pa.ArrowException, OSError) as e:
+        raise DeltaTailError(f"cannot read Parquet data: {e}", table=table_root, version=version, file=location) from e
+    finally:
+        source.close()
+
+
 class FileReadOptions(TypedDict, total=False):
     """What reading one file takes besides its location (see :func:`read_file_rows` for each)."""
 
@@ -249,7 +277,7 @@ def read_file_batches(
             partition_values,
         )
         if row_filter is not None:
-            _check_filter(row_filter, parquet.metadata.num_rows)
+            check_row_filter(row_filter, parquet.metadata.num_rows)
         for batch in _batches(parquet, plan, row_filter, batch_size):
             yield FileBatch(batch, plan, table_name, version, location)
     except DeltaTailError as e:
@@ -269,7 +297,12 @@ def read_file_batches(
 SMALL_FILE_ROWS = 100_000
 
 
-def _check_filter(row_filter: RowFilter, num_rows: int) -> None:
+def check_row_filter(row_filter: RowFilter, num_rows: int) -> None:
+    """Check that a row filter names rows of the file only.
+
+    Raises:
+        DeletionVectorError: if it names a row index at or past ``num_rows``.
+    """
     if row_filter.rows and row_filter.rows.max() >= num_rows:
         raise DeletionVectorError(f"row index {row_filter.rows.max()} is beyond the file's {num_rows} rows")
 

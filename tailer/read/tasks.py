@@ -21,11 +21,19 @@ from pyroaring import BitMap64
 
 from state.actions import DeletionVector
 from state.changes import FileTask
+from state.errors import DeltaTailError
 from state.feed import COMMIT_TIMESTAMP_TYPE, change_schema
 from state.planning import ReadContext
 from tailer.read.deletion_vectors import read_deletion_vector
 from tailer.read.parquet_file import DEFAULT_OPENING, REMOTE_OPENING
-from tailer.read.rows import FileBatch, RowFilter, read_file_batches
+from tailer.read.rows import (
+    FileBatch,
+    RowFilter,
+    check_row_filter,
+    count_file_rows,
+    read_file_batches,
+    resolve_data_path,
+)
 from tailer.storage import Storage
 
 
@@ -43,6 +51,32 @@ def _row_filter(storage: Storage, ctx: ReadContext, task: FileTask) -> RowFilter
     if within is None:
         return None if minus is None else RowFilter(minus, keep=False)
     return RowFilter(within - minus if minus is not None else within, keep=True)
+
+
+def count_task_rows(storage: Storage, ctx: ReadContext, task: FileTask) -> int:
+    """How many change rows :func:`read_task` gives for ``task`` (read as if it were not pruned), without reading them.
+
+    The rows are the file's (its footer says how many) minus those its deletion
+    vector removes, or, for a deletion-vector pair, the rows in one vector and not
+    the other: vectors are read and checked as for reading.
+
+    Raises:
+        MissingFileError: if the data or DV file is missing.
+        DeletionVectorError: if a DV fails its checksum, does not decode, or names a row past the file's end.
+        DeltaTailError: if the file is not readable Parquet.
+    """
+    row_filter = _row_filter(storage, ctx, task)
+    if row_filter is not None and row_filter.keep and len(row_filter.rows) == 0:
+        return 0  # as reading: the file is not opened
+    rows = count_file_rows(storage, ctx.table_root, task.path, size=task.size, version=ctx.version)
+    if row_filter is None:
+        return rows
+    try:
+        check_row_filter(row_filter, rows)
+    except DeltaTailError as e:
+        e.at(table=ctx.table_root, version=ctx.version, file=resolve_data_path(ctx.table_root, task.path))
+        raise
+    return len(row_filter.rows) if row_filter.keep else rows - len(row_filter.rows)
 
 
 def read_task(storage: Storage, ctx: ReadContext, task: FileTask, batch_size: int = 65536) -> Iterator[pa.RecordBatch]:
@@ -65,6 +99,8 @@ def decode_task(
     Raises:
         MissingFileError, DeletionVectorError, InvalidLogError: as :func:`read_task`.
     """
+    if task.pruned:
+        return  # counted by count_task_rows, never read
     schema = ctx.schema()
     row_filter = _row_filter(storage, ctx, task)
     if row_filter is not None and row_filter.keep and len(row_filter.rows) == 0:

@@ -119,3 +119,42 @@ def test_skip_operations_by_commit_operation() -> None:
 
 def test_an_empty_filter_is_empty() -> None:
     assert ChangeFilter().is_empty and not ChangeFilter(columns=("id",)).is_empty
+
+
+# ---------------------------------------------------------------- dropping a whole file --
+
+NAMES = ["id", "region", "amount", "day", "at", "name"]
+
+
+def constants(**values: object) -> pa.RecordBatch:
+    """One row of a file's shared values: its partition columns, and the commit's version."""
+    columns = {"_commit_version": pa.array([7], pa.int64())}
+    columns.update({k: pa.array([v], pa.string()) for k, v in values.items()})
+    return pa.record_batch(columns)
+
+
+def test_a_file_is_dropped_when_its_shared_values_fail_the_predicate() -> None:
+    f = ChangeFilter(where="region = 'emea' AND _commit_version > 5").compile(NAMES)
+    assert f.drops_every_row(constants(region="amer"), "insert")
+    assert not f.drops_every_row(constants(region="emea"), "insert")
+    assert f.drops_every_row(constants(region=None), None)  # null: the predicate drops every row, as SQL does
+    assert ChangeFilter(where="_commit_version < 7").compile(NAMES).drops_every_row(constants(), None)
+
+
+def test_a_file_is_kept_whenever_the_answer_depends_on_its_rows() -> None:
+    f = ChangeFilter(where="region = 'emea' AND amount > 10").compile(NAMES)
+    assert not f.drops_every_row(constants(region="emea"), "insert")  # amount is in the rows
+    # Never decided from part of the predicate, even where AND would allow it: kept, and filtered row by row.
+    assert not f.drops_every_row(constants(region="amer"), "insert")
+    by_type = ChangeFilter(where="_change_type = 'delete'").compile(NAMES)
+    assert by_type.drops_every_row(constants(), "insert")
+    assert not by_type.drops_every_row(constants(), None)  # a cdc file's rows carry their own change type
+    assert not ChangeFilter(where="region = 'emea'").drops_every_row(constants(region="amer"), None)  # not compiled
+
+
+def test_change_types_drop_the_files_of_other_types() -> None:
+    f = ChangeFilter(change_types=frozenset({"delete"})).compile(NAMES)
+    assert f.drops_every_row(constants(), "insert")
+    assert not f.drops_every_row(constants(), "delete")
+    assert not f.drops_every_row(constants(), None)
+    assert not ChangeFilter(columns=("id",)).compile(NAMES).prunes
