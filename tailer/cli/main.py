@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from state.errors import ConfigError, DeltaTailError
 from state.feed import ChangeBatch, TableInfo, change_schema
+from tailer.cli import lance as lance_cli
 from tailer.cli import logs
 from tailer.cli.demo import run_demo
 from tailer.cli.process import stop_on_signals, tune_for_latency
@@ -24,7 +25,7 @@ from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.settings import STORAGE, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
-from tailer.follow.tailer import TailerConfig, table_name
+from tailer.follow.tailer import Tailer, TailerConfig, table_name
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
@@ -39,6 +40,8 @@ def _storage(table: str, options: dict[str, str] | None) -> Storage:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
+    if lance_cli.is_lance(args, parse_option_pairs(args.storage_option or [])):
+        return lance_cli.snapshot(args)
     snap = DeltaLog(args.table, _storage(args.table, parse_option_pairs(args.storage_option or []))).snapshot(
         args.version
     )
@@ -82,6 +85,8 @@ def _reader_processes(value: int | None) -> int:
 
 
 def _changes(args: argparse.Namespace) -> int:
+    if lance_cli.is_lance(args, parse_option_pairs(args.storage_option or [])):
+        return lance_cli.changes(args)
     if args.key and not args.net_changes:
         raise ConfigError("--key needs --net-changes")
     options = ChangeOptions(
@@ -163,11 +168,12 @@ def _run(args: argparse.Namespace) -> int:
     d = RUN_DEFAULTS
     start_ts = s.get("starting_timestamp")
     storage_options = s.get(STORAGE, {})
+    lance = lance_cli.is_lance(args, storage_options)
     storage = _storage(args.table, storage_options)
     config = TailerConfig(
         table=args.table,
         state_dir=s["state_dir"],
-        starting_version=_run_start(args.table, storage, s.get("starting_version")),
+        starting_version=(lance_cli.run_start if lance else _run_start)(args.table, storage, s.get("starting_version")),
         starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
         initial_snapshot=bool(s.get("initial_snapshot", d.initial_snapshot)),
         poll_interval=s.get("poll_interval", d.poll_interval),
@@ -188,7 +194,10 @@ def _run(args: argparse.Namespace) -> int:
     uri = s.get("sink", DEFAULT_SINK)
     retries = s.get("sink_retries", -1)
     tune_for_latency()
-    service = TailerService(config, lambda: open_sink(uri), retries=None if retries < 0 else retries)
+    make_tailer = lance_cli.make_tailer if lance else Tailer
+    service = TailerService(
+        config, lambda: open_sink(uri), retries=None if retries < 0 else retries, make_tailer=make_tailer
+    )
     stop_on_signals(service.stop)
     progress = service.run()
     logging.getLogger("deltatail").info("stopped: %d versions, %d rows delivered", progress.versions, progress.rows)
@@ -223,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--version", type=int, default=None, help="version to show (default: latest)")
     snap.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     _storage_option(snap)
+    lance_cli.add_format_option(snap)
     snap.set_defaults(handler=_snapshot)
 
     ch = sub.add_parser("changes", help="print the change rows of a range of versions")
@@ -237,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--output", default=None, help="FILE.jsonl or FILE.parquet (default: JSON lines on stdout)")
     ch.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     _storage_option(ch)
+    lance_cli.add_format_option(ch)
     ch.set_defaults(handler=_changes)
 
     run = sub.add_parser("run", help="follow a table and deliver its changes to a sink")
@@ -290,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     _storage_option(run)
+    lance_cli.add_format_option(run)
     run.set_defaults(handler=_run)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")

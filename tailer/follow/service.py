@@ -5,11 +5,26 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from state.errors import DeltaTailError, SinkUnavailableError, StorageError
 from tailer.follow.sink import Sink
 from tailer.follow.status import Progress, status
 from tailer.follow.tailer import Tailer, TailerConfig
+
+
+class Runner(Protocol):
+    """What the service runs: a :class:`~tailer.follow.tailer.Tailer`, or another table format's tailer."""
+
+    progress: Progress
+
+    def run(self) -> Progress:
+        """Follow the table until done, stopped or failed."""
+        ...
+
+    def stop(self) -> None:
+        """Finish the batch in hand, checkpoint and return from :meth:`run`."""
+        ...
 
 
 class TailerService:
@@ -39,7 +54,7 @@ class TailerService:
         *,
         retries: int | None = None,
         max_backoff: float = 60.0,
-        make_tailer: Callable[[TailerConfig, Sink], Tailer] = Tailer,
+        make_tailer: Callable[[TailerConfig, Sink], Runner] = Tailer,
     ) -> None:
         self.config = config
         self.make_sink = make_sink
@@ -47,7 +62,7 @@ class TailerService:
         self.max_backoff = max_backoff
         self.make_tailer = make_tailer
         self._stopping = threading.Event()
-        self._current: Tailer | None = None
+        self._current: Runner | None = None
 
     def stop(self) -> None:
         """Stop the running tailer (after its batch in hand) or the wait before the next one."""

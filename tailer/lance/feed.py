@@ -163,6 +163,7 @@ class LanceFeed:
             raise ConfigError(f"ending version {end} is before starting version {starting_version}", table=self.table)
         if end > latest:
             raise VersionNotFoundError(f"ending version {end} is after the latest version {latest}", table=self.table)
+        before: Manifest | None
         if initial_snapshot:
             before = self.dataset.manifest(starting_version)
             yield plan_snapshot(before, table=self.table)
