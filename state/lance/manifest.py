@@ -581,8 +581,13 @@ def _range(start: int, end: int) -> pa.Array:
 
 
 def _bitmap_range(start: int, end: int, bitmap: bytes) -> pa.Array:
-    bits = [start + i for i in range(end - start) if bitmap[i >> 3] >> (7 - (i & 7)) & 1]
-    return pa.array(bits, pa.uint64())
+    """The values of a ``RangeWithBitmap``: bit ``i`` set means ``start + i`` is in.
+
+    The bitmap is least-significant bit first within each byte (as Lance writes it, and as Arrow
+    lays out booleans), whatever the proto's comment says.
+    """
+    flags = pa.Array.from_buffers(pa.bool_(), end - start, [None, pa.py_buffer(bitmap)])
+    return pc.add(pc.indices_nonzero(flags).cast(pa.uint64()), pa.scalar(start, pa.uint64()))
 
 
 def decode_row_ids(sequence: bytes) -> pa.UInt64Array:
