@@ -75,7 +75,7 @@ def every_kind(root: Path, *, stable: bool) -> list[tuple[int, str]]:
     note("append after add_columns")
     lance.dataset(uri).update({"double": "double + 1"}, where="id < 100")
     note("update of the added column")
-    lance.dataset(uri).alter_columns({"path": "double", "name": "twice"})
+    lance.dataset(uri).alter_columns({"path": "double", "name": "twice"})  # type: ignore[dict-item]
     note("rename (non-additive)")
     lance.dataset(uri).drop_columns(["twice"])
     note("drop (non-additive)")
@@ -83,7 +83,7 @@ def every_kind(root: Path, *, stable: bool) -> list[tuple[int, str]]:
     note("overwrite")
     lance.write_dataset(rows(range(50_010, 50_020), tag="o"), uri, mode="append")
     note("append after overwrite")
-    lance.dataset(uri, version=made[4][0]).restore()
+    lance.dataset(uri, version=made[4][0]).restore()  # type: ignore[no-untyped-call]
     note("restore to the update of 100 rows")
     lance.dataset(uri).delete("id < 10")
     note("delete after restore")

@@ -91,7 +91,7 @@ def as_rows(batches: list[ChangeBatch], columns: list[str], kinds: tuple[str, ..
 
 
 def common_columns(root: Path, version: int) -> list[str]:
-    after = lance.dataset(str(root), version=version).schema.names
+    after: list[str] = lance.dataset(str(root), version=version).schema.names
     if version == 1:
         return after
     before = lance.dataset(str(root), version=version - 1).schema.names
