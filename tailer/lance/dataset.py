@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -68,6 +69,26 @@ class VersionFile:
     name: str
     v2: bool
     info: FileInfo
+
+
+class _LazyRowIds(Mapping[tuple[int, int], pa.Array]):
+    """Row-id sequences by ``(version, fragment id)``, decoded on first access (see :meth:`LanceDataset.row_id_map`)."""
+
+    def __init__(self, dataset: LanceDataset, fragments: dict[tuple[int, int], Fragment]) -> None:
+        self._dataset = dataset
+        self._fragments = fragments
+        self._decoded: dict[tuple[int, int], pa.Array] = {}
+
+    def __getitem__(self, key: tuple[int, int]) -> pa.Array:
+        if key not in self._decoded:
+            self._decoded[key] = self._dataset.row_ids(self._fragments[key], key[0])
+        return self._decoded[key]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self._fragments)
+
+    def __len__(self) -> int:
+        return len(self._fragments)
 
 
 class LanceDataset:
@@ -295,9 +316,13 @@ class LanceDataset:
         except DeltaTailError as e:
             raise e.at(table=self.root, version=version, file=file) from None
 
-    def row_id_map(self, diff: VersionDiff) -> dict[tuple[int, int], pa.Array]:
-        """Every row-id sequence :func:`~state.lance.planning.plan_version` needs for ``diff``."""
-        return {(v, f.id): self.row_ids(f, v) for v, f in diff.row_id_fragments()}
+    def row_id_map(self, diff: VersionDiff) -> Mapping[tuple[int, int], pa.Array]:
+        """Every row-id sequence :func:`~state.lance.planning.plan_version` may need for ``diff``, read when asked.
+
+        Planning asks only when a version both deletes and inserts rows (a pure delete never does), so
+        the sequences are decoded on first access.
+        """
+        return _LazyRowIds(self, {(v, f.id): f for v, f in diff.row_id_fragments()})
 
     def timestamp_version(self, timestamp_us: int) -> int:
         """The first version made at or after ``timestamp_us`` (manifest timestamps; binary search).
