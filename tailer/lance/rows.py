@@ -13,8 +13,9 @@ change columns.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -61,6 +62,8 @@ class LanceRows:
         storage_options: passed to pylance for object stores.
         batch_size: the most rows in one batch.
         cache: how many opened versions to keep.
+        threads: threads taking rows by offset ahead of the consumer.
+        read_ahead: takes in flight at most.
     """
 
     def __init__(
@@ -71,15 +74,21 @@ class LanceRows:
         storage_options: Mapping[str, str] | None = None,
         batch_size: int = 65536,
         cache: int = 4,
+        threads: int = 4,
+        read_ahead: int = 8,
     ) -> None:
         self.root = root
         self.storage = storage
         self.storage_options = dict(storage_options or {})
         self.batch_size = batch_size
+        self.threads = threads
+        self.read_ahead = read_ahead
         self._cache = cache
         self._lock = threading.Lock()
         self._opened: OrderedDict[int, PyLanceDataset] = OrderedDict()
         self._lance = lance_module()
+        # One session for every version opened: data files outlive versions, so their metadata stays cached.
+        self._session = self._lance.Session() if hasattr(self._lance, "Session") else None
 
     def dataset(self, version: int) -> PyLanceDataset:
         """The pylance dataset at ``version`` (cached).
@@ -94,7 +103,7 @@ class LanceRows:
                 return hit
         try:
             ds: PyLanceDataset = self._lance.dataset(
-                self.root, version=version, storage_options=self.storage_options or None
+                self.root, version=version, storage_options=self.storage_options or None, session=self._session
             )
         except Exception as e:  # pylance raises OSError, ValueError, RuntimeError...
             raise DataFileError(f"pylance cannot open the dataset: {e}", table=self.root, version=version) from e
@@ -115,44 +124,76 @@ class LanceRows:
     def batches(self, plan: LancePlan) -> Iterator[pa.RecordBatch]:
         """Every change row of ``plan``, in its order, in the schema of its version.
 
+        Rows taken by offset are read by a few threads ahead of the consumer (``read_ahead`` takes
+        of at most ``batch_size`` rows in flight; pylance releases the GIL while it reads); whole
+        fragments are streamed when their turn comes.
+
         Raises:
             MissingFileError: if a data file is missing.
             DataFileError: if pylance cannot read a fragment.
             SchemaChangeError: if a column cannot be read as its type at the plan's version.
         """
         schema = self.schema(plan.version)
-        for task in plan.tasks:
-            for batch in self._task_batches(task):
-                if batch.num_rows:
-                    yield _conform(batch, schema, task, plan, self.root)
+        units = [(task, start) for task in plan.tasks for start in self._starts(task)]
+        pending: deque[Future[pa.Table]] = deque()
+        ahead = iter([u for u in units if u[1] is not None])
+        with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="lance-take") as pool:
+            try:
+                for task, start in units:
+                    if start is None:
+                        batches: Iterator[pa.RecordBatch] = self._scan(task)
+                    else:
+                        while len(pending) < self.read_ahead and (nxt := next(ahead, None)) is not None:
+                            pending.append(pool.submit(self._take, nxt[0], nxt[1] or 0))
+                        batches = iter(pending.popleft().result().to_batches())
+                    for batch in batches:
+                        if batch.num_rows:
+                            yield _conform(batch, schema, task, plan, self.root)
+            finally:
+                for future in pending:
+                    future.cancel()
 
-    def _task_batches(self, task: RowTask) -> Iterator[pa.RecordBatch]:
-        ds = self.dataset(task.version)
+    def _starts(self, task: RowTask) -> list[int | None]:
+        if task.offsets is None:
+            return [None]
+        return list(range(0, len(task.offsets), self.batch_size))
+
+    def _fragment(self, task: RowTask) -> Any:
+        fragment = self.dataset(task.version).get_fragment(task.fragment.id)
+        if fragment is None:
+            raise DataFileError(
+                f"fragment {task.fragment.id} is not in the version pylance opened",
+                table=self.root,
+                version=task.version,
+            )
+        return fragment
+
+    def _scan(self, task: RowTask) -> Iterator[pa.RecordBatch]:
         try:
-            fragment = ds.get_fragment(task.fragment.id)
-            if fragment is None:
-                raise DataFileError(
-                    f"fragment {task.fragment.id} is not in the version pylance opened", table=self.root
-                )
-            if task.offsets is None:
-                yield from fragment.scanner(batch_size=self.batch_size).to_batches()
-                return
-            import numpy as np  # installed with pylance
+            yield from self._fragment(task).scanner(batch_size=self.batch_size).to_batches()
+        except DeltaTailError as e:
+            raise e.at(version=task.version) from None
+        except Exception as e:  # pylance's errors are OSError, ValueError, RuntimeError...
+            raise self._read_error(task, e) from e
 
-            offsets = task.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    def _take(self, task: RowTask, start: int) -> pa.Table:
+        """Rows ``start`` to ``start + batch_size`` of an offset task, in the task's order."""
+        import numpy as np  # installed with pylance
+
+        assert task.offsets is not None  # only offset tasks are taken
+        try:
+            part = task.offsets.slice(start, self.batch_size).to_numpy(zero_copy_only=False).astype(np.int64)
             deleted = (
                 np.empty(0, np.int64)
                 if task.deleted is None
                 else task.deleted.to_numpy(zero_copy_only=False).astype(np.int64)
             )
-            for start in range(0, len(offsets), self.batch_size):
-                part = offsets[start : start + self.batch_size]
-                logical = part - np.searchsorted(deleted, part, side="left")
-                order = np.argsort(logical, kind="stable")
-                table = fragment.take(pa.array(logical[order]))
-                inverse = np.empty_like(order)
-                inverse[order] = np.arange(len(order))
-                yield from table.take(pa.array(inverse)).combine_chunks().to_batches()
+            logical = part - np.searchsorted(deleted, part, side="left")
+            order = np.argsort(logical, kind="stable")
+            table = self._fragment(task).take(pa.array(logical[order]))
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(len(order))
+            return table.take(pa.array(inverse)).combine_chunks()
         except DeltaTailError as e:
             raise e.at(version=task.version) from None
         except Exception as e:  # pylance's errors are OSError, ValueError, RuntimeError...

@@ -12,17 +12,26 @@ from pathlib import Path
 
 import lance
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from lance_datasets import rows
 
-from state.errors import ConfigError, DataFileError, InvalidLogError, MissingFileError, VersionNotFoundError
+from state.errors import (
+    ConfigError,
+    DataFileError,
+    InvalidLogError,
+    MissingFileError,
+    SchemaChangeError,
+    VersionNotFoundError,
+)
 from state.lance.manifest import Fragment
+from state.lance.planning import LancePlan, RowTask
 from tailer.cli import lance as lance_cli
 from tailer.cli.main import main
 from tailer.lance.dataset import LanceDataset
 from tailer.lance.feed import LanceFeed
-from tailer.lance.rows import LanceRows, lance_module
+from tailer.lance.rows import LanceRows, _conform, change_schema_of, lance_module
 from tailer.storage import LocalStorage
 
 
@@ -167,3 +176,21 @@ def test_files_a_manifest_names_must_be_there(tmp_path: Path) -> None:
     with pytest.raises(InvalidLogError, match="LANC") as bad:
         ds.manifest(3)
     assert bad.value.version == 3 and bad.value.file is not None
+
+
+def test_an_unreadable_data_file_is_a_data_file_error(tmp_path: Path) -> None:
+    root = dataset(tmp_path / "ds")
+    new = next(f for f in LanceDataset(str(root)).manifest(3).fragments if f.id == 2)
+    path = root / "data" / new.files[0].path
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(DataFileError, match="cannot read fragment 2") as e:
+        list(LanceFeed(str(root)).batches(3, 3))
+    assert e.value.version == 3 and e.value.table == str(root)
+
+
+def test_a_column_that_cannot_be_cast_is_a_schema_change_error() -> None:
+    schema = change_schema_of(pa.schema([("x", pa.int8())]))
+    batch = pa.record_batch({"x": pa.array(["not a number"])})
+    task = RowTask(Fragment(0, (), 1, None), 1, "delete")
+    with pytest.raises(SchemaChangeError, match="cannot be read as int8"):
+        _conform(batch, schema, task, LancePlan(2, 0, "Delete", (task,)), "t")

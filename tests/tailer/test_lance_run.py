@@ -29,11 +29,12 @@ import orjson
 import pytest
 from lance_datasets import rows
 
-from state.errors import StateError, VersionGapError
+from state.errors import SchemaChangeError, StateError, VersionGapError
 from tailer.follow.state_store import StateStore
 from tailer.follow.tailer import TailerConfig
 from tailer.lance.feed import LanceFeed
 from tailer.lance.follow import LanceTailer
+from tailer.read.feed import ChangeOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import POINTS, run_campaign, strike
@@ -277,3 +278,20 @@ def test_stop_from_another_thread_saves_the_cursor(tmp_path: Path) -> None:
     saved = StateStore(str(state)).load()
     assert saved is not None and saved.cursor.version == 3
     assert LanceFeed(str(root)).dataset.latest_version() == 2
+
+
+def test_a_non_additive_change_mid_stream_stops_after_checkpointing_what_came_before(tmp_path: Path) -> None:
+    root, state, out = tmp_path / "ds", tmp_path / "state", tmp_path / "out.jsonl"
+    lance.write_dataset(rows(range(10)), str(root))
+    lance.dataset(str(root)).delete("id = 1")
+    lance.dataset(str(root)).alter_columns({"path": "name", "name": "label"})  # type: ignore[dict-item]
+    lance.dataset(str(root)).delete("id = 2")
+    with pytest.raises(SchemaChangeError) as e:
+        _run_once(root, state, out)
+    assert e.value.version == 3
+    saved = StateStore(str(state)).load()
+    assert saved is not None and saved.cursor.version == 3 and len(jsonl(out)) == 11
+    config = _config(root, state)
+    config.options = ChangeOptions(allow_non_additive=True)
+    LanceTailer(config, JsonLinesSink(str(out))).run()
+    assert jsonl(out)[-1]["id"] == 2 and "label" in jsonl(out)[-1]
