@@ -26,6 +26,7 @@ Target: deltatail at least as fast as the faster peer in section 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import shutil
@@ -42,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.embedded import JsonLinesSink
+from state.feed import ChangeBatch
 from tailer.follow.tailer import TailerConfig
 from tailer.lance.feed import LanceFeed
 from tailer.lance.follow import LanceTailer
@@ -116,11 +118,11 @@ def rates(root: Path, runs: int) -> None:
         ("delete of 1,000 rows", delete, "delete"),
     ):
         sides: dict[str, Callable[[], int]] = {
-            "deltatail LanceFeed": lambda v=version: deltatail_rows(root, v),
-            "DatasetDelta" + (" (ids + take)" if kind == "delete" else ""): lambda v=version, k=kind: delta_rows(
-                root, v, k
+            "deltatail LanceFeed": functools.partial(deltatail_rows, root, version),
+            "DatasetDelta" + (" (ids + take)" if kind == "delete" else ""): functools.partial(
+                delta_rows, root, version, kind
             ),
-            "version-to-version scan": lambda v=version: scan_rows(root, v),
+            "version-to-version scan": functools.partial(scan_rows, root, version),
         }
         times: dict[str, list[float]] = {name: [] for name in sides}
         counts: dict[str, int] = {}
@@ -142,9 +144,9 @@ class StampedSink(JsonLinesSink):
         self.flushes: list[tuple[float, int]] = []
         self.rows = 0
 
-    def write(self, batch: object) -> None:  # type: ignore[override]
-        super().write(batch)  # type: ignore[arg-type]
-        self.rows += len(batch)  # type: ignore[arg-type]
+    def write(self, batch: ChangeBatch) -> None:
+        super().write(batch)
+        self.rows += len(batch)
 
     def flush(self) -> None:
         super().flush()
