@@ -168,9 +168,12 @@ class LanceDataset:
             names.reverse()
         for name in names:
             try:
-                return self.storage.read(join(self.versions_dir, name))
+                data = self.storage.read(join(self.versions_dir, name))
             except MissingFileError:
                 continue
+            if self._v2 is None:  # the naming scheme, known now without a listing
+                self._v2 = name == manifest_name(version, v2=True)
+            return data
         raise self._missing_version(version)
 
     def _missing_version(self, version: int) -> VersionNotFoundError:

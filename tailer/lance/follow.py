@@ -53,7 +53,7 @@ from tailer.log.watch import LogWatcher, Watcher
 
 log = logging.getLogger("deltatail")
 
-#: Versions delivered between two looks at the stop flag's neighbours (discovery batches).
+#: The most versions found by name in one look (the loop looks again once they are delivered).
 DISCOVER_AHEAD = 64
 
 
