@@ -129,9 +129,12 @@ class ChangeFilter:
 
     def skips(self, commit: Commit | None) -> bool:
         """Whether ``commit``'s rows are not delivered at all (its operation is skipped)."""
-        if not self.skip_operations or commit is None or commit.commit_info is None:
+        if commit is None or commit.commit_info is None:
             return False
-        operation = commit.commit_info.operation
+        return self.skips_operation(commit.commit_info.operation)
+
+    def skips_operation(self, operation: str | None) -> bool:
+        """Whether a version made by ``operation`` (any case) delivers nothing."""
         return operation is not None and operation.upper() in self.skip_operations
 
     def apply(self, batch: ChangeBatch) -> list[ChangeBatch]:

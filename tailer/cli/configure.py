@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from state.errors import ConfigError
@@ -80,8 +80,17 @@ def starting_version(table: str, store: Storage, value: object) -> int | None:
         raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
 
 
-def tailer_config(table: str, state_dir: str, s: Mapping[str, Any]) -> TailerConfig:
+def tailer_config(
+    table: str,
+    state_dir: str,
+    s: Mapping[str, Any],
+    *,
+    start_of: Callable[[str, Storage, object], int | None] | None = None,
+) -> TailerConfig:
     """The configuration of a tailer of ``table`` from merged settings ``s`` (defaults from the config types).
+
+    ``start_of`` turns ``starting_version`` into a version (default: :func:`starting_version`, for
+    Delta tables; Lance datasets number and find their latest version their own way).
 
     Raises:
         ConfigError: for contradicting or invalid settings.
@@ -98,7 +107,7 @@ def tailer_config(table: str, state_dir: str, s: Mapping[str, Any]) -> TailerCon
     return TailerConfig(
         table=table,
         state_dir=state_dir,
-        starting_version=starting_version(table, store, s.get("starting_version")),
+        starting_version=(start_of or starting_version)(table, store, s.get("starting_version")),
         starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
         initial_snapshot=bool(s.get("initial_snapshot", d.initial_snapshot)),
         poll_interval=s.get("poll_interval", d.poll_interval),

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from state.errors import ConfigError, DeltaTailError
 from state.feed import ChangeBatch, TableInfo, change_schema
+from tailer.cli import lance as lance_cli
 from tailer.cli import logs
 from tailer.cli.configure import (
     DEFAULT_SINK,
@@ -34,10 +35,10 @@ from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.serve import serve
-from tailer.cli.settings import merge
+from tailer.cli.settings import STORAGE, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
-from tailer.follow.tailer import table_name
+from tailer.follow.tailer import Tailer, table_name
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
@@ -46,6 +47,8 @@ from tailer.storage.options import parse_option_pairs
 
 
 def _snapshot(args: argparse.Namespace) -> int:
+    if lance_cli.is_lance(args, parse_option_pairs(args.storage_option or [])):
+        return lance_cli.snapshot(args)
     snap = DeltaLog(args.table, storage(args.table, parse_option_pairs(args.storage_option or []))).snapshot(
         args.version
     )
@@ -72,6 +75,8 @@ READER_PROCESSES_HELP = (
 
 
 def _changes(args: argparse.Namespace) -> int:
+    if lance_cli.is_lance(args, parse_option_pairs(args.storage_option or [])):
+        return lance_cli.changes(args)
     if args.key and not args.net_changes:
         raise ConfigError("--key needs --net-changes")
     options = ChangeOptions(
@@ -135,11 +140,15 @@ def _run(args: argparse.Namespace) -> int:
     s = merge(vars(args))
     if not s.get("state_dir"):
         raise ConfigError("--state-dir is required (or DELTATAIL_STATE_DIR, or state_dir in the config file)")
-    config = tailer_config(args.table, s["state_dir"], s)
+    lance = lance_cli.is_lance(args, dict(s.get(STORAGE, {})))
+    config = tailer_config(args.table, s["state_dir"], s, start_of=lance_cli.run_start if lance else None)
     uri = s.get("sink", DEFAULT_SINK)
     retries = s.get("sink_retries", -1)
     tune_for_latency()
-    service = TailerService(config, lambda: open_sink(uri), retries=None if retries < 0 else retries)
+    make_tailer = lance_cli.make_tailer if lance else Tailer
+    service = TailerService(
+        config, lambda: open_sink(uri), retries=None if retries < 0 else retries, make_tailer=make_tailer
+    )
     stop_on_signals(service.stop)
     with ServiceProgress(lambda: [service.stats]):
         progress = service.run()
@@ -188,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--version", type=int, default=None, help="version to show (default: latest)")
     snap.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     _storage_option(snap)
+    lance_cli.add_format_option(snap)
     snap.set_defaults(handler=_snapshot)
 
     ch = sub.add_parser("changes", help="print the change rows of a range of versions")
@@ -203,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     _storage_option(ch)
     _filter_options(ch)
+    lance_cli.add_format_option(ch)
     ch.set_defaults(handler=_changes)
 
     run = sub.add_parser("run", help="follow a table and deliver its changes to a sink")
@@ -257,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     _storage_option(run)
     _filter_options(run)
+    lance_cli.add_format_option(run)
     run.set_defaults(handler=_run)
 
     add_cursor_parsers(sub, _storage_option)

@@ -5,12 +5,27 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from state.errors import DeltaTailError, SinkUnavailableError, StorageError
 from tailer.follow.sink import Sink
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import Progress, status
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
+
+
+class Runner(Protocol):
+    """What the service runs: a :class:`~tailer.follow.tailer.Tailer`, or another table format's tailer."""
+
+    progress: Progress
+
+    def run(self) -> Progress:
+        """Follow the table until done, stopped or failed."""
+        ...
+
+    def stop(self) -> None:
+        """Finish the batch in hand, checkpoint and return from :meth:`run`."""
+        ...
 
 
 class TailerService:
@@ -42,7 +57,7 @@ class TailerService:
         *,
         retries: int | None = None,
         max_backoff: float = 60.0,
-        make_tailer: Callable[[TailerConfig, Sink], Tailer] | None = None,
+        make_tailer: Callable[[TailerConfig, Sink], Runner] | None = None,
         stats: TableStats | None = None,
     ) -> None:
         self.config = config
@@ -52,7 +67,7 @@ class TailerService:
         self.stats = stats if stats is not None else TableStats(config.table, table_name(config.table))
         self.make_tailer = make_tailer or (lambda c, sink: Tailer(c, sink, stats=self.stats))
         self._stopping = threading.Event()
-        self._current: Tailer | None = None
+        self._current: Runner | None = None
 
     def stop(self) -> None:
         """Stop the running tailer (after its batch in hand) or the wait before the next one."""
