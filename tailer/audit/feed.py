@@ -21,7 +21,8 @@ leaves the figure unknown (``None``).
 
 :class:`AuditTracker` is the same step for a follower that already moves its
 own snapshot: call :meth:`AuditTracker.event` with each commit and the snapshot
-before it.
+before it, or hand :meth:`AuditTracker.build` to a
+:class:`~tailer.log.follower.LogFollower` as its ``audit`` builder.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import snapshot_time, version_at_or_after
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.read.rows import resolve_data_path
-from tailer.storage import Storage
+from tailer.storage import FileInfo, Storage
 
 log = logging.getLogger("deltatail.audit")
 
@@ -160,6 +161,15 @@ class AuditTracker:
         if self.table_rows is not None:
             self.table_rows = event.counts.table_rows_after
         return event
+
+    def build(self, commit: Commit, before: Snapshot, file: FileInfo, previous_ms: int | None) -> AuditEvent:
+        """:meth:`event`, in the shape of a follower's ``audit`` builder (:data:`tailer.log.follower.AuditBuilder`).
+
+        Raises:
+            VersionGapError: if ``commit`` does not follow ``before``.
+            InvalidLogError: if there is no metadata, or the new schema does not parse.
+        """
+        return self.event(commit, before, file_mtime_ms=file.modification_time, previous_timestamp_ms=previous_ms)
 
 
 class _CommitBytes:

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from state.errors import ConfigError, DeltaTailError
 from state.feed import ChangeBatch, TableInfo, change_schema
-from tailer.cli import logs
+from tailer.cli import audit, logs
 from tailer.cli.demo import run_demo
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.report import snapshot_document, snapshot_text
@@ -291,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     _storage_option(run)
     run.set_defaults(handler=_run)
+
+    audit.add_parser(sub)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")
     demo.add_argument("--commits", type=int, default=8, help="how many commits the writer makes (default 8)")
