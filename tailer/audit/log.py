@@ -26,6 +26,7 @@ Either refuses, on open, a log whose last event belongs to another table.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from abc import ABC, abstractmethod
@@ -247,8 +248,10 @@ class _JsonLines:
             raise SinkError(f"cannot flush: {e.strerror or e}", file=self.path) from e
 
     def close(self) -> None:
+        """Close; what a failed flush left in the buffer is dropped (it was never acknowledged)."""
         if self._fh is not None:
-            self._fh.close()
+            with contextlib.suppress(OSError):
+                self._fh.close()
             self._fh = None
 
 
