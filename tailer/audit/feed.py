@@ -424,7 +424,7 @@ class _Step:
         except DeltaTailError as e:
             raise e.at(table=log.table, version=v, file=path) from None
         if self.counted:
-            before, plan = plan_commit(before, commit, mtime, previous)
+            before, plan = plan_commit(before, commit, mtime, previous, allow_non_additive=True)
             counts: dict[str, int] = {}
             for batch in self.feed._changes.plan_batches(plan):
                 for value in batch.rows.column("_change_type").value_counts().to_pylist():

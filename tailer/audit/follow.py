@@ -201,7 +201,7 @@ class AuditFollower:
             try:
                 for out in self.outputs.outputs:
                     held = out.open(self._table_id)
-                    if held is not None:
+                    if held is not None and held >= self._cursor.version:  # a stop between its flush and the cursor
                         log.info("%s already holds events up to version %d; they are not written again", out.path, held)
                 watcher = self._make_watcher(self.log.log_dir, self.config.watch and not self.log.storage.remote)
                 self._watcher = watcher
