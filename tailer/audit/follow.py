@@ -279,12 +279,7 @@ class AuditFollower:
         return follower, checkpoints
 
     def _first_version(self) -> int:
-        """The first version of a new state directory.
-
-        Raises:
-            VersionNotFoundError: if the start is after the latest version (as ``latest + 1`` it
-                is allowed: only the commits after now are audited).
-        """
+        """The first version of a new state directory (``latest + 1``: only the commits after now)."""
         c = self.config
         if c.starting_timestamp_ms is not None:
             return version_at_or_after(self.log, c.starting_timestamp_ms)

@@ -16,9 +16,10 @@ in type from commit to commit.
 ``FILE.parquet``
     a directory of part files, ``part-v<first>-v<last>.parquet`` (versions 20 digits wide), one
     per flush, each written to a hidden temporary name, fsynced and renamed; Parquet readers
-    (pyarrow, DuckDB, Spark) read the directory as one table. Once it holds
-    :data:`COMPACT_PARTS` parts they are merged into one (written, then the merged parts
-    removed; a part inside another part's range, left by a crash in between, is removed on open).
+    (pyarrow, DuckDB, Spark) read the directory as one table. Every :data:`COMPACT_PARTS` parts
+    a run writes are merged into one (written, then the merged parts removed; a part inside
+    another part's range, left by a crash in between, is removed on open), so a long follow
+    leaves one part per :data:`COMPACT_PARTS` flushes and never rewrites older parts.
     On open temporary leftovers are removed and the largest ``last`` is the version held.
 
 Either refuses, on open, a log whose last event belongs to another table.
@@ -151,7 +152,7 @@ def read_audit_log(path: str) -> Iterator[AuditEvent]:
 
 # -- appending ----------------------------------------------------------------------------------
 
-#: A Parquet audit log's parts are merged into one once there are this many.
+#: A Parquet audit log's parts written by one run are merged into one once there are this many.
 COMPACT_PARTS = 64
 
 _PART = re.compile(r"^part-v(\d{20})-v(\d{20})\.parquet$")
@@ -343,7 +344,7 @@ class ParquetAuditLog(AuditOutput):
         self.dir = Path(path)
         self.compact_parts = compact_parts
         self._pending: list[AuditEvent] = []
-        self._parts: list[tuple[int, int, Path]] = []
+        self._parts: list[tuple[int, int, Path]] = []  # written by this run since the last merge
 
     def open(self, table_id: str) -> int | None:
         """Create the directory, remove leftovers of a crash, and return the last version held.
@@ -364,7 +365,6 @@ class ParquetAuditLog(AuditOutput):
                     part.unlink()  # merged into a larger part before a crash: its events are there
                 else:
                     kept.append((first, last, part))
-            self._parts = kept
             if not kept:
                 return None
             last_part = kept[-1][2]
@@ -383,7 +383,7 @@ class ParquetAuditLog(AuditOutput):
         self._pending.append(event)
 
     def flush(self) -> None:
-        """Write the held events as one part file, atomically; merge the parts once there are many.
+        """Write the held events as one part file, atomically; merge this run's parts once there are many.
 
         Raises:
             SinkError: if a file cannot be written.
@@ -418,7 +418,7 @@ class ParquetAuditLog(AuditOutput):
         for _, _, part in parts:
             if part != merged:
                 part.unlink(missing_ok=True)
-        self._parts = [(parts[0][0], parts[-1][1], merged)]
+        self._parts = []  # the merged part is never rewritten
 
     def close(self) -> None:
         """Drop what was not flushed."""

@@ -41,6 +41,7 @@ from deltalake import DeltaTable, write_deltalake
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import strike
 
+from state.alerts import parse_alert_rules
 from state.cursor import Position
 from state.errors import (
     InvalidLogError,
@@ -52,12 +53,16 @@ from state.errors import (
     VersionNotFoundError,
 )
 from state.feed import ChangeBatch, CommitEvent, TableInfo
-from tailer.audit.feed import AuditFeed
+from state.snapshot import Snapshot
+from tailer.audit.alerts import AlertNotifier
+from tailer.audit.feed import AuditFeed, AuditTracker
 from tailer.audit.follow import AuditFollowConfig, AuditFollower
-from tailer.audit.log import JsonlAuditLog, read_audit_log
+from tailer.audit.log import AlertLog, JsonlAuditLog, read_audit_log
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import StateStore
 from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.log.delta_log import DeltaLog
+from tailer.log.follower import LogFollower
 from tailer.read.feed import ChangeOptions
 
 DELTATAIL = [sys.executable, "-m", "tailer.cli"]
@@ -443,3 +448,41 @@ def test_the_tailer_builds_audit_events_only_for_sinks_that_want_them(tmp_path: 
             assert all(c.audit is not None and c.timestamp_ms == c.audit.timestamp_ms for c in sink.commits)
         else:
             assert all(c.audit is None for c in sink.commits)
+
+
+def test_follower_step_and_the_audit_builder(tmp_path: Path) -> None:
+    table = tmp_path / "ops"
+    write_ops_table(table)
+    log = DeltaLog(str(table))
+    tracker = AuditTracker(log.table, log.storage)
+    follower = LogFollower(log, Snapshot.empty(log.table), audit=tracker.build)
+    expected = list(AuditFeed(str(table)).events())
+    stepped = [follower.step(v) for v in range(10)]
+    assert [s.audit for s in stepped] == expected
+    assert [s.timestamp_ms for s in stepped] == [e.timestamp_ms for e in expected]
+    assert follower.head.version == 9 and stepped[-1].snapshot is follower.head
+    plain = LogFollower(log, Snapshot.empty(log.table))
+    assert [plain.step(v).timestamp_ms for v in range(3)] == [e.timestamp_ms for e in expected[:3]]
+    assert plain.step(3).audit is None
+    with pytest.raises(VersionGapError, match="commit 11 is missing"):
+        follower.step(11)
+    with pytest.raises(StateError, match="the table id was other-id"):
+        LogFollower(log, Snapshot.empty(log.table), table_id="other-id").step(0)
+    with pytest.raises(VersionGapError, match="does not follow version -1"):
+        tracker.build(log.read_commit(3), Snapshot.empty(log.table), log.storage.stat(log.commit_path(3)), None)
+
+
+def test_alert_log_write_and_flush_errors(tmp_path: Path) -> None:
+    table = tmp_path / "ops"
+    write_ops_table(table)
+    events = list(AuditFeed(str(table)).events())
+    notifier = AlertNotifier(parse_alert_rules([{"name": "d", "operation_in": ["DELETE"]}]))
+    alerts = notifier.notify(events[2]).alerts
+    with pytest.raises(SinkError, match="not open"):
+        AlertLog(str(tmp_path / "a.jsonl")).write(events[2], alerts)
+    full = AlertLog("/dev/full")
+    assert full.open(events[0].table_id or "") is None
+    full.write(events[2], alerts)
+    with pytest.raises(SinkError, match="cannot flush"):
+        full.flush()
+    full.close()
