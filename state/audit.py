@@ -74,6 +74,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -648,8 +649,12 @@ def _bool(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return dict(value) if isinstance(value, dict) else {}
+def _dict(value: Any) -> Mapping[str, Any]:
+    """A JSON object of ``commitInfo`` as it is (shared with the commit; neither changes it), else empty."""
+    return value if type(value) is dict else _EMPTY
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def _predicate(parameters: Mapping[str, Any]) -> str | None:
@@ -948,7 +953,7 @@ def _counts(
         data_files_added=data_files[0],
         data_files_removed=data_files[1],
         cdc_files=len(commit.cdcs),
-        bytes_added=sum(a.size for a in commit.adds),
+        bytes_added=sum([a.size for a in commit.adds]),
         bytes_removed=bytes_removed,
         rows_inserted=figures["inserted"],
         rows_deleted=figures["deleted"],

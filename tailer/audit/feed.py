@@ -408,7 +408,6 @@ class _Step:
             DeltaTailError: what reading, parsing, building and applying raise (naming the version and file).
         """
         log = self.feed.log
-        path = log.commit_path(v)
         try:
             data, mtime = self.files.next()
         except MissingFileError:
@@ -416,13 +415,13 @@ class _Step:
                 f"commit {v} is missing from the log (cleaned up, or a gap); the range cannot be audited",
                 table=log.table,
                 version=v,
-                file=path,
+                file=log.commit_path(v),
             ) from None
         try:
             commit = Commit.from_actions(v, parse_json_actions(data))
             event = self.tracker.event(commit, before, file_mtime_ms=mtime, previous_timestamp_ms=previous)
         except DeltaTailError as e:
-            raise e.at(table=log.table, version=v, file=path) from None
+            raise e.at(table=log.table, version=v, file=log.commit_path(v)) from None
         if self.counted:
             before, plan = plan_commit(before, commit, mtime, previous, allow_non_additive=True)
             counts: dict[str, int] = {}
@@ -434,7 +433,7 @@ class _Step:
             try:
                 before, _ = before.apply(commit)
             except DeltaTailError as e:
-                raise e.at(table=log.table, file=path) from None
+                raise e.at(table=log.table, file=log.commit_path(v)) from None
         out.append(event)
         return before, event.timestamp_ms
 
