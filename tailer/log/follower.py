@@ -295,7 +295,7 @@ class LogFollower:
             StateError: if it carries another table id.
         """
         commit, file, path = self._next(version, file)
-        event = self._audit_event(commit, file, path)
+        event = None if self.audit is None else self._audit_event(commit, file, path)
         try:
             after, plan = plan_commit(
                 self.head,
@@ -324,7 +324,7 @@ class LogFollower:
             StateError: if it carries another table id.
         """
         commit, file, path = self._next(version, file)
-        event = self._audit_event(commit, file, path)
+        event = None if self.audit is None else self._audit_event(commit, file, path)
         try:
             after, _ = self.head.apply(commit)
             if after.metadata is None:
@@ -358,9 +358,9 @@ class LogFollower:
                 ) from e
         return commit, file, path
 
-    def _audit_event(self, commit: Commit, file: FileInfo, path: str) -> AuditEvent | None:
+    def _audit_event(self, commit: Commit, file: FileInfo, path: str) -> AuditEvent:
         if self.audit is None:
-            return None
+            raise RuntimeError("no audit builder")  # a program error: callers check first
         try:
             return self.audit(commit, self.head, file, self.previous_ms)
         except DeltaTailError as e:
