@@ -59,6 +59,17 @@ COLUMNS: tuple[tuple[str, int | None, bool], ...] = (
 )
 #: The narrowest DETAILS column, however narrow the terminal.
 MIN_DETAILS = 24
+#: Flags that only ``--follow`` uses (refused without it rather than ignored).
+FOLLOW_ONLY = (
+    "state_dir",
+    "poll_interval",
+    "max_poll_interval",
+    "no_watch",
+    "checkpoint_commits",
+    "checkpoint_seconds",
+    "snapshot_commits",
+    "until_caught_up",
+)
 
 
 def _count(value: int | None) -> str:
@@ -235,7 +246,7 @@ def run_audit(args: argparse.Namespace) -> int:
     fmt = args.format or ("table" if sys.stdout.isatty() else "jsonl")
     if args.follow:
         return _follow(args, settings, audit, fmt)
-    for flag in ("state_dir", "poll_interval", "max_poll_interval", "no_watch", "checkpoint_commits"):
+    for flag in FOLLOW_ONLY:
         if flags.get(flag) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')} is a setting of --follow")
     return _range(args, settings, audit, fmt)
@@ -344,8 +355,13 @@ def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSett
         outputs.append(EventPrinter(fmt))
     if args.alert_output is not None:
         outputs.append(AlertLog(args.alert_output))
-    notifier = AlertNotifier.from_settings(audit) if audit.rules else None
-    follower = AuditFollower(config, outputs, notifier)
+    notifier = AlertNotifier.from_settings(audit) if audit.rules else None  # its webhooks start here
+    try:
+        follower = AuditFollower(config, outputs, notifier)
+    except BaseException:
+        if notifier is not None:
+            notifier.close(0)
+        raise
     stop_on_signals(follower.stop)
     progress = follower.run()
     log.info("stopped: %d versions audited, %d alerts raised", progress.versions, progress.alerts)

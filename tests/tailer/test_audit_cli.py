@@ -165,6 +165,7 @@ def test_outputs_report_and_alerts(ops: Path, config: Path, tmp_path: Path) -> N
         (["--follow", "--state-dir", "S", "--ending-version", "3"], "--ending-version ends a range"),
         (["--follow", "--state-dir", "S", "--html", "r.html"], "--html writes the report of a range"),
         (["--state-dir", "S"], "--state-dir is a setting of --follow"),
+        (["--until-caught-up"], "--until-caught-up is a setting of --follow"),
         (["--starting-version", "soon"], "--starting-version must be a number or 'latest'"),
         (["--ending-version", "20"], "ending version 20 is after the latest version 9"),
     ],
