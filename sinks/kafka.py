@@ -24,7 +24,7 @@ URI::
                             ``__debezium-heartbeat.{server_name}``
 ``tombstones``              ``true``: a null-valued message after each delete (needs ``key``)
 ``exactly_once``            ``true``: resume without duplicates (below); default ``false``
-``commit_topic``            topic (template) for one event per commit, via :meth:`KafkaSink.commit_event`
+``commit_topic``            topic (template) for one audit event per commit, via :meth:`KafkaSink.commit_event`
 ``sink_id``                 names this sink in headers; default derived from table id and topic
 ``backend``                 ``kafka-python`` (default) or ``confluent`` (confluent-kafka, ~3x faster)
 ``linger_ms``               producer linger, default 10
@@ -136,6 +136,7 @@ from sinks.kafka_producers import (
     Stamp,
 )
 from sinks.partitioner import choose_partition, choose_partitions
+from state.audit import AuditEvent
 from state.cursor import Position
 from state.errors import ConfigError, SinkError, SinkUnavailableError, StateError
 from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
@@ -558,25 +559,42 @@ class KafkaSink(Sink):
             rows.append(row)
         return Outgoing(self.topic, keys, values, headers, partitions, version, rank, base, rows)
 
-    def commit_event(self, event: CommitEvent) -> None:
-        """Publish ``event`` to the commit topic, if one is configured; delivery is confirmed by :meth:`flush`.
+    @property
+    def wants_audit_events(self) -> bool:
+        """True with a ``commit_topic``: its messages are the commits' audit events."""
+        return bool(self.options.commit_topic)
 
-        The value is a JSON object with ``table_path``, ``table_id``, ``table``, ``sink_id``,
-        ``version``, ``timestamp_ms``, ``operation``, ``operation_metrics`` and ``row_counts``;
-        the key is the table id. With ``exactly_once``, a version not after the last one in the
-        commit topic's partition is skipped.
+    def commit_event(self, event: CommitEvent) -> None:
+        """Publish the commit's audit event to the commit topic, if one is configured.
+
+        The value is exactly the audit event's dict form
+        (:meth:`AuditEvent.to_json <state.audit.AuditEvent.to_json>`, format
+        ``deltatail.audit.commit/1``) plus two keys: ``table_id`` (the followed table's id)
+        and ``sink_id``. The key is the table id; headers ``dt.table_id``, ``dt.sink_id``,
+        ``dt.version`` and ``dt.change_type: commit``. With ``exactly_once``, a version not
+        after the last one in the commit topic's partition is skipped. Delivery is confirmed
+        by :meth:`flush`.
 
         Raises:
-            SinkError: if the sink is not open or has failed, or the event cannot be sent.
+            SinkError: if the sink is not open or has failed, the event carries no audit event
+                (``CommitEvent.audit``: the tailer builds it because :attr:`wants_audit_events`),
+                or it cannot be sent.
         """
         self._check_usable()
         if self.commit_topic is None:
             return
+        if event.audit is None:
+            raise SinkError(
+                f"the commit event of version {event.version} carries no audit event; the commit topic "
+                "publishes audit events (the tailer builds them for a sink whose wants_audit_events is true)",
+                table=self.table.path,
+                version=event.version,
+            )
         if self.options.exactly_once and event.version <= self._last_commit_version:
             return
         self._last_commit_version = event.version
         key = self.table.table_id.encode()
-        value = self._commit_value(event)
+        value = self._commit_value(event.audit)
         headers = [*self._fixed_headers, ("dt.version", b"%d" % event.version), ("dt.change_type", b"commit")]
         partition = None if self._by_producer else choose_partition(key, self._commit_partitions)
         stamp = (event.version, COMMIT_RANK, -1, 0)
@@ -623,18 +641,10 @@ class KafkaSink(Sink):
         except SendRefused as e:
             raise self._refused(e, self.heartbeat_topic, key, value, stamp) from e
 
-    def _commit_value(self, event: CommitEvent) -> bytes:
-        body = {
-            "table_path": self.table.path,
-            "table_id": self.table.table_id,
-            "table": self.table.name,
-            "sink_id": self.sink_id,
-            "version": event.version,
-            "timestamp_ms": event.timestamp_ms,
-            "operation": event.operation,
-            "operation_metrics": event.operation_metrics,
-            "row_counts": event.row_counts,
-        }
+    def _commit_value(self, audit: AuditEvent) -> bytes:
+        body = audit.to_json()
+        body["table_id"] = self.table.table_id
+        body["sink_id"] = self.sink_id
         try:
             return orjson.dumps(body)
         except TypeError as e:

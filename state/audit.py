@@ -74,6 +74,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -609,13 +610,7 @@ def build_audit_event(
         operation_parameters=parameters,
         predicate=_predicate(parameters),
         actor=_actor(raw),
-        transaction=TransactionInfo(
-            isolation_level=_str(raw.get("isolationLevel")),
-            is_blind_append=_bool(raw.get("isBlindAppend")),
-            read_version=_int(raw.get("readVersion")),
-            txn_id=_str(raw.get("txnId")),
-            app_transactions=tuple(AppTransaction(t.app_id, t.version, t.last_updated) for t in commit.txns),
-        ),
+        transaction=_transaction(raw, commit),
         operation_metrics=metrics,
         counts=counts,
         schema_change=schema_change,
@@ -654,8 +649,12 @@ def _bool(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return dict(value) if isinstance(value, dict) else {}
+def _dict(value: Any) -> Mapping[str, Any]:
+    """A JSON object of ``commitInfo`` as it is (shared with the commit; neither changes it), else empty."""
+    return value if type(value) is dict else _EMPTY
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def _predicate(parameters: Mapping[str, Any]) -> str | None:
@@ -675,7 +674,53 @@ def _predicate(parameters: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: A commit without transaction facts (delta-rs appends, Kernel commits): one shared value.
+_NO_TRANSACTION = TransactionInfo()
+
+
+def _transaction(raw: Mapping[str, Any], commit: Commit) -> TransactionInfo:
+    get = raw.get
+    isolation, blind, read, txn_id = get("isolationLevel"), get("isBlindAppend"), get("readVersion"), get("txnId")
+    if isolation is None and blind is None and read is None and txn_id is None and not commit.txns:
+        return _NO_TRANSACTION
+    return TransactionInfo(
+        isolation_level=_str(isolation),
+        is_blind_append=_bool(blind),
+        read_version=_int(read),
+        txn_id=_str(txn_id),
+        app_transactions=tuple(AppTransaction(t.app_id, t.version, t.last_updated) for t in commit.txns),
+    )
+
+
+#: Actors built lately, by their fields: a writer's commits share one value (at most this many kept).
+_ACTOR_CACHE_SIZE = 256
+_actors: dict[tuple[str | None, ...], Actor] = {}
+
+
 def _actor(raw: Mapping[str, Any]) -> Actor:
+    """The commit's actor; an equal one built before is reused (a value: sharing it is safe)."""
+    get = raw.get
+    job, notebook = get("job"), get("notebook")
+    if job is None and notebook is None:  # most writers: the key is the flat fields alone
+        key = (
+            _str(get("userId")),
+            _str(get("userName")),
+            _str(get("engineInfo")),
+            _str(get("clientVersion")),
+            _str(get("clusterId")),
+            _str(get("userMetadata")),
+        )
+        actor = _actors.get(key)
+        if actor is None:
+            actor = Actor(key[0], key[1], key[2], key[3], cluster_id=key[4], user_metadata=key[5])
+            if len(_actors) >= _ACTOR_CACHE_SIZE:
+                _actors.clear()
+            _actors[key] = actor
+        return actor
+    return _full_actor(raw)
+
+
+def _full_actor(raw: Mapping[str, Any]) -> Actor:
     get = raw.get
     job = get("job")
     notebook = get("notebook")
@@ -908,7 +953,7 @@ def _counts(
         data_files_added=data_files[0],
         data_files_removed=data_files[1],
         cdc_files=len(commit.cdcs),
-        bytes_added=sum(a.size for a in commit.adds),
+        bytes_added=sum([a.size for a in commit.adds]),
         bytes_removed=bytes_removed,
         rows_inserted=figures["inserted"],
         rows_deleted=figures["deleted"],

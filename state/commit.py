@@ -99,16 +99,21 @@ class Commit:
                     commit_info = action
                 case Sidecar() | CheckpointMetadata():
                     pass
-        if check_duplicates:
-            _check_unique_paths("add", (a.path for a in adds), version)
-            _check_unique_paths("remove", (r.path for r in removes), version)
-            _check_unique_paths("domainMetadata", (d.domain for d in domains), version)
-            removed = {(r.path, r.dv_id) for r in removes}
-            for a in adds:
-                if (a.path, a.dv_id) in removed:
-                    raise DuplicateActionError(
-                        f"commit both adds and removes the logical file {a.path!r} (DV {a.dv_id})", version=version
-                    )
+        if check_duplicates:  # (a check of one action or none is skipped: most commits hold one add)
+            if len(adds) > 1:
+                _check_unique_paths("add", (a.path for a in adds), version)
+            if len(removes) > 1:
+                _check_unique_paths("remove", (r.path for r in removes), version)
+            if len(domains) > 1:
+                _check_unique_paths("domainMetadata", (d.domain for d in domains), version)
+            if adds and removes:
+                removed = {(r.path, r.dv_id) for r in removes}
+                for a in adds:
+                    if (a.path, a.dv_id) in removed:
+                        raise DuplicateActionError(
+                            f"commit both adds and removes the logical file {a.path!r} (DV {a.dv_id})",
+                            version=version,
+                        )
         return Commit(
             version=version,
             protocol=protocol,

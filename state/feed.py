@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from state.audit import AuditEvent
 from state.cursor import Position
 from state.schema import StructType
 
@@ -100,10 +101,21 @@ class ChangeBatch:
 
 @dataclass(frozen=True, slots=True)
 class CommitEvent:
-    """One commit's summary, for sinks that publish commit-level events."""
+    """One commit's summary, for sinks that publish commit-level events.
+
+    Attributes:
+        version: the commit's version.
+        timestamp_ms: its ``_commit_timestamp`` (epoch ms).
+        operation: the Delta operation (``WRITE``, ``MERGE``...), if recorded.
+        operation_metrics: ``commitInfo.operationMetrics`` as written.
+        row_counts: change rows delivered for the commit by this run, per ``_change_type``.
+        audit: the commit's full audit event, built only for a sink whose
+            :attr:`~tailer.follow.sink.Sink.wants_audit_events` is true; otherwise ``None``.
+    """
 
     version: int
     timestamp_ms: int
     operation: str | None
     operation_metrics: dict[str, Any] = field(default_factory=dict)
     row_counts: dict[str, int] = field(default_factory=dict)
+    audit: AuditEvent | None = None

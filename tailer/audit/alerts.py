@@ -48,6 +48,11 @@ class AuditSettings:
     rules: tuple[AlertRule, ...] = ()
     webhooks: tuple[WebhookConfig, ...] = ()
 
+    @property
+    def needs_table_rows(self) -> bool:
+        """Whether a rule needs the table's row count (``rows_deleted_pct_over``)."""
+        return any(rule.rows_deleted_pct_over is not None for rule in self.rules)
+
 
 def audit_settings(
     data: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: str | None = None

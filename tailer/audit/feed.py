@@ -21,12 +21,16 @@ leaves the figure unknown (``None``).
 
 :class:`AuditTracker` is the same step for a follower that already moves its
 own snapshot: call :meth:`AuditTracker.event` with each commit and the snapshot
-before it.
+before it, or hand :meth:`AuditTracker.build` to a
+:class:`~tailer.log.follower.LogFollower` as its ``audit`` builder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
+import os
 import queue
 import struct
 import threading
@@ -47,11 +51,12 @@ from state.errors import (
 )
 from state.planning import plan_commit
 from state.snapshot import Snapshot
-from tailer.log.delta_log import DeltaLog
+from tailer.log.delta_log import DeltaLog, LogListing
 from tailer.log.starts import snapshot_time, version_at_or_after
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.read.rows import resolve_data_path
-from tailer.storage import Storage
+from tailer.storage import FileInfo, LocalStorage, Storage
+from tailer.storage.local import to_local_path
 
 log = logging.getLogger("deltatail.audit")
 
@@ -161,32 +166,75 @@ class AuditTracker:
             self.table_rows = event.counts.table_rows_after
         return event
 
+    def build(self, commit: Commit, before: Snapshot, file: FileInfo, previous_ms: int | None) -> AuditEvent:
+        """:meth:`event`, in the shape of a follower's ``audit`` builder (:data:`tailer.log.follower.AuditBuilder`).
 
-class _CommitBytes:
-    """The bytes of commit files ``paths``, read ahead on a thread in runs of :data:`READ_RUN` files.
+        Raises:
+            VersionGapError: if ``commit`` does not follow ``before``.
+            InvalidLogError: if there is no metadata, or the new schema does not parse.
+        """
+        return self.event(commit, before, file_mtime_ms=file.modification_time, previous_timestamp_ms=previous_ms)
 
-    Reading a file releases the GIL, so on a second core the reads overlap the parsing and event
-    building of the commits before them; handing over a run at a time keeps the thread's cost per
-    file small. At most :data:`READ_AHEAD_RUNS` runs wait. A file that cannot be read is handed
-    over as its error, raised by :meth:`next` in its turn.
+
+def read_local_commit(path: str) -> tuple[bytes, int]:
+    """A local commit file's bytes and modification time (epoch ms), from one open: no listing, no stat by name.
+
+    Raises:
+        MissingFileError: if the file does not exist.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError) as e:
+        raise MissingFileError("file does not exist", file=path) from e
+    try:
+        st = os.fstat(fd)
+        data = os.read(fd, st.st_size + 1)
+        if len(data) > st.st_size:  # grew since (never for a published commit): read to the end
+            rest = [data]
+            while chunk := os.read(fd, 1 << 16):
+                rest.append(chunk)
+            data = b"".join(rest)
+    finally:
+        os.close(fd)
+    return data, st.st_mtime_ns // 1_000_000
+
+
+#: A commit file's bytes and modification time, or the error reading it raised.
+_Read = tuple[bytes, int] | Exception
+
+
+class _CommitFiles:
+    """The bytes and times of commit files, read ahead on a thread in runs of :data:`READ_RUN` files.
+
+    Locally each file is opened once (:func:`read_local_commit`: its time comes with it, so the
+    log is not listed); on an object store the times come from a listing (``times``). Reading
+    releases the GIL, so on a second core the reads overlap the parsing and event building of the
+    commits before them; handing over a run at a time keeps the thread's cost per file small. At
+    most :data:`READ_AHEAD_RUNS` runs wait. A file that cannot be read (or a time of ``None``: not
+    listed) is handed over as its error, raised by :meth:`next` in its turn.
     """
 
-    def __init__(self, storage: Storage, paths: list[str]) -> None:
-        self._runs: queue.Queue[list[bytes | Exception]] = queue.Queue(maxsize=READ_AHEAD_RUNS)
+    def __init__(self, storage: Storage, paths: list[str], times: list[int | None] | None) -> None:
+        self._runs: queue.Queue[list[_Read]] = queue.Queue(maxsize=READ_AHEAD_RUNS)
         self._stop = threading.Event()
-        self._current: list[bytes | Exception] = []
+        self._current: list[_Read] = []
         self._index = 0
         self._thread = threading.Thread(
-            target=self._read, args=(storage, paths), name="deltatail-audit-read", daemon=True
+            target=self._read, args=(storage, paths, times), name="deltatail-audit-read", daemon=True
         )
         self._thread.start()
 
-    def _read(self, storage: Storage, paths: list[str]) -> None:
+    def _read(self, storage: Storage, paths: list[str], times: list[int | None] | None) -> None:
         for start in range(0, len(paths), READ_RUN):
-            run: list[bytes | Exception] = []
-            for path in paths[start : start + READ_RUN]:
+            run: list[_Read] = []
+            for i in range(start, min(start + READ_RUN, len(paths))):
                 try:
-                    run.append(storage.read(path))
+                    if times is None:
+                        run.append(read_local_commit(to_local_path(paths[i])))
+                    elif (mtime := times[i]) is None:
+                        run.append(MissingFileError("the listing does not hold this commit", file=paths[i]))
+                    else:
+                        run.append((storage.read(paths[i]), mtime))
                 except Exception as e:  # handed over: the consumer raises it in its turn
                     run.append(e)
             while not self._stop.is_set():
@@ -198,8 +246,8 @@ class _CommitBytes:
             if self._stop.is_set():
                 return
 
-    def next(self) -> bytes:
-        """The next file's bytes.
+    def next(self) -> tuple[bytes, int]:
+        """The next file's bytes and modification time (epoch ms).
 
         Raises:
             MissingFileError: if the file is gone; any other error reading it raised, likewise.
@@ -246,6 +294,11 @@ class AuditFeed:
     ) -> Iterator[AuditEvent]:
         """One event per version of the range, in order.
 
+        Locally the log is not listed (the latest version comes from ``_last_checkpoint`` and the
+        files after it; each commit's time from its open file); on an object store one listing
+        from the start serves the range. Events are built a run of commits at a time with Python's
+        cyclic garbage collector paused (see :func:`_collector_paused`).
+
         Args:
             starting_version: first version (inclusive); default the oldest the log can
                 audit (0, or the version after the oldest checkpoint when older commits are gone).
@@ -264,12 +317,17 @@ class AuditFeed:
         """
         if starting_timestamp_ms is not None:
             starting_version = version_at_or_after(self.log, starting_timestamp_ms)
-        # One listing serves the range: the commits from the one before the start on, with their times.
-        listing = self.log.list_log(max((starting_version or 0) - 1, 0))
-        # (without commits, latest_version() tells the checkpoint-only log from no table at all)
-        latest = max(listing.commits) if listing.commits else self.log.latest_version()
+        local = type(self.storage) is LocalStorage
+        listing: LogListing | None = None
+        if local:
+            latest = self.log.latest_version()
+        else:  # one listing serves the range: the commits from the one before the start on, with their times
+            listing = self.log.list_log(max((starting_version or 0) - 1, 0))
+            # (without commits, latest_version() tells the checkpoint-only log from no table at all)
+            latest = max(listing.commits) if listing.commits else self.log.latest_version()
         if starting_version is None:
-            earliest = 0 if 0 in listing.commits else self.log.earliest_version()
+            has_zero = 0 in listing.commits if listing is not None else self.storage.exists(self.log.commit_path(0))
+            earliest = 0 if has_zero else self.log.earliest_version()
             starting_version = 0 if earliest == 0 else earliest + 1
             if starting_version > latest:
                 log.info("%s: the log holds no commit after its checkpoint at version %d", self.table, earliest)
@@ -288,45 +346,112 @@ class AuditFeed:
             previous: int | None = None
         else:
             before = self.log.snapshot(starting_version - 1)
-            previous = snapshot_time(self.log, before, listing)
+            previous = snapshot_time(self.log, before, listing if listing is not None else self._one(before.version))
         rows = None
         if track_table_rows:
             rows = 0 if starting_version == 0 else table_row_count(before, self.storage)
         tracker = AuditTracker(self.table, self.storage, table_rows=rows)
-        files = _CommitBytes(self.storage, [self.log.commit_path(v) for v in range(starting_version, end + 1)])
+        versions = range(starting_version, end + 1)
+        paths = [self.log.commit_path(v) for v in versions]
+        times: list[int | None] | None = None
+        if listing is not None:
+            missing = next((v for v in versions if v not in listing.commits), None)
+            stop = len(paths) if missing is None else missing - starting_version + 1
+            infos = [listing.commits.get(v) for v in versions[:stop]]
+            times = [None if info is None else info.modification_time for info in infos]
+            paths = paths[:stop]  # the reads stop at a gap (read as missing), raised in its turn
+        files = _CommitFiles(self.storage, paths, times)
+        step = _Step(self, tracker, files, counted)
         try:
-            for v in range(starting_version, end + 1):
-                info = listing.commits.get(v)
-                if info is None:
-                    raise VersionGapError(
-                        f"commit {v} is missing from the log (cleaned up, or a gap); the range cannot be audited",
-                        table=self.table,
-                        version=v,
-                        file=self.log.commit_path(v),
-                    )
-                try:
-                    commit = Commit.from_actions(v, parse_json_actions(files.next()))
-                except DeltaTailError as e:
-                    raise e.at(table=self.table, version=v, file=self.log.commit_path(v)) from None
-                try:
-                    event = tracker.event(
-                        commit, before, file_mtime_ms=info.modification_time, previous_timestamp_ms=previous
-                    )
-                except DeltaTailError as e:
-                    raise e.at(table=self.table, version=v, file=self.log.commit_path(v)) from None
-                if counted:
-                    before, plan = plan_commit(before, commit, info.modification_time, previous)
-                    counts: dict[str, int] = {}
-                    for batch in self._changes.plan_batches(plan):
-                        for value in batch.rows.column("_change_type").value_counts().to_pylist():
-                            counts[value["values"]] = counts.get(value["values"], 0) + int(value["counts"])
-                    event = event.with_counted(counts)
-                else:
+            v = starting_version
+            while v <= end:
+                run_end = min(v + READ_RUN, end + 1)
+                done: list[AuditEvent] = []
+                failure: DeltaTailError | None = None
+                with _collector_paused():
                     try:
-                        before, _ = before.apply(commit)
+                        for version in range(v, run_end):
+                            before, previous = step.event(version, before, previous, done)
                     except DeltaTailError as e:
-                        raise e.at(table=self.table, file=self.log.commit_path(v)) from None
-                previous = event.timestamp_ms
-                yield event
+                        failure = e
+                yield from done
+                if failure is not None:
+                    raise failure
+                v = run_end
         finally:
             files.close()  # also when the caller stops early
+
+    def _one(self, version: int) -> LogListing:
+        """A listing of the one commit ``version`` (empty if it is gone)."""
+        listing = LogListing()
+        with contextlib.suppress(MissingFileError):
+            listing.commits[version] = self.storage.stat(self.log.commit_path(version))
+        return listing
+
+
+class _Step:
+    """One version of :meth:`AuditFeed.events`: read, parse, build the event, move the snapshot on."""
+
+    def __init__(self, feed: AuditFeed, tracker: AuditTracker, files: _CommitFiles, counted: bool) -> None:
+        self.feed = feed
+        self.tracker = tracker
+        self.files = files
+        self.counted = counted
+
+    def event(
+        self, v: int, before: Snapshot, previous: int | None, out: list[AuditEvent]
+    ) -> tuple[Snapshot, int | None]:
+        """Append version ``v``'s event to ``out``; the snapshot after it and its timestamp.
+
+        Raises:
+            VersionGapError: if the commit is missing.
+            DeltaTailError: what reading, parsing, building and applying raise (naming the version and file).
+        """
+        log = self.feed.log
+        try:
+            data, mtime = self.files.next()
+        except MissingFileError:
+            raise VersionGapError(
+                f"commit {v} is missing from the log (cleaned up, or a gap); the range cannot be audited",
+                table=log.table,
+                version=v,
+                file=log.commit_path(v),
+            ) from None
+        try:
+            commit = Commit.from_actions(v, parse_json_actions(data))
+            event = self.tracker.event(commit, before, file_mtime_ms=mtime, previous_timestamp_ms=previous)
+        except DeltaTailError as e:
+            raise e.at(table=log.table, version=v, file=log.commit_path(v)) from None
+        if self.counted:
+            before, plan = plan_commit(before, commit, mtime, previous, allow_non_additive=True)
+            counts: dict[str, int] = {}
+            for batch in self.feed._changes.plan_batches(plan):
+                for value in batch.rows.column("_change_type").value_counts().to_pylist():
+                    counts[value["values"]] = counts.get(value["values"], 0) + int(value["counts"])
+            event = event.with_counted(counts)
+        else:
+            try:
+                before, _ = before.apply(commit)
+            except DeltaTailError as e:
+                raise e.at(table=log.table, file=log.commit_path(v)) from None
+        out.append(event)
+        return before, event.timestamp_ms
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a run of events is built (reference counting goes on).
+
+    Each event allocates some fifty container objects; every few hundred of them trigger a
+    collection, and every so often one that scans the whole older heap (the snapshot). The
+    building creates no reference cycles, so nothing is lost; collection resumes before the run's
+    events are handed over, and if the collector was off, it stays off.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 
 from state.errors import ConfigError, DeltaTailError
 from state.feed import ChangeBatch, TableInfo, change_schema
+from tailer.cli import audit, logs
 from tailer.cli import lance as lance_cli
-from tailer.cli import logs
 from tailer.cli.configure import (
     DEFAULT_SINK,
     READ_DEFAULTS,
@@ -276,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="follow every table a TOML file names or discovers, in one process")
     srv.add_argument("--config", required=True, help="the service's TOML file (see the README's Service section)")
     srv.set_defaults(handler=_serve)
+
+    audit.add_parser(sub)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")
     demo.add_argument("--commits", type=int, default=8, help="how many commits the writer makes (default 8)")

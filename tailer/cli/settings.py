@@ -5,7 +5,9 @@ case and ``_`` for ``-`` (``DELTATAIL_SINK``, ``DELTATAIL_POLL_INTERVAL``,
 ``DELTATAIL_STATE_DIR`` ...). The TOML file (``--config FILE`` or
 ``DELTATAIL_CONFIG``) holds the same names as keys, with ``-`` or ``_``, at the
 top level or under a ``[run]`` table; storage options (credentials, endpoints:
-:mod:`tailer.storage.options`) in a ``[storage]`` table.
+:mod:`tailer.storage.options`) in a ``[storage]`` table. ``deltatail audit`` reads the same
+settings, and its alert rules and webhooks from an ``[audit]`` table (:func:`audit_config`,
+:mod:`tailer.audit.alerts`), which ``deltatail run`` leaves alone.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from state.errors import ConfigError
+from tailer.audit.alerts import AuditSettings, load_audit_settings
 from tailer.parse import parse_bool
 from tailer.storage.options import parse_option_pairs
 
@@ -44,6 +47,8 @@ def names(value: Any) -> tuple[str, ...]:
 
 #: The TOML table (and merged setting) of storage options (:mod:`tailer.storage.options`).
 STORAGE = "storage"
+#: The TOML table of ``deltatail audit``'s alert rules and webhooks.
+AUDIT = "audit"
 
 #: Settings of ``deltatail run`` and their types (or converters).
 RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
@@ -100,6 +105,7 @@ def load_toml(path: str) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read config file: {e}", file=path) from e
     section = dict(data.get("run", data))
+    section.pop(AUDIT, None)  # read by `deltatail audit` (audit_config), with its own checks
     storage = section.pop(STORAGE, data.get(STORAGE, {}))
     out: dict[str, Any] = {}
     for key, value in section.items():
@@ -147,3 +153,15 @@ def merge(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dic
     if storage:
         merged[STORAGE] = storage
     return merged
+
+
+def audit_config(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> AuditSettings:
+    """The ``[audit]`` table of the config file (``--config`` or ``DELTATAIL_CONFIG``); none without a file.
+
+    Raises:
+        ConfigError: if the file is unusable, or ``[audit]`` holds an unknown key or an invalid
+            rule or webhook (the message names the rule and the key).
+    """
+    env = os.environ if env is None else env
+    config_path = flags.get("config") or env.get("DELTATAIL_CONFIG")
+    return load_audit_settings(config_path, env=env) if config_path else AuditSettings()

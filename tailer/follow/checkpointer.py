@@ -20,12 +20,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from state.cursor import Position
 from state.snapshot import Snapshot
 from tailer.follow.faults import crash_point
-from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
+
+
+class Flushable(Protocol):
+    """What a checkpoint flushes first: a :class:`~tailer.follow.sink.Sink`, or an auditor's outputs."""
+
+    def flush(self) -> None:
+        """Make everything written so far durable (raises if it cannot)."""
 
 
 class Checkpointer:
@@ -33,7 +40,7 @@ class Checkpointer:
 
     Args:
         store: the state directory.
-        sink: the sink to flush first.
+        sink: the sink (or any outputs) to flush first.
         table: the table root, recorded in the cursor file.
         table_id: the table id, recorded in the cursor file.
         checkpoint_commits: a checkpoint is due after this many delivered versions.
@@ -45,7 +52,7 @@ class Checkpointer:
     def __init__(
         self,
         store: StateStore,
-        sink: Sink,
+        sink: Flushable,
         *,
         table: str,
         table_id: str,

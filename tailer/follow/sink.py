@@ -55,6 +55,16 @@ class Sink(ABC):
             SinkError: if any row could not be made durable; the tailer then keeps its cursor.
         """
 
+    @property
+    def wants_audit_events(self) -> bool:
+        """Whether :meth:`commit_event` needs each commit's audit event (``CommitEvent.audit``); default no.
+
+        Read once, before :meth:`open`. Building the event costs the tailer some tens of
+        microseconds per commit (and, for a few writers' commits, a data file's footer), so it
+        is built only for a sink that says so here.
+        """
+        return False
+
     def commit_event(self, event: CommitEvent) -> None:  # noqa: B027 - optional hook, no-op by default
         """Receive a commit's summary after its rows were written; ignored unless a sink overrides it."""
 

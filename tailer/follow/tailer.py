@@ -7,7 +7,10 @@ Life cycle of :meth:`Tailer.run`:
    A state directory of another table (another table id) is refused.
 2. Open the sink; if it reports the position it holds, rows before it are skipped.
 3. Loop: find the commits after the snapshot's version (by name, see
-   :class:`~tailer.log.follower.LogFollower`), plan and deliver each in order,
+   :class:`~tailer.log.follower.LogFollower`), plan and deliver each in order
+   (for a sink that :attr:`~tailer.follow.sink.Sink.wants_audit_events`, the
+   follower builds each commit's audit event before planning it, and it
+   reaches the sink in :class:`~state.feed.CommitEvent`),
    and checkpoint (:mod:`tailer.follow.checkpointer`) every
    ``checkpoint_commits`` commits or ``checkpoint_seconds`` seconds. Between
    looks, wait for a change in ``_delta_log`` (see :mod:`tailer.log.watch`) or
@@ -32,11 +35,13 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from state.audit import AuditEvent
 from state.cursor import Position
 from state.errors import DeltaTailError, SchemaChangeError, StateError, UnsupportedFeatureError
 from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
 from state.planning import VersionPlan, plan_snapshot
 from state.snapshot import Snapshot
+from tailer.audit.feed import AuditTracker
 from tailer.follow.checkpointer import Checkpointer
 from tailer.follow.faults import crash_point
 from tailer.follow.sink import Sink
@@ -44,7 +49,7 @@ from tailer.follow.state_store import SavedState, StateStore
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import Progress, count_change_types, status
 from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import GAP_CHECK_SECONDS, PREFETCH_COMMITS, Hints, LogFollower
+from tailer.log.follower import GAP_CHECK_SECONDS, PREFETCH_COMMITS, AuditBuilder, Hints, LogFollower
 from tailer.log.starts import snapshot_time, table_id, version_at_or_after
 from tailer.log.watch import LogWatcher, Watcher
 from tailer.read.feed import ChangeFeed, ChangeOptions
@@ -183,7 +188,14 @@ class Tailer:
             parse_retries=c.parse_retries,
             retry_delay=c.parse_retry_delay,
             clock=self._clock,
+            audit=self._audit_builder(),
         )
+
+    def _audit_builder(self) -> AuditBuilder | None:
+        """Builds each commit's audit event for a sink that wants them; ``None`` (nothing built) otherwise."""
+        if not self.sink.wants_audit_events:
+            return None
+        return AuditTracker(self.log.table, self.log.storage).build
 
     def _checkpointer(self) -> Checkpointer:
         c = self.config
@@ -396,7 +408,7 @@ class Tailer:
 
     def _deliver_stretch(self, versions: list[int], last: int) -> bool:
         """Plan ``versions`` ahead of their delivery and deliver them; ``False`` if stopped inside one."""
-        planned: dict[int, tuple[Snapshot, FileInfo]] = {}
+        planned: dict[int, tuple[Snapshot, FileInfo, AuditEvent | None]] = {}
         try:
             with contextlib.closing(self.feed.read_plans(self._plan_versions(versions, planned))) as reading:
                 for plan, task_batches in reading:
@@ -413,9 +425,9 @@ class Tailer:
         return True
 
     def _plan_versions(
-        self, versions: list[int], planned: dict[int, tuple[Snapshot, FileInfo]]
+        self, versions: list[int], planned: dict[int, tuple[Snapshot, FileInfo, AuditEvent | None]]
     ) -> Iterator[VersionPlan]:
-        """Plan ``versions`` in order from the follower's head; each one's snapshot and commit file go to ``planned``.
+        """Plan ``versions`` in order from the follower's head; their snapshots, files and events go to ``planned``.
 
         Raises:
             DeltaTailError: what :meth:`LogFollower.plan` raises.
@@ -425,7 +437,7 @@ class Tailer:
             if i % (PREFETCH_COMMITS // 2) == 0:
                 follower.prefetch(versions[i : i + PREFETCH_COMMITS])
             followed = follower.plan(version)
-            planned[version] = (followed.snapshot, followed.file)
+            planned[version] = (followed.snapshot, followed.file, followed.audit)
             yield self.feed.filtered(followed.plan)
 
     def _deliver_version(
@@ -433,13 +445,14 @@ class Tailer:
         plan: VersionPlan,
         snap: Snapshot,
         info: FileInfo,
+        audit: AuditEvent | None,
         task_batches: Iterable[Iterable[pa.RecordBatch]] | None,
         remaining: int,
     ) -> bool:
         """Deliver one planned version; ``False`` if stopped inside it (the cursor points at its next row)."""
         version = plan.context.version
         self._snap = snap
-        if not self._deliver(plan, task_batches):
+        if not self._deliver(plan, task_batches, audit):
             return False
         self._prev_ts = plan.context.timestamp_ms
         self._cursor = Position.change(version + 1, 0)
@@ -479,8 +492,13 @@ class Tailer:
         self._cursor = Position.change(snap.version + 1, 0)
         self._checkpoint()
 
-    def _deliver(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]] | None = None) -> bool:
-        """Write a version's rows (skipping delivered ones); returns ``False`` if stopped inside it."""
+    def _deliver(
+        self,
+        plan: VersionPlan,
+        task_batches: Iterable[Iterable[pa.RecordBatch]] | None = None,
+        audit: AuditEvent | None = None,
+    ) -> bool:
+        """Write a version's rows (skipping delivered ones), then its commit event; ``False`` if stopped inside it."""
         counts: dict[str, int] = {}
         if plan.commit is not None:  # the commit's operation before its rows (Debezium's source.operation)
             info = plan.commit.commit_info
@@ -505,6 +523,7 @@ class Tailer:
                     operation=None if info is None else info.operation,
                     operation_metrics={} if info is None else info.operation_metrics,
                     row_counts=counts,
+                    audit=audit,
                 )
             )
         return True

@@ -21,7 +21,12 @@ snapshot after the newest planned version, and that version's
   parse is retried with backoff (on a store without atomic writes a writer may
   still be writing it), then reported; a missing one is a gap.
 - **Planning** (:meth:`LogFollower.plan`): :func:`state.planning.plan_commit`
-  from the head, which then moves on.
+  from the head, which then moves on. An auditor that needs no change plan
+  moves on with :meth:`LogFollower.step` (the commit applied, nothing planned).
+- **Audit events** (optional): given an ``audit`` builder, the follower builds
+  each commit's :class:`~state.audit.AuditEvent` from the head *before* moving
+  it on (applying a commit hands the head's file tables on, and the event needs
+  them for sizes a ``remove`` omits). Without one nothing is built: no cost.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from state.audit import AuditEvent
+from state.changes import commit_timestamp
 from state.commit import Commit
 from state.errors import DeltaTailError, InvalidLogError, MissingFileError, StateError, VersionGapError
 from state.planning import VersionPlan, plan_commit
@@ -55,13 +62,33 @@ def _with_hint(message: str, hint: str) -> str:
     return f"{message}; {hint}" if hint else message
 
 
+#: Builds a commit's audit event from the commit, the snapshot just before it, its commit file and the
+#: previous version's ``_commit_timestamp`` (see :class:`tailer.audit.feed.AuditTracker`).
+AuditBuilder = Callable[[Commit, Snapshot, FileInfo, "int | None"], AuditEvent]
+
+
 @dataclass(frozen=True, slots=True)
 class FollowedVersion:
-    """One planned version: the plan, the snapshot after it, and its commit file as it was read."""
+    """One planned version: the plan, the snapshot after it, its commit file as it was read, and its audit event.
+
+    ``audit`` is ``None`` unless the follower has an ``audit`` builder.
+    """
 
     plan: VersionPlan
     snapshot: Snapshot
     file: FileInfo
+    audit: AuditEvent | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SteppedVersion:
+    """One version applied without planning (:meth:`LogFollower.step`)."""
+
+    commit: Commit
+    snapshot: Snapshot
+    file: FileInfo
+    timestamp_ms: int
+    audit: AuditEvent | None = None
 
 
 class LogFollower:
@@ -80,6 +107,8 @@ class LogFollower:
         retry_delay: the first wait between those reads (doubling after each).
         clock: monotonic seconds (tests pass their own).
         sleep: waits between retries (tests pass their own).
+        audit: builds each planned or stepped commit's audit event before the head moves on
+            (``None``: no event is built).
     """
 
     def __init__(
@@ -97,8 +126,10 @@ class LogFollower:
         retry_delay: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        audit: AuditBuilder | None = None,
     ) -> None:
         self.log = log
+        self.audit = audit
         self.hints = hints or Hints()
         self.allow_non_additive = allow_non_additive
         self.require_cdf = require_cdf
@@ -264,6 +295,53 @@ class LogFollower:
             UnsupportedFeatureError: if it needs unsupported reader features.
             StateError: if it carries another table id.
         """
+        commit, file, path = self._next(version, file)
+        event = None if self.audit is None else self._audit_event(commit, file, path)
+        try:
+            after, plan = plan_commit(
+                self.head,
+                commit,
+                file.modification_time,
+                self.previous_ms,
+                allow_non_additive=self.allow_non_additive,
+                require_cdf=self.require_cdf,
+            )
+        except DeltaTailError as e:
+            raise e.at(table=self.log.table, version=version, file=path) from None
+        self._moved_on(commit, after, plan.context.timestamp_ms, file)
+        return FollowedVersion(plan, after, file, event)
+
+    def step(self, version: int, file: FileInfo | None = None) -> SteppedVersion:
+        """Apply ``version`` (the head's next) without planning its changes, and move the head on to it.
+
+        For followers of the log itself (an auditor): nothing about the commit's data files is
+        checked beyond what :meth:`Snapshot.apply <state.snapshot.Snapshot.apply>` checks, and a
+        schema change of any kind is followed.
+
+        Raises:
+            VersionGapError: if the commit is missing.
+            InvalidLogError: if it does not parse, or leaves the table without metadata.
+            UnsupportedFeatureError: if it needs unsupported reader features.
+            StateError: if it carries another table id.
+        """
+        commit, file, path = self._next(version, file)
+        event = None if self.audit is None else self._audit_event(commit, file, path)
+        try:
+            after, _ = self.head.apply(commit)
+            if after.metadata is None:
+                raise InvalidLogError("no metaData action found in the log")
+        except DeltaTailError as e:
+            raise e.at(table=self.log.table, version=version, file=path) from None
+        ts = (
+            event.timestamp_ms
+            if event is not None
+            else commit_timestamp(commit, after.metadata, file.modification_time, self.previous_ms)
+        )
+        self._moved_on(commit, after, ts, file)
+        return SteppedVersion(commit, after, file, ts, event)
+
+    def _next(self, version: int, file: FileInfo | None) -> tuple[Commit, FileInfo, str]:
+        """The head's next commit, its file's listing entry and its path."""
         commit, retries = self._read_commit(version)
         path = self.log.commit_path(version)
         discovered = self._discovered.pop(version, None)
@@ -279,20 +357,19 @@ class LogFollower:
                     version=version,
                     file=path,
                 ) from e
+        return commit, file, path
+
+    def _audit_event(self, commit: Commit, file: FileInfo, path: str) -> AuditEvent:
+        if self.audit is None:
+            raise RuntimeError("no audit builder")  # a program error: callers check first
         try:
-            after, plan = plan_commit(
-                self.head,
-                commit,
-                file.modification_time,
-                self.previous_ms,
-                allow_non_additive=self.allow_non_additive,
-                require_cdf=self.require_cdf,
-            )
+            return self.audit(commit, self.head, file, self.previous_ms)
         except DeltaTailError as e:
-            raise e.at(table=self.log.table, version=version, file=path) from None
+            raise e.at(table=self.log.table, version=commit.version, file=path) from None
+
+    def _moved_on(self, commit: Commit, after: Snapshot, timestamp_ms: int, file: FileInfo) -> None:
         if commit.metadata is not None:
             self._check_table(after)
         self.head = after
-        self.previous_ms = plan.context.timestamp_ms
+        self.previous_ms = timestamp_ms
         self._head_file = (file.size, file.modification_time)
-        return FollowedVersion(plan, after, file)

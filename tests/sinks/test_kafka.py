@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import decimal
 import gc
@@ -26,9 +27,13 @@ from sinks.collector import collector_paused
 from sinks.kafka import KafkaOptions, KafkaSink, default_sink_id, fill_topic
 from sinks.kafka_producers import Outgoing, _Finder
 from sinks.partitioner import choose_partition, choose_partitions, murmur2
+from state.actions import parse_json_actions
+from state.audit import AuditEvent, build_audit_event
+from state.commit import Commit
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, CommitEvent, TableInfo
+from state.snapshot import Snapshot
 
 TABLE = TableInfo("/data/orders", "tid-orders", "orders")
 OTHER = TableInfo("/data/users", "tid-users", "users")
@@ -55,6 +60,34 @@ def rows(ids: list[int], change_types: list[str], *, version: int = 3, note: str
             "_commit_timestamp": pa.array([COMMIT_TS] * n, pa.timestamp("us", tz="UTC")),
         }
     )
+
+
+def merge_audit_event() -> AuditEvent:
+    """The audit event of a hand-written MERGE commit (version 3) of table ``tid-orders``."""
+    schema = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
+    created = [
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"metaData": {"id": "tid-orders", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": schema, "partitionColumns": [], "configuration": {}}},
+        {"add": {"path": "a.parquet", "partitionValues": {}, "size": 100, "modificationTime": 1,
+                 "dataChange": True, "stats": '{"numRecords":3}'}},
+    ]  # fmt: skip
+    snap = Snapshot.empty("/data/orders")
+    for version in range(3):
+        actions = created if version == 0 else [{"commitInfo": {"operation": "WRITE"}}]
+        commit = Commit.from_actions(version, parse_json_actions(b"\n".join(orjson.dumps(a) for a in actions)))
+        snap, _ = snap.apply(commit)
+    merge = [
+        {"commitInfo": {"timestamp": 1704164645000, "operation": "MERGE", "userName": "bob@corp",
+                        "operationParameters": {"predicate": "t.id = s.id"},
+                        "operationMetrics": {"numTargetRowsUpdated": "1", "numTargetRowsInserted": "2",
+                                             "numTargetRowsDeleted": "0", "numTargetRowsCopied": "2"}}},
+        {"remove": {"path": "a.parquet", "deletionTimestamp": 5, "dataChange": True, "size": 100}},
+        {"add": {"path": "b.parquet", "partitionValues": {}, "size": 150, "modificationTime": 5,
+                 "dataChange": True, "stats": '{"numRecords":5}'}},
+    ]  # fmt: skip
+    commit = Commit.from_actions(3, parse_json_actions(b"\n".join(orjson.dumps(a) for a in merge)))
+    return build_audit_event(commit, snap, file_mtime_ms=1704164645123, previous_timestamp_ms=None)
 
 
 def inserts(version: int, start: int, ids: list[int]) -> ChangeBatch:
@@ -328,38 +361,48 @@ def test_unkeyed_debezium_splits_updates_into_delete_and_create(kafka: Any) -> N
 def test_commit_events_go_to_the_commit_topic_once(kafka: Any) -> None:
     topic, commits = kafka.new_topic(2), kafka.new_topic(2, prefix="commits")
     uri = kafka.uri(topic, exactly_once=True, commit_topic=commits)
-    event = CommitEvent(3, 1704164645123, "MERGE", {"numTargetRowsUpdated": "1"}, {"insert": 2, "update": 1})
+    audit = merge_audit_event()
+    event = CommitEvent(3, 1704164645123, "MERGE", {"numTargetRowsUpdated": "1"}, {"insert": 2}, audit)
     for _ in range(2):  # the second sink replays version 3: the commit event is not repeated
         sink = open_sink(uri)
+        assert sink.wants_audit_events
         sink.write(inserts(3, 0, [1, 2]))
         sink.commit_event(event)
         sink.flush()
         sink.close()
     [record] = kafka.consume(commits)
     assert record.key == b"tid-orders"
-    assert orjson.loads(record.value) == {
-        "table_path": "/data/orders",
-        "table_id": "tid-orders",
-        "table": "orders",
-        "sink_id": default_sink_id("tid-orders", topic),
-        "version": 3,
-        "timestamp_ms": 1704164645123,
-        "operation": "MERGE",
-        "operation_metrics": {"numTargetRowsUpdated": "1"},
-        "row_counts": {"insert": 2, "update": 1},
-    }
-    assert header(record, "dt.change_type") == b"commit"
+    value = orjson.loads(record.value)
+    assert value == {**audit.to_json(), "table_id": "tid-orders", "sink_id": default_sink_id("tid-orders", topic)}
+    assert AuditEvent.from_json(value) == audit
+    assert (value["format"], value["version"], value["operation"], value["actor"]["user_name"]) == (
+        "deltatail.audit.commit/1",
+        3,
+        "MERGE",
+        "bob@corp",
+    )
+    assert (value["counts"]["rows_inserted"], value["counts"]["rows_updated"], value["timestamp_ms"]) == (
+        2,
+        1,
+        1704164645123,
+    )
+    assert header(record, "dt.change_type") == b"commit" and header(record, "dt.version") == b"3"
     assert len(kafka.consume(topic)) == 2
 
 
-def test_commit_event_without_commit_topic_is_ignored_and_bad_metrics_raise(kafka: Any) -> None:
+def test_commit_event_without_commit_topic_is_ignored_and_bad_events_raise(kafka: Any) -> None:
     topic, commits = kafka.new_topic(1), kafka.new_topic(1, prefix="commits")
     sink = open_sink(kafka.uri(topic))
+    assert not sink.wants_audit_events
     sink.commit_event(CommitEvent(1, 0, None))
     sink.close()
     sink = open_sink(kafka.uri(topic, commit_topic=commits))
+    with pytest.raises(SinkError, match="carries no audit event") as e:
+        sink.commit_event(CommitEvent(1, 0, None))
+    assert e.value.version == 1
+    unencodable = dataclasses.replace(merge_audit_event(), operation_metrics={"when": object()})
     with pytest.raises(SinkError, match="not JSON-serialisable"):
-        sink.commit_event(CommitEvent(1, 0, None, {"when": object()}))
+        sink.commit_event(CommitEvent(3, 0, None, audit=unencodable))
     sink.close()
     assert kafka.consume(topic) == [] and kafka.consume(commits) == []
 

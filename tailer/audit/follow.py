@@ -1,0 +1,401 @@
+"""Following a table's audit events as commits land: ``deltatail audit TABLE --follow --state-dir DIR``.
+
+:class:`AuditFollower` is the audit twin of :class:`~tailer.follow.tailer.Tailer`,
+with the same parts:
+
+- a :class:`~tailer.log.follower.LogFollower` finds the next commits by name, tells
+  "nothing new" from a gap, and refuses a deleted and recreated table; it builds each
+  commit's :class:`~state.audit.AuditEvent` (its ``audit`` builder) and moves the snapshot
+  on (:meth:`~tailer.log.follower.LogFollower.step`: nothing is planned or read but the log,
+  unless ``counted``, where the commit is planned and its change rows counted);
+- a :class:`~tailer.follow.state_store.StateStore` holds the lock, the cursor (the next
+  version to audit) and a saved snapshot, taken by a
+  :class:`~tailer.follow.checkpointer.Checkpointer`: flush every output, save the snapshot
+  when due, then the cursor; every ``checkpoint_commits`` versions or ``checkpoint_seconds``
+  seconds, when caught up, and on stop;
+- a :class:`~tailer.log.watch.LogWatcher` wakes it when ``_delta_log`` changes (polling on an
+  object store).
+
+Each event goes to the :class:`~tailer.audit.alerts.AlertNotifier` (rules evaluated; alerts
+logged to stderr and queued to the webhooks, which never hold the follower up) and then to
+every :class:`~tailer.audit.log.AuditOutput` with the alerts it raised.
+
+Delivery across a crash or a stop: a restart resumes at the saved cursor, so events after
+it are produced again. Outputs that read back what they hold (the JSON-lines and Parquet
+audit logs, the alert log) skip those: exactly once. Standard output, the stderr alert lines
+and the webhooks see them again: at least once, the repeats bounded by the checkpoint
+interval.
+
+The state directory is marked as an auditor's (``KIND`` holds ``audit``): a ``deltatail run``
+tailer's state directory is refused, and a state directory of another table too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from state.alerts import Alert, Evaluation
+from state.audit import AuditEvent
+from state.cursor import Position
+from state.errors import DeltaTailError, StateError
+from state.snapshot import Snapshot
+from tailer.audit.alerts import AlertNotifier
+from tailer.audit.feed import AuditTracker, table_row_count
+from tailer.audit.log import AuditOutput
+from tailer.follow.checkpointer import Checkpointer
+from tailer.follow.faults import crash_point
+from tailer.follow.state_store import StateStore, atomic_write
+from tailer.follow.status import status
+from tailer.log.delta_log import DeltaLog
+from tailer.log.follower import GAP_CHECK_SECONDS, Hints, LogFollower
+from tailer.log.starts import snapshot_time, table_id, version_at_or_after
+from tailer.log.watch import LogWatcher, Watcher
+from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.storage import Storage, storage_for
+
+log = logging.getLogger("deltatail.audit")
+
+#: The file of a state directory that says which command owns it.
+KIND_FILE = "KIND"
+KIND = "audit"
+
+#: What the auditor tells a user to do when the log no longer holds its position.
+AUDIT_HINTS = Hints(
+    gap="to go on, start a new --state-dir with --starting-version at a version the log still holds "
+    "(the audit log keeps what it holds)",
+    recreated="use a new --state-dir and audit log to audit the new table",
+)
+
+
+@dataclass
+class AuditFollowConfig:
+    """Settings of one auditor (see ``deltatail audit --help``).
+
+    ``starting_version`` ``None`` starts at the oldest version the log can audit (0, or the
+    one after the oldest checkpoint when older commits are gone); the start settings count only
+    on a new state directory.
+    """
+
+    table: str
+    state_dir: str
+    starting_version: int | None = None
+    starting_timestamp_ms: int | None = None
+    poll_interval: float = 1.0
+    max_poll_interval: float = 5.0
+    watch: bool = True
+    checkpoint_commits: int = 50
+    checkpoint_seconds: float = 5.0
+    snapshot_commits: int = 1000
+    until_caught_up: bool = False
+    gap_check_seconds: float = GAP_CHECK_SECONDS
+    parse_retries: int = 5
+    parse_retry_delay: float = 0.05
+    #: Row figures counted from each commit's change rows (reads data files).
+    counted: bool = False
+    #: Carry the table's live row count (rules on the share of the table deleted need it).
+    track_table_rows: bool = False
+    #: Options of the table's object store; never shown, logged or saved.
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class AuditProgress:
+    """What a run did."""
+
+    versions: int = 0
+    alerts: int = 0
+
+
+class _Outputs:
+    """Every output as one: what the checkpointer flushes."""
+
+    def __init__(self, outputs: Sequence[AuditOutput]) -> None:
+        self.outputs = tuple(outputs)
+
+    def write(self, event: AuditEvent, alerts: Sequence[Alert]) -> None:
+        for out in self.outputs:
+            out.write(event, alerts)
+
+    def flush(self) -> None:
+        for out in self.outputs:
+            out.flush()
+
+    def close(self) -> None:
+        for out in self.outputs:
+            out.close()
+
+
+class AuditFollower:
+    """Follows one table's audit events into outputs. Not reusable: construct one per run.
+
+    Args:
+        config: the settings.
+        outputs: where events go (not yet opened; closed by :meth:`run`).
+        notifier: evaluates alert rules and delivers the alerts (closed by :meth:`run`), if any.
+        storage: the table's storage; by default :func:`~tailer.storage.storage_for` with
+            ``config.storage_options``.
+        watcher: makes the watcher of ``_delta_log`` (the log directory, whether to watch).
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        config: AuditFollowConfig,
+        outputs: Sequence[AuditOutput],
+        notifier: AlertNotifier | None = None,
+        *,
+        storage: Storage | None = None,
+        watcher: Callable[[str, bool], Watcher] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        if storage is None:
+            storage = storage_for(config.table, config.storage_options)
+        self.log = DeltaLog(config.table, storage)
+        self.outputs = _Outputs(outputs)
+        self.notifier = notifier
+        self.store = StateStore(config.state_dir)
+        self._make_watcher = watcher if watcher is not None else _log_watcher
+        self._clock = clock
+        self.progress = AuditProgress()
+        self._stop = threading.Event()
+        self._watcher: Watcher | None = None
+        self._changes: ChangeFeed | None = None
+        self._table_id = ""
+        self._snap: Snapshot | None = None
+        self._prev_ts: int | None = None
+        self._cursor = Position.change(0, 0)
+        self._unflushed = False
+        self._idle_polls = 0
+        self._status_version = -2
+        self._status_time = 0.0
+
+    def stop(self) -> None:
+        """Ask the loop to finish the event in hand, checkpoint and return (thread- and signal-safe)."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.wake()
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def run(self) -> AuditProgress:
+        """Audit until caught up (``until_caught_up``), stopped, or an error.
+
+        Raises:
+            StateError: the state directory is locked, damaged, a tailer's, or of another table;
+                or the table was deleted and recreated.
+            VersionGapError: a commit is missing, or the log was cleaned up past the cursor.
+            VersionNotFoundError: a new state directory's start is after the latest version.
+            InvalidLogError: a commit is malformed.
+            UnsupportedFeatureError: a commit needs an unsupported reader feature.
+            SinkError: an output cannot be opened or written; the cursor stays at the last checkpoint.
+            MissingFileError: with ``counted``, a data file the change rows need is gone.
+        """
+        with self.store:
+            follower, checkpoints = self._start()
+            try:
+                for out in self.outputs.outputs:
+                    held = out.open(self._table_id)
+                    if held is not None and held >= self._cursor.version:  # a stop between its flush and the cursor
+                        log.info("%s already holds events up to version %d; they are not written again", out.path, held)
+                watcher = self._make_watcher(self.log.log_dir, self.config.watch and not self.log.storage.remote)
+                self._watcher = watcher
+                try:
+                    self._loop(follower, checkpoints, watcher)
+                finally:
+                    watcher.close()
+            finally:
+                self.outputs.close()
+                if self.notifier is not None:
+                    self.notifier.close()
+        return self.progress
+
+    def _start(self) -> tuple[LogFollower, Checkpointer]:
+        c = self.config
+        kind_file = Path(c.state_dir) / KIND_FILE
+        saved = self.store.load()
+        kind = kind_file.read_text().strip() if kind_file.is_file() else None
+        if saved is not None and kind != KIND:
+            raise StateError(
+                "this state directory belongs to a `deltatail run` tailer, not to an auditor; "
+                "give `deltatail audit --follow` its own --state-dir",
+                file=c.state_dir,
+            )
+        storage = self.log.storage
+        if saved is not None:
+            snap = self.store.load_snapshot(saved)
+            current = table_id(self.log)
+            if snap.metadata is None or saved.table_id != current:
+                raise StateError(
+                    f"this state directory belongs to table id {saved.table_id}, but {self.log.table} now has id "
+                    f"{current} (a different table, or the table was deleted and recreated); "
+                    "use a new --state-dir to start over",
+                    table=self.log.table,
+                    file=c.state_dir,
+                )
+            replay = self._new_follower(snap, saved.previous_timestamp_ms, saved.table_id, None)
+            for v in range(snap.version + 1, saved.cursor.version):  # applied before the last stop: no events
+                try:
+                    snap, _ = snap.apply(replay.read_commit(v))
+                except DeltaTailError as e:
+                    raise e.at(table=self.log.table, file=self.log.commit_path(v)) from None
+            prev, cursor, owner = saved.previous_timestamp_ms, saved.cursor, saved.table_id
+            log.info("resuming the audit of %s at version %d", self.log.table, cursor.version)
+        else:
+            start = self._first_version()
+            snap = self.log.snapshot(start - 1) if start > 0 else Snapshot.empty(self.log.table)
+            prev = snapshot_time(self.log, snap) if start > 0 else None
+            cursor = Position.change(start, 0)
+            owner = table_id(self.log, snap)
+            atomic_write(kind_file, KIND.encode())
+            log.info("auditing %s from version %d", self.log.table, start)
+        rows = None
+        if c.track_table_rows:
+            rows = 0 if snap.version < 0 else table_row_count(snap, storage)
+        tracker = AuditTracker(self.log.table, storage, table_rows=rows)
+        follower = self._new_follower(snap, prev, owner, tracker)
+        if c.counted:
+            self._changes = ChangeFeed(
+                self.log.table, storage, ChangeOptions(allow_non_additive=True, read_ahead=0, reader_processes=0)
+            )
+        self._table_id, self._snap, self._prev_ts, self._cursor = owner, snap, prev, cursor
+        checkpoints = Checkpointer(
+            self.store,
+            self.outputs,
+            table=self.log.table,
+            table_id=owner,
+            checkpoint_commits=c.checkpoint_commits,
+            checkpoint_seconds=c.checkpoint_seconds,
+            snapshot_commits=c.snapshot_commits,
+            clock=self._clock,
+        )
+        if saved is not None:
+            checkpoints.saved_snapshot = (saved.snapshot_version, saved.snapshot_file)
+        return follower, checkpoints
+
+    def _first_version(self) -> int:
+        """The first version of a new state directory (``latest + 1``: only the commits after now)."""
+        c = self.config
+        if c.starting_timestamp_ms is not None:
+            return version_at_or_after(self.log, c.starting_timestamp_ms)
+        if c.starting_version is not None:
+            return c.starting_version
+        earliest = self.log.earliest_version()
+        if earliest == 0 and self.log.storage.exists(self.log.commit_path(0)):
+            return 0
+        return earliest + 1  # older commits are gone: the checkpoint is where auditing can start after
+
+    def _new_follower(
+        self, head: Snapshot, previous_ms: int | None, table_id: str, tracker: AuditTracker | None
+    ) -> LogFollower:
+        c = self.config
+        return LogFollower(
+            self.log,
+            head,
+            previous_ms=previous_ms,
+            table_id=table_id,
+            allow_non_additive=True,
+            hints=AUDIT_HINTS,
+            gap_check_seconds=c.gap_check_seconds,
+            parse_retries=c.parse_retries,
+            retry_delay=c.parse_retry_delay,
+            clock=self._clock,
+            audit=None if tracker is None else tracker.build,
+        )
+
+    # -- loop ----------------------------------------------------------------------------------
+
+    def _loop(self, follower: LogFollower, checkpoints: Checkpointer, watcher: Watcher) -> None:
+        while not self._stop.is_set():
+            try:
+                versions = follower.discover(check_gaps=self.config.until_caught_up)
+                for version in versions:
+                    if self._stop.is_set():
+                        break
+                    self._audit(follower, version)
+                    checkpoints.delivered_version()
+                    if checkpoints.is_due():
+                        self._checkpoint(checkpoints)
+            except DeltaTailError:
+                self._checkpoint(checkpoints)  # keep what was audited: a restart resumes or refuses from here
+                raise
+            if self._stop.is_set():
+                break
+            self._idle_polls = 0 if versions else self._idle_polls + 1
+            if not versions:
+                if self.config.until_caught_up:
+                    break
+                if self._unflushed:  # caught up: make the events durable now (latency), the cursor when due
+                    self.outputs.flush()
+                    self._unflushed = False
+                if checkpoints.is_due():
+                    self._checkpoint(checkpoints)
+                self._report_following()
+                watcher.wait(self._idle_timeout(checkpoints))
+        self._checkpoint(checkpoints)
+
+    def _audit(self, follower: LogFollower, version: int) -> None:
+        """Build, evaluate and write the event of ``version`` (the follower's next)."""
+        if self._changes is not None:
+            followed = follower.plan(version)
+            event = followed.audit
+            counts: dict[str, int] = {}
+            for batch in self._changes.plan_batches(followed.plan):
+                for value in batch.rows.column("_change_type").value_counts().to_pylist():
+                    counts[value["values"]] = counts.get(value["values"], 0) + int(value["counts"])
+            event = None if event is None else event.with_counted(counts)
+            snap, timestamp_ms = followed.snapshot, followed.plan.context.timestamp_ms
+        else:
+            stepped = follower.step(version)
+            event, snap, timestamp_ms = stepped.audit, stepped.snapshot, stepped.timestamp_ms
+        if event is None:
+            raise RuntimeError("the follower has no audit builder")  # a program error: _start gives it one
+        result = self.notifier.notify(event) if self.notifier is not None else Evaluation()
+        self.outputs.write(event, result.alerts)
+        self._unflushed = True
+        crash_point("after_write")
+        self._snap, self._prev_ts, self._cursor = snap, timestamp_ms, Position.change(version + 1, 0)
+        self.progress.versions += 1
+        self.progress.alerts += len(result.alerts)
+
+    def _checkpoint(self, checkpoints: Checkpointer) -> None:
+        if self._snap is None:
+            return
+        self._unflushed = False
+        checkpoints.take(self._snap, self._cursor, self._prev_ts)
+
+    def _idle_timeout(self, checkpoints: Checkpointer) -> float:
+        """The poll interval (doubling up to ``max_poll_interval`` on an object store), or the next checkpoint."""
+        c = self.config
+        timeout = c.poll_interval
+        if self.log.storage.remote:
+            backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
+            timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
+        due_in = checkpoints.seconds_until_due()
+        return timeout if due_in is None else min(timeout, due_in)
+
+    def _report_following(self) -> None:
+        snap = self._snap
+        if snap is None:
+            return
+        now = self._clock()
+        if snap.version == self._status_version and now - self._status_time < 30.0:
+            return
+        self._status_version, self._status_time = snap.version, now
+        status(
+            "following",
+            f"auditing: at version {snap.version}, {self.progress.versions} versions audited, "
+            f"{self.progress.alerts} alerts raised",
+            version=snap.version,
+            versions_done=self.progress.versions,
+            alerts=self.progress.alerts,
+        )
+
+
+def _log_watcher(log_dir: str, watch: bool) -> Watcher:
+    return LogWatcher(log_dir, watch=watch)

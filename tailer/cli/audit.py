@@ -1,0 +1,368 @@
+"""``deltatail audit TABLE``: who changed the table, what, when and how much, for a range or as commits land.
+
+Range (the default): the events of ``--starting-version``/``--starting-timestamp`` ..
+``--ending-version`` (default: the oldest auditable version .. the latest), printed on
+standard output, as a table on a terminal and as JSON lines otherwise (``--format`` decides).
+``--output FILE.jsonl|FILE.parquet`` writes the audit log instead, ``--html FILE`` the report
+(:mod:`tailer.audit.report`); ``--alert-output FILE.jsonl`` appends the alerts raised.
+
+Follow (``--follow --state-dir DIR``): :class:`~tailer.audit.follow.AuditFollower` goes on as
+commits land and restarts where it stopped; ``--output`` appends to the audit log exactly once
+(a ``.parquet`` log is then a directory of part files, see :mod:`tailer.audit.log`), and alerts
+also go to the webhooks of ``[audit.webhook]``.
+
+Alert rules come from ``[[audit.alerts]]`` in the settings file (``--config`` or
+``DELTATAIL_CONFIG``); each alert is logged to stderr. The follower's settings (state
+directory, starting point, poll and checkpoint intervals, ``[storage]``) are those of
+``deltatail run`` (:mod:`tailer.cli.settings`): flags, then ``DELTATAIL_*`` variables, then the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+import orjson
+
+from state.alerts import Alert
+from state.audit import AuditEvent
+from state.errors import ConfigError
+from tailer.audit.alerts import AlertNotifier, AuditSettings
+from tailer.audit.feed import AuditFeed
+from tailer.audit.follow import AuditFollowConfig, AuditFollower
+from tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
+from tailer.audit.report import write_report
+from tailer.cli.process import stop_on_signals
+from tailer.cli.settings import STORAGE, audit_config, merge
+from tailer.log.delta_log import DeltaLog
+from tailer.log.starts import table_id
+from tailer.parse import parse_timestamp_ms
+from tailer.storage import storage_for
+
+log = logging.getLogger("deltatail.audit")
+
+#: The columns of the table format: heading, width (``None``: the rest of the line), right-aligned.
+COLUMNS: tuple[tuple[str, int | None, bool], ...] = (
+    ("VERSION", 7, True),
+    ("TIME (UTC)", 19, False),
+    ("OPERATION", 17, False),
+    ("USER", 18, False),
+    ("+ROWS", 8, True),
+    ("-ROWS", 8, True),
+    ("~ROWS", 8, True),
+    ("FILES +/-", 11, True),
+    ("DETAILS", None, False),
+)
+#: The narrowest DETAILS column, however narrow the terminal.
+MIN_DETAILS = 24
+#: Flags that only ``--follow`` uses (refused without it rather than ignored).
+FOLLOW_ONLY = (
+    "state_dir",
+    "poll_interval",
+    "max_poll_interval",
+    "no_watch",
+    "checkpoint_commits",
+    "checkpoint_seconds",
+    "snapshot_commits",
+    "until_caught_up",
+)
+
+
+def _count(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def details(event: AuditEvent, alerts: Sequence[Alert] = ()) -> str:
+    """A line for a person: alerts, what changed besides rows (schema, protocol, properties), the predicate."""
+    parts = [f"ALERT {a.rule}" for a in alerts]
+    if event.table_created:
+        parts.append("table created")
+    s = event.schema_change
+    if s is not None:
+        changes = [f"+{p}" for p in s.added] + [f"-{p}" for p in s.dropped]
+        changes += [f"{r.old_path}→{r.new_path}" for r in s.renamed]
+        changes += [f"{t.path}: {t.old_type}→{t.new_type}" for t in s.type_changed]
+        changes += [f"{n.path} {'nullable' if n.new_nullable else 'not null'}" for n in s.nullability_changed]
+        changes += [f"{p} metadata" for p in s.metadata_changed]
+        parts.append("schema " + ", ".join(changes))
+    p = event.protocol_change
+    if p is not None:
+        features = [f"+{f}" for f in sorted({*p.reader_features_added, *p.writer_features_added})]
+        old = "none" if p.old_min_reader_version is None else f"r{p.old_min_reader_version}/w{p.old_min_writer_version}"
+        new = f"r{p.new_min_reader_version}/w{p.new_min_writer_version}"
+        parts.append(" ".join([f"protocol {old}→{new}", *features]))
+    for v in event.property_changes:
+        parts.append(f"unset {v.key}" if v.new is None else f"set {v.key}={v.new}")
+    for v in event.domain_changes:
+        parts.append(f"domain {v.key} {v.change}")
+    if event.no_op:
+        parts.append("no-op")
+    if event.predicate:
+        parts.append(f"where {event.predicate}")
+    return "; ".join(parts)
+
+
+def table_row(event: AuditEvent, alerts: Sequence[Alert] = ()) -> list[str]:
+    """The cells of ``event`` in the table format, in :data:`COLUMNS` order."""
+    c = event.counts
+    return [
+        str(event.version),
+        event.timestamp_iso[:19].replace("T", " "),
+        event.operation or "?",
+        event.user or "-",
+        _count(c.rows_inserted),
+        _count(c.rows_deleted),
+        _count(c.rows_updated),
+        f"{c.files_added}/{c.files_removed}",
+        details(event, alerts),
+    ]
+
+
+def format_line(cells: Sequence[str], width: int) -> str:
+    """One line of the table, each cell clipped to its column, the last to what is left of ``width``."""
+    fixed = sum(w for _, w, _ in COLUMNS if w is not None) + 2 * (len(COLUMNS) - 1)
+    rest = max(width - fixed, MIN_DETAILS)
+    out = []
+    for (_, w, right), cell in zip(COLUMNS, cells, strict=True):
+        cell = _clip(cell, rest if w is None else w)
+        out.append(cell if w is None else (cell.rjust(w) if right else cell.ljust(w)))
+    return "  ".join(out).rstrip()
+
+
+class EventPrinter(AuditOutput):
+    """Events on standard output: a table (a header, then a line per event) or JSON lines (``event.to_json()``).
+
+    It cannot tell what it printed before: a follower that restarts prints the events after its
+    saved cursor again.
+    """
+
+    def __init__(self, fmt: str, stream: BinaryIO | None = None, *, width: int | None = None) -> None:
+        super().__init__("<stdout>")
+        if fmt not in ("table", "jsonl"):
+            raise ConfigError(f"--format must be table or jsonl, got {fmt!r}")
+        self.fmt = fmt
+        self.stream = stream if stream is not None else sys.stdout.buffer
+        self.width = width if width is not None else shutil.get_terminal_size((160, 24)).columns
+        self._header = fmt == "table"
+
+    def open(self, table_id: str) -> int | None:
+        """Nothing to open; it cannot tell what it printed before."""
+        return None
+
+    def write(self, event: AuditEvent, alerts: Sequence[Alert]) -> None:
+        """Print the event (the header first, in the table format)."""
+        if self.fmt == "jsonl":
+            self.stream.write(orjson.dumps(event.to_json()) + b"\n")
+            return
+        if self._header:
+            self._header = False
+            self.stream.write((format_line([h for h, _, _ in COLUMNS], self.width) + "\n").encode())
+        self.stream.write((format_line(table_row(event, alerts), self.width) + "\n").encode())
+
+    def flush(self) -> None:
+        """Flush the stream (a closed pipe ends the command quietly, as a pager quitting does)."""
+        self.stream.flush()
+
+    def close(self) -> None:
+        """Flush what is left; the stream stays open."""
+        self.stream.flush()
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``deltatail audit`` on the subcommands ``sub`` (an argparse subparsers action)."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "audit",
+        help="who changed the table, what, when and how much: per commit, for a range or as commits land",
+        description="Audit events of a table's commits, with alert rules from the settings file's [audit] table.",
+    )
+    p.add_argument("table", help="table root")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument(
+        "--starting-version",
+        default=None,
+        help="first version (default: the oldest the log can audit), or latest (--follow: only new commits)",
+    )
+    start.add_argument("--starting-timestamp", default=None, help="first commit at or after this time (ISO-8601)")
+    p.add_argument("--ending-version", type=int, default=None, help="last version (default: the latest now)")
+    p.add_argument(
+        "--format", choices=("table", "jsonl"), default=None, help="stdout: table (on a terminal) or JSON lines"
+    )
+    p.add_argument("--counted", action="store_true", help="row figures counted from change rows (reads data)")
+    p.add_argument("--html", default=None, metavar="FILE", help="write the HTML report of the range")
+    p.add_argument(
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="the audit log, FILE.jsonl or FILE.parquet, instead of stdout (--follow appends exactly once)",
+    )
+    p.add_argument("--alert-output", default=None, metavar="FILE.jsonl", help="append the alerts raised, as JSON lines")
+    p.add_argument("--config", default=None, help="TOML settings file: [[audit.alerts]], [audit.webhook], [storage]")
+    p.add_argument("--follow", action="store_true", help="keep going as commits land (needs --state-dir)")
+    p.add_argument("--state-dir", default=None, help="--follow: where the cursor and snapshot are kept")
+    p.add_argument("--poll-interval", type=float, default=None, help="--follow: seconds between looks")
+    p.add_argument("--max-poll-interval", type=float, default=None, help="--follow: longest idle wait (object stores)")
+    p.add_argument("--no-watch", action="store_const", const=True, default=None, help="--follow: poll only")
+    p.add_argument("--checkpoint-commits", type=int, default=None, help="--follow: save the cursor every N commits")
+    p.add_argument("--checkpoint-seconds", type=float, default=None, help="--follow: or every S seconds")
+    p.add_argument("--snapshot-commits", type=int, default=None, help="--follow: save the snapshot every N commits")
+    p.add_argument(
+        "--until-caught-up", action="store_const", const=True, default=None, help="--follow: exit when caught up"
+    )
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an object-store option as delta-rs spells it (AWS_REGION=..., AZURE_STORAGE_ACCOUNT_NAME=...)",
+    )
+    p.set_defaults(handler=run_audit)
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    """The ``audit`` command: a range, or ``--follow``.
+
+    Raises:
+        ConfigError: if flags contradict each other, a file name has the wrong extension, or the
+            settings file is invalid (naming the key).
+        DeltaTailError: what auditing the table raises.
+    """
+    flags = vars(args)
+    settings = merge(flags)
+    audit = audit_config(flags)
+    if args.output is not None and not args.output.endswith((".jsonl", ".parquet")):
+        raise ConfigError(f"--output must end in .jsonl or .parquet, got {args.output!r}")
+    if args.alert_output is not None and not args.alert_output.endswith(".jsonl"):
+        raise ConfigError(f"--alert-output must end in .jsonl, got {args.alert_output!r}")
+    fmt = args.format or ("table" if sys.stdout.isatty() else "jsonl")
+    if args.follow:
+        return _follow(args, settings, audit, fmt)
+    for flag in FOLLOW_ONLY:
+        if flags.get(flag) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')} is a setting of --follow")
+    return _range(args, settings, audit, fmt)
+
+
+def _start_version(text: Any, latest: int | None) -> int | None:
+    """``--starting-version``: a number, or ``latest`` (the latest version itself, or the one after with --follow)."""
+    if text is None:
+        return None
+    if text == "latest":
+        if latest is None:
+            raise ConfigError("--starting-version latest needs the table's latest version")
+        return latest
+    try:
+        return int(str(text))
+    except ValueError:
+        raise ConfigError(f"--starting-version must be a number or 'latest', got {text!r}") from None
+
+
+def _range(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSettings, fmt: str) -> int:
+    storage = storage_for(args.table, settings.get(STORAGE) or None)
+    feed = AuditFeed(args.table, storage)
+    starting = _start_version(
+        args.starting_version, feed.log.latest_version() if args.starting_version == "latest" else None
+    )
+    start_ms = None
+    if args.starting_timestamp is not None:
+        start_ms = parse_timestamp_ms(args.starting_timestamp, name="--starting-timestamp")
+    events = feed.events(
+        starting,
+        args.ending_version,
+        starting_timestamp_ms=start_ms,
+        counted=args.counted,
+        track_table_rows=audit.needs_table_rows,
+    )
+    outputs: list[AuditOutput] = []
+    if args.output is None and args.html is None:
+        outputs.append(EventPrinter(fmt))
+    if args.alert_output is not None:
+        outputs.append(AlertLog(args.alert_output))
+    notifier = AlertNotifier(audit.rules) if audit.rules else None  # a look back: no webhooks
+    kept: list[AuditEvent] = []
+    raised: list[Alert] = []
+    keep = args.output is not None or args.html is not None
+    opened: list[AuditOutput] = []
+    try:
+        for event in events:
+            if not opened:
+                for out in outputs:
+                    out.open(event.table_id or table_id(feed.log))
+                    opened.append(out)
+            alerts = notifier.notify(event).alerts if notifier is not None else ()
+            for out in outputs:
+                out.write(event, alerts)
+            raised += alerts
+            if keep:
+                kept.append(event)
+        for out in opened:
+            out.flush()
+    finally:
+        for out in opened:
+            out.close()
+    if args.output is not None:
+        count = write_audit_log(kept, args.output)
+        log.info("wrote %d events to %s", count, args.output)
+    if args.html is not None:
+        write_report(kept, raised, args.html)
+        log.info("wrote the report of %d events and %d alerts to %s", len(kept), len(raised), args.html)
+    return 0
+
+
+def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSettings, fmt: str) -> int:
+    if not settings.get("state_dir"):
+        raise ConfigError("--follow needs --state-dir (or DELTATAIL_STATE_DIR, or state_dir in the config file)")
+    if args.ending_version is not None:
+        raise ConfigError("--ending-version ends a range; --follow has no end (use --until-caught-up)")
+    if args.html is not None:
+        raise ConfigError("--html writes the report of a range; it cannot be used with --follow")
+    storage_options = settings.get(STORAGE, {})
+    starting = settings.get("starting_version")
+    if starting == "latest":  # only the commits after the latest now
+        latest = DeltaLog(args.table, storage_for(args.table, storage_options or None)).latest_version()
+        starting = latest + 1
+    start_ts = settings.get("starting_timestamp")
+    d = AuditFollowConfig(table="", state_dir="")
+    config = AuditFollowConfig(
+        table=args.table,
+        state_dir=settings["state_dir"],
+        starting_version=_start_version(starting, None),
+        starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
+        poll_interval=settings.get("poll_interval", d.poll_interval),
+        max_poll_interval=settings.get("max_poll_interval", d.max_poll_interval),
+        watch=not settings.get("no_watch", not d.watch),
+        checkpoint_commits=settings.get("checkpoint_commits", d.checkpoint_commits),
+        checkpoint_seconds=settings.get("checkpoint_seconds", d.checkpoint_seconds),
+        snapshot_commits=settings.get("snapshot_commits", d.snapshot_commits),
+        until_caught_up=bool(settings.get("until_caught_up", d.until_caught_up)),
+        counted=args.counted,
+        track_table_rows=audit.needs_table_rows,
+        storage_options=storage_options,
+    )
+    outputs: list[AuditOutput] = []
+    if args.output is not None:
+        outputs.append(open_audit_log(args.output))
+    else:
+        outputs.append(EventPrinter(fmt))
+    if args.alert_output is not None:
+        outputs.append(AlertLog(args.alert_output))
+    notifier = AlertNotifier.from_settings(audit) if audit.rules else None  # its webhooks start here
+    try:
+        follower = AuditFollower(config, outputs, notifier)
+    except BaseException:
+        if notifier is not None:
+            notifier.close(0)
+        raise
+    stop_on_signals(follower.stop)
+    progress = follower.run()
+    log.info("stopped: %d versions audited, %d alerts raised", progress.versions, progress.alerts)
+    return 0
