@@ -93,6 +93,12 @@ class ChangeFilter:
         predicate, used = (None, frozenset[str]()) if self.where is None else _compile(self.where, known)
         return ChangeFilter(self.columns, self.where, self.change_types, self.skip_operations, predicate, used)
 
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        """The schema of delivered rows, given the unfiltered one: only the chosen columns, and the change columns."""
+        if self.columns is None:
+            return schema
+        return pa.schema([f for f in schema if f.name in self.columns or f.name in CHANGE_COLUMNS])
+
     @property
     def prunes(self) -> bool:
         """Whether the filter can drop a file whole (it has change types or a predicate)."""

@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from state.alerts import Alert
 from state.audit import AuditEvent
 from state.errors import ConfigError, DeltaTailError, InvalidLogError, SinkError
+from tailer.follow.state_store import fsync_dir
 
 #: The columns of a Parquet audit log, in order.
 AUDIT_ARROW_SCHEMA = pa.schema(
@@ -328,14 +329,6 @@ def _parts(directory: Path) -> list[tuple[int, int, Path]]:
     return sorted(found)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class ParquetAuditLog(AuditOutput):
     """An audit log of Parquet part files in a directory (``FILE.parquet``), appended exactly once."""
 
@@ -403,7 +396,7 @@ class ParquetAuditLog(AuditOutput):
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, self.dir / name)
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
         except OSError as e:
             raise SinkError(f"cannot write an audit log part: {e.strerror or e}", file=str(self.dir / name)) from e
         return self.dir / name

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from state.errors import ConfigError, MissingFileError
-from state.feed import CHANGE_COLUMNS, ChangeBatch, TableInfo
+from state.feed import TableInfo
 from state.lance.manifest import Manifest, parse_manifest_name
 from tailer.cli.configure import change_filter
+from tailer.cli.outputs import write_parquet
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.sink import Sink
 from tailer.follow.tailer import TailerConfig, table_name
@@ -167,7 +165,9 @@ def changes(args: argparse.Namespace) -> int:
     )
     output = args.output or "-"
     if output.endswith(".parquet"):
-        return _write_parquet(feed, batches, output)
+        return write_parquet(
+            batches, output, feed.options.filter.output_schema(feed.rows.schema(feed.dataset.latest_version()))
+        )
     if output != "-" and not output.endswith(".jsonl"):
         raise ConfigError(f"--output must end in .jsonl or .parquet, got {output!r}")
     sink = open_sink("jsonl:-" if output == "-" else f"jsonl:{output}")
@@ -178,25 +178,6 @@ def changes(args: argparse.Namespace) -> int:
         sink.flush()
     finally:
         sink.close()
-    return 0
-
-
-def _write_parquet(feed: LanceFeed, batches: Iterator[ChangeBatch], output: str) -> int:
-    writer: pq.ParquetWriter | None = None
-    try:
-        for batch in batches:
-            if writer is None:
-                writer = pq.ParquetWriter(output, batch.rows.schema)
-            writer.write_batch(batch.rows.cast(writer.schema) if batch.rows.schema != writer.schema else batch.rows)
-        if writer is None:
-            schema = feed.rows.schema(feed.dataset.latest_version())
-            columns = feed.options.filter.columns
-            if columns is not None:
-                schema = pa.schema([f for f in schema if f.name in columns or f.name in CHANGE_COLUMNS])
-            pq.write_table(schema.empty_table(), output)
-    finally:
-        if writer is not None:
-            writer.close()
     return 0
 
 

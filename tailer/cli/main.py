@@ -10,13 +10,12 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import orjson
-import pyarrow.parquet as pq
 
 from state.errors import ConfigError, DeltaTailError
-from state.feed import ChangeBatch, TableInfo, change_schema
+from state.feed import TableInfo, change_schema
 from tailer.cli import audit, logs
 from tailer.cli import lance as lance_cli
 from tailer.cli.configure import (
@@ -31,6 +30,7 @@ from tailer.cli.configure import (
 )
 from tailer.cli.cursor import add_parsers as add_cursor_parsers
 from tailer.cli.demo import run_demo
+from tailer.cli.outputs import write_parquet
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
@@ -103,7 +103,9 @@ def _changes(args: argparse.Namespace) -> int:
     elif output.endswith(".jsonl"):
         uri = f"jsonl:{output}"
     elif output.endswith(".parquet"):
-        return _write_parquet(feed, batches, output)
+        return write_parquet(
+            batches, output, feed.options.filter.output_schema(change_schema(feed.log.snapshot().schema))
+        )
     else:
         raise ConfigError(f"--output must end in .jsonl or .parquet, got {output!r}")
     sink = open_sink(uri)
@@ -119,21 +121,6 @@ def _changes(args: argparse.Namespace) -> int:
 
 def _table_info(feed: ChangeFeed) -> TableInfo:
     return TableInfo(feed.table, table_id(feed.log, feed.log.snapshot()), table_name(feed.table))
-
-
-def _write_parquet(feed: ChangeFeed, batches: Iterator[ChangeBatch], output: str) -> int:
-    writer: pq.ParquetWriter | None = None
-    try:
-        for batch in batches:
-            if writer is None:
-                writer = pq.ParquetWriter(output, batch.rows.schema)
-            writer.write_batch(batch.rows.cast(writer.schema) if batch.rows.schema != writer.schema else batch.rows)
-        if writer is None:
-            pq.write_table(change_schema(feed.log.snapshot().schema).empty_table(), output)
-    finally:
-        if writer is not None:
-            writer.close()
-    return 0
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ import pyarrow as pa
 from state.changes import FileTask
 from state.cursor import Position
 from state.errors import ConfigError, SchemaChangeError, VersionGapError, VersionNotFoundError
-from state.feed import CHANGE_COLUMNS, ChangeBatch, change_schema
+from state.feed import ChangeBatch, change_schema
 from state.filters import ChangeFilter
 from state.planning import VersionPlan, plan_snapshot
 from state.snapshot import Snapshot
@@ -245,12 +245,6 @@ class ChangeFeed:
         """Whether ``plan``'s rows go through net changes (then positions count the netted rows)."""
         return self.options.net_changes and plan.commit is not None and not plan.commit.cdcs
 
-    def _output_schema(self, schema: pa.Schema) -> pa.Schema:
-        columns = self.options.filter.columns
-        if columns is None:
-            return schema
-        return pa.schema([f for f in schema if f.name in columns or f.name in CHANGE_COLUMNS])
-
     def filtered(self, plan: VersionPlan) -> VersionPlan:
         """``plan`` as the filter reads it.
 
@@ -336,10 +330,10 @@ class ChangeFeed:
         schema: pa.Schema | None = None
         plans = self.plans(starting_version, ending_version, **start)
         for plan in plans:
-            schema = self._output_schema(change_schema(plan.context.schema()))
+            schema = self.options.filter.output_schema(change_schema(plan.context.schema()))
             tables += [pa.Table.from_batches([b.rows]) for b in self.plan_batches(plan)]
         if schema is None:
-            schema = self._output_schema(change_schema(self.log.snapshot(ending_version).schema))
+            schema = self.options.filter.output_schema(change_schema(self.log.snapshot(ending_version).schema))
         if not tables:
             return schema.empty_table()
         return pa.concat_tables([_conform(t, schema, self.table) for t in tables])

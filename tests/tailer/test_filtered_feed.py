@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -215,3 +216,13 @@ def test_a_partition_value_that_does_not_parse_is_named_when_pruning(tmp_path: P
     with pytest.raises(InvalidLogError, match="seven") as e:
         positioned(feed)
     assert e.value.version == 0 and e.value.file is not None and e.value.file.startswith("n=")
+
+
+def test_an_empty_filtered_parquet_output_has_the_filtered_columns(tmp_path: Path) -> None:
+    write_deltalake(str(tmp_path / "t"), rows(range(3), "emea"))
+    out = tmp_path / "none.parquet"
+    done = deltatail("changes", str(tmp_path / "t"), "--columns", "id", "--where", "id < 0", "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    written = pq.read_table(out)
+    assert written.num_rows == 0
+    assert written.column_names == ["id", "_change_type", "_commit_version", "_commit_timestamp"]
