@@ -149,7 +149,7 @@ def read_file_rows(
 
     Raises:
         MissingFileError: if the file does not exist.
-        InvalidLogError: if a partition value is missing or does not parse as its column's type, a file
+        InvalidLogError: if a partition value does not parse as its column's type, a file
             column cannot be converted to the schema's type, or ``_change_type`` is requested but absent.
         DeletionVectorError: if the row filter names a row index beyond the end of the file.
         ConfigError: if ``columns`` names a column the schema does not have.
@@ -228,7 +228,7 @@ def read_file_batches(
 
     Raises:
         MissingFileError: if the file does not exist.
-        InvalidLogError: if a partition value is missing or does not parse, or ``_change_type``
+        InvalidLogError: if a partition value does not parse, or ``_change_type``
             is requested but absent.
         DeletionVectorError: if the row filter names a row index beyond the end of the file.
         ConfigError: if ``columns`` names a column the schema does not have.
