@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from state.errors import ConfigError, InvalidLogError
 from state.feed import CHANGE_TYPE_COLUMN
-from state.schema import PARQUET_FIELD_ID, StructField, StructType, to_arrow_type
+from state.schema import PARQUET_FIELD_ID, StructField, StructType, contains_variant, to_arrow_type
 from tailer.read.parquet_file import OpenFile
 from tailer.read.partition_values import parse_partition_value
 
@@ -108,11 +108,13 @@ def plan_for(
     targets = [to_arrow_type(f.type) for f in fields]
     for field, target in zip(fields, targets, strict=True):
         index = match_field(file_fields, field, mode)
-        # Nested types in id mode are matched by id field by field (type equality ignores the ids).
+        # Nested types in id mode are matched by id field by field (type equality ignores the ids). A
+        # variant is always converted: unshredded, checked, and given the marked type (equality ignores the marker).
         same = (
             index is not None
             and file_fields[index].type == target
             and not (mode == "id" and pa.types.is_nested(target))
+            and not contains_variant(field.type)
         )
         if field.name in partition_columns:
             keys = tuple(dict.fromkeys((field.physical_name(mode), field.name)))

@@ -29,6 +29,7 @@ from state.snapshot import Snapshot
 from tailer.log.delta_log import DeltaLog
 from tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
+from tailer.read.conform import nulls
 from tailer.read.net_changes import net_changes
 from tailer.read.read_ahead import ReadAheadReader
 from tailer.read.reader_pool import ReaderPool, shared_pool
@@ -284,7 +285,7 @@ def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
     columns = []
     for field in schema:
         if field.name not in table.column_names:
-            columns.append(pa.nulls(table.num_rows, field.type))
+            columns.append(nulls(table.num_rows, field.type))
             continue
         try:
             columns.append(table.column(field.name).cast(field.type))

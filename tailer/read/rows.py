@@ -38,7 +38,7 @@ from state.errors import DeletionVectorError, DeltaTailError
 from state.feed import CHANGE_TYPE_COLUMN
 from state.schema import StructType
 from tailer.read.column_plan import ColumnPlan, bind, file_plan, selected_fields
-from tailer.read.conform import cast, conform
+from tailer.read.conform import cast, conform, nulls
 from tailer.read.parquet_file import DEFAULT_OPENING, ParquetOpening, open_parquet
 from tailer.storage import Storage
 
@@ -330,7 +330,7 @@ def _assemble(batch: pa.RecordBatch, plan: ColumnPlan) -> list[pa.Array]:
     arrays = []
     for field, source, direct, target in zip(plan.fields, plan.sources, plan.direct, plan.targets, strict=True):
         if source is None:
-            arrays.append(pa.nulls(n, target))
+            arrays.append(nulls(n, target))
         elif type(source) is int:
             column = read[source]
             arrays.append(column if direct else conform(column, field.type, plan.mode, field.name))
