@@ -35,7 +35,6 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from state.actions import parse_json_actions
 from state.audit import AuditEvent, build_audit_event
 from state.commit import Commit
 from state.errors import (
@@ -305,7 +304,7 @@ class AuditFeed:
                         file=self.log.commit_path(v),
                     )
                 try:
-                    commit = Commit.from_actions(v, parse_json_actions(files.next()))
+                    commit = Commit.from_json(v, files.next())
                 except DeltaTailError as e:
                     raise e.at(table=self.table, version=v, file=self.log.commit_path(v)) from None
                 try:

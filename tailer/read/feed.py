@@ -181,6 +181,8 @@ class ChangeFeed:
             at_ms = snapshot_time(self.log, snap, listing) if starting_version > 0 else None
             follower = self.follower(snap, at_ms)
             first = starting_version
+        if listing.commits:
+            follower.know_commits_up_to(max(listing.commits))
         for v in range(first, end + 1):
             if (v - first) % (PREFETCH_COMMITS // 2) == 0:
                 follower.prefetch(range(v, min(v + PREFETCH_COMMITS, end + 1)), listing.commits)
