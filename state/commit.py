@@ -62,7 +62,7 @@ class Commit:
             InvalidLogError: if the file is empty or blank, or a line is not a valid action.
             DuplicateActionError: as :meth:`from_actions`.
         """
-        if not data.strip():
+        if not data or data.isspace():  # isspace: no copy of a large commit
             raise InvalidLogError(
                 "commit file is empty: a torn or failed write (a commit holds at least one action)", version=version
             )
