@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state.errors import InvalidLogError
-from state.schema import ArrayType, DataType, MapType, StructType, is_variant, to_arrow_type
+from state.schema import ArrayType, DataType, MapType, StructType, contains_variant, is_variant, to_arrow_type
 from state.variant import check_values, is_variant_group, unshred
 from tailer.read.column_plan import match_field
 
@@ -85,13 +85,17 @@ def _conform_struct(array: pa.Array, dtype: StructType, mode: str, name: str) ->
     if not pa.types.is_struct(array.type):
         raise InvalidLogError(f"column {name!r} is {array.type} in the data file, the schema says struct")
     file_fields = list(array.type)
+    # Under a null struct a file's required variant group reads as present with empty bytes: variants are
+    # read with the struct's nulls merged in (flatten), so that only values that exist are checked.
+    merged = array.flatten() if array.null_count and contains_variant(dtype) else None
     children = []
     for field in dtype.fields:
         index = match_field(file_fields, field, mode)
         if index is None:
             children.append(nulls(len(array), to_arrow_type(field.type)))
         else:
-            children.append(conform(array.field(index), field.type, mode, f"{name}.{field.name}"))
+            child = merged[index] if merged is not None and contains_variant(field.type) else array.field(index)
+            children.append(conform(child, field.type, mode, f"{name}.{field.name}"))
     logical = list(to_arrow_type(dtype))
     return pa.StructArray.from_arrays(children, fields=logical, mask=_null_mask(array))
 

@@ -182,3 +182,18 @@ def test_nulls_fill_required_binaries_under_null_structs() -> None:
     assert array.null_count == 3 and array.type.field("v").type == VARIANT_STORAGE_TYPE
     assert array.field("v").field("metadata").to_pylist() == [b"", b"", b""]
     assert nulls(2, pa.int64()).to_pylist() == [None, None]
+
+
+def test_a_required_variant_under_a_null_struct_is_not_read_as_a_value(tmp_path: Path) -> None:
+    """``struct<v: variant not null>``: a null struct's required group reads back present, with empty bytes."""
+    v = pa.StructArray.from_arrays(
+        [pa.array([b"\x01\x00\x00", b"\x01\x00\x00"]), pa.array([b"\x0c\x01", b"\x0c\x02"])],
+        fields=[pa.field("metadata", pa.binary(), False), pa.field("value", pa.binary(), False)],
+    )
+    s = pa.StructArray.from_arrays([v], fields=[pa.field("v", v.type, False)], mask=pa.array([False, True]))
+    pq.write_table(pa.table({"s": s}), tmp_path / "p.parquet")
+    assert pq.read_table(tmp_path / "p.parquet").column("s").chunk(0).field("v").field("metadata")[1].as_py() == b""
+    required = {"type": "struct", "fields": [{"name": "v", "type": "variant", "nullable": False, "metadata": {}}]}
+    rows = read(tmp_path, "p.parquet", schema(s=required))
+    assert rows.column("s").to_pylist() == [{"v": {"metadata": b"\x01\x00\x00", "value": b"\x0c\x01"}}, None]
+    pq.write_table(rows, tmp_path / "out.parquet")  # and the output is writable
