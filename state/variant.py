@@ -12,7 +12,9 @@ type; a Python extension type named ``arrow.parquet.variant`` crashes its Parque
 module works on those structs:
 
 - :func:`unshred` turns a variant column as read (shredded or not) into
-  ``struct<metadata: binary not null, value: binary not null>``, the unshredded form, nulls kept;
+  ``struct<metadata: binary not null, value: binary not null>``, the unshredded form, nulls kept,
+  its ``metadata`` field marked as PySpark marks a variant (:func:`is_variant_type` tells it apart);
+- :func:`check_values` checks that every value of that form decodes;
 - :func:`variant_json_array` turns it into the JSON text of each value;
 - :func:`variant_to_json` and :func:`variant_to_python` decode one ``(metadata, value)`` pair.
 
