@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import logging
 import os
 import random
 import shutil
@@ -62,6 +63,8 @@ def run_cli(argv: list[str]) -> Outcome:
     """``deltatail ARGV`` in this process, as the console script runs it."""
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
     err = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # main() points logging at the captured stderr
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(TIME_LIMIT)
     try:
@@ -78,6 +81,8 @@ def run_cli(argv: list[str]) -> Outcome:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+        root.handlers[:] = handlers
+        root.setLevel(level)
     out.flush()
     raw = out.buffer
     assert isinstance(raw, io.BytesIO)

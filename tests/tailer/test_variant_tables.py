@@ -21,12 +21,10 @@ How the expectations were established (nothing here is computed by deltatail):
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import redirect_stdout
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_root
+from damage import run_cli
 from deltalake import DeltaTable, QueryBuilder
 
 from sinks.connect_schema import DEBEZIUM_JSON
@@ -49,7 +48,6 @@ from state.errors import MissingFileError
 from state.feed import CHANGE_COLUMNS, ChangeBatch, TableInfo
 from state.schema import ArrayType, DataType, MapType, StructType, is_variant
 from state.variant import VARIANT_STORAGE_TYPE, is_variant_type, variant_to_json
-from tailer.cli.main import main
 from tailer.read.feed import ChangeFeed, ChangeOptions
 
 EXPECTATIONS = Path(__file__).resolve().parents[1] / "expectations" / "variant_expectations.json"
@@ -159,7 +157,7 @@ def test_unshredded_variant_bytes_equal_deltalakes_scan() -> None:
         assert ours.column(name).to_pylist() == theirs.column(name).to_pylist(), name
 
 
-def test_missing_data_files_are_named_not_guessed(capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_data_files_are_named_not_guessed() -> None:
     root = corpus_root() / MISSING_FILES
     first = expectations()[MISSING_FILES]["adds"]["0"][0]
     assert not first["on_disk"] and (root / first["path"].replace("test%file%prefix-", "")).is_file()
@@ -168,8 +166,9 @@ def test_missing_data_files_are_named_not_guessed(capsys: pytest.CaptureFixture[
         list(feed.batches(0))
     assert caught.value.file == f"{root}/{first['path']}"
     assert caught.value.version == 0
-    assert main(["changes", str(root)]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
+    outcome = run_cli(["changes", str(root)])
+    assert outcome.code == 1 and outcome.escaped is None
+    err = outcome.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("deltatail: error: ") and first["path"] in err[0]
 
 
@@ -263,8 +262,8 @@ def test_kafka_formats_carry_variants() -> None:
 def test_parquet_output_holds_the_variant_bytes(tmp_path: Path) -> None:
     root = corpus_root() / "delta-spark/variant-stats-nested-no-checkpoint"
     out = tmp_path / "rows.parquet"
-    with redirect_stdout(io.StringIO()):
-        assert main(["changes", str(root), "--output", str(out)]) == 0
+    outcome = run_cli(["changes", str(root), "--output", str(out)])
+    assert outcome.code == 0, outcome.stderr
     table = pq.read_table(out)
     variant = table.schema.field("s").type.field("v").type
     assert variant == VARIANT_STORAGE_TYPE and is_variant_type(variant)  # the marker survives the file
