@@ -52,7 +52,8 @@ map, other keys     object whose keys are each key's      ``map`` with ``string`
                     JSON text (``{"1": ...}``)
 map, nested keys    array of ``{"key", "value"}``         ``array`` of ``struct`` {``key``, ``value``}
 variant             string holding the JSON text          ``string`` ``io.debezium.data.Json``
-                    (an ``arrow.json`` column)
+                    (Spark's ``to_json``); the same for
+                    an ``arrow.json`` column
 void (null type)    ``null``                              optional ``string``
 =================== ===================================== ===========================================
 
@@ -79,6 +80,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from state.errors import ConfigError, SinkError
+from state.variant import is_variant_type
 
 TimeMode = Literal["iso", "sql", "micros", "connect"]
 DecimalMode = Literal["string", "precise", "double"]
@@ -189,7 +191,7 @@ def _named(kind: str, name: str, **extra: Any) -> dict[str, Any]:
 
 def _schema(t: pa.DataType, modes: ValueModes, where: str) -> dict[str, Any]:
     """The schema without ``optional``/``field`` (added by the callers)."""
-    if is_json_extension(t):
+    if is_json_extension(t) or is_variant_type(t):
         return _named("string", DEBEZIUM_JSON)
     if isinstance(t, pa.BaseExtensionType):
         return _schema(t.storage_type, modes, where)

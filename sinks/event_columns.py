@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.connect_schema import ValueModes, is_json_extension
-from sinks.json_text import Text, Wrapped, column_text, json_values, text_scalar
+from sinks.json_text import Text, Wrapped, column_text, json_values, text_scalar, variant_texts
+from state.variant import is_variant_type
 
 _NULL = text_scalar("null")
 _EMPTY = text_scalar("")
@@ -58,6 +59,8 @@ def mode_text(column: pa.Array, modes: ValueModes) -> Text:
         return _quoted_python(column, _base64)
     if pa.types.is_binary_view(t):
         return mode_text(pc.cast(column, pa.large_binary()), modes)
+    if is_variant_type(t):
+        return mode_text(variant_texts(column), modes)  # a string holding the JSON text (io.debezium.data.Json)
     if not pa.types.is_nested(t):
         text = column_text(column)
         if text is not None:
@@ -189,7 +192,7 @@ def needs_conversion(t: pa.DataType, modes: ValueModes) -> bool:
     if pa.types.is_decimal(t):
         return modes.decimal != "string"
     if pa.types.is_struct(t):
-        return any(needs_conversion(f.type, modes) for f in t)
+        return is_variant_type(t) or any(needs_conversion(f.type, modes) for f in t)
     if pa.types.is_map(t):
         return needs_conversion(t.key_type, modes) or needs_conversion(t.item_type, modes)
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -201,13 +204,16 @@ def convert(column: pa.Array, modes: ValueModes) -> pa.Array:
     """``column`` with every logical leaf replaced by the value ``modes`` write.
 
     Timestamps become their text (``iso``, ``sql``) or numbers, dates numbers (``micros``,
-    ``connect``), decimals base64 text (``precise``) or doubles; structs, lists and maps are
+    ``connect``), decimals base64 text (``precise``) or doubles, variants their JSON text (a string,
+    as Debezium writes ``io.debezium.data.Json``); structs, lists and maps are
     rebuilt around their converted children with the same nulls. :func:`sinks.encoding.json_values`
     of the result writes what the modes ask for.
     """
     t = column.type
     if is_json_extension(t) or isinstance(t, pa.BaseExtensionType):
         return convert(column.storage, modes)
+    if is_variant_type(t):
+        return variant_texts(column)
     if not needs_conversion(t, modes):
         return column
     if pa.types.is_dictionary(t):

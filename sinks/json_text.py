@@ -22,7 +22,13 @@ every path):
 * structs: JSON objects; lists: arrays; maps: objects (keys that are not
   strings are written as JSON strings of themselves, nested keys as a list
   of ``{"key", "value"}`` objects);
-* durations: integer counts of the column's unit.
+* durations: integer counts of the column's unit;
+* variants (:data:`~state.variant.VARIANT_STORAGE_TYPE`, at any depth): the value
+  itself, its JSON text (:func:`~state.variant.variant_to_json`, Spark's
+  ``to_json``) embedded as JSON, as Spark's ``to_json(struct(...))`` writes a
+  row (``{"v":{"a":1}}``, not a string holding ``{"a":1}``); the ``debezium`` and
+  ``flat`` formats instead carry it as a string holding that text, Debezium's
+  ``io.debezium.data.Json`` (:mod:`sinks.connect_schema`).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from typing import Any, TypeAlias
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from state.variant import is_variant_type, variant_json_array
 
 INSERT, DELETE = "insert", "delete"
 PREIMAGE, POSTIMAGE = "update_preimage", "update_postimage"
@@ -85,6 +93,8 @@ def json_values(column: pa.Array) -> list[Any]:
     if pa.types.is_binary_view(t):
         return json_values(pc.cast(column, pa.large_binary()))
     if pa.types.is_struct(t):
+        if is_variant_type(t):
+            return [None if v is None else orjson.Fragment(v) for v in variant_texts(column).to_pylist()]
         return _structs(column)
     if pa.types.is_map(t):
         return _maps(column)
@@ -232,9 +242,22 @@ def column_text(column: pa.Array) -> pa.Array | Wrapped | None:
         return _quoted(pc.cast(column, pa.string()))
     elif pa.types.is_timestamp(t):
         return _quoted(_timestamp_body(column), 'Z"' if t.tz is not None else '"')
+    elif is_variant_type(t):
+        text = variant_texts(column)  # JSON already: embedded as it is
     else:
         return None
     return pc.fill_null(text, _NULL) if text.null_count else text
+
+
+def variant_texts(column: pa.Array) -> pa.Array:
+    """The JSON text of each value of a variant column (a string array, nulls kept).
+
+    Raises:
+        DataFileError: if a value's bytes break the variant encoding (deltatail's reader has checked
+            every value it read, so only rows made elsewhere can).
+    """
+    texts = variant_json_array(column, column="a variant column")
+    return texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
 
 
 def _quoted(body: pa.Array, after: str = '"') -> pa.Array | Wrapped:

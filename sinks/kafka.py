@@ -598,10 +598,9 @@ class KafkaSink(Sink):
         headers = [*self._fixed_headers, ("dt.version", b"%d" % event.version), ("dt.change_type", b"commit")]
         partition = None if self._by_producer else choose_partition(key, self._commit_partitions)
         stamp = (event.version, COMMIT_RANK, -1, 0)
-        self._check_sending()
-        assert self._producer is not None
+        producer = self._producer_for_sending()
         try:
-            self._producer.send(self.commit_topic, key, value, headers, partition, stamp)
+            producer.send(self.commit_topic, key, value, headers, partition, stamp)
         except SendRefused as e:
             raise self._refused(e, self.commit_topic, key, value, stamp) from e
 
@@ -634,10 +633,9 @@ class KafkaSink(Sink):
         ]
         partition = None if self._by_producer else choose_partition(key, self._heartbeat_partitions)
         stamp = (status.delivered_version, HEARTBEAT_RANK, -1, 0)
-        self._check_sending()
-        assert self._producer is not None
+        producer = self._producer_for_sending()
         try:
-            self._producer.send(self.heartbeat_topic, key, value, headers, partition, stamp)
+            producer.send(self.heartbeat_topic, key, value, headers, partition, stamp)
         except SendRefused as e:
             raise self._refused(e, self.heartbeat_topic, key, value, stamp) from e
 
@@ -650,15 +648,10 @@ class KafkaSink(Sink):
         except TypeError as e:
             raise SinkError(f"commit event is not JSON-serialisable: {e}", table=self.table.path) from e
 
-    def _check_sending(self) -> None:
-        if self._failure is not None:  # a message failed meanwhile (producer thread): send nothing after it
-            self._check_usable()
-
     def _send_many(self, out: Outgoing) -> None:
-        self._check_sending()
-        assert self._producer is not None
+        producer = self._producer_for_sending()
         try:
-            self._producer.send_many(out)
+            producer.send_many(out)
         except SendRefused as e:
             raise self._refused(e, out.topic, out.keys[e.index], out.values[e.index], out.stamp(e.index)) from e
 
@@ -686,7 +679,12 @@ class KafkaSink(Sink):
                 self._failure = kind(message, table=self.table.path, version=version)
             return self._failure
 
-    def _check_usable(self) -> None:
+    def _check_usable(self) -> Producer:
+        """The producer, if the sink is open and has not failed.
+
+        Raises:
+            SinkError: if the sink is not open, or stopped after a failure (that failure's class).
+        """
         if self._producer is None:
             raise SinkError("the Kafka sink is not open")
         if self._failure is not None:
@@ -695,6 +693,17 @@ class KafkaSink(Sink):
                 table=self.table.path,
                 version=self._failure.version,
             )
+        return self._producer
+
+    def _producer_for_sending(self) -> Producer:
+        """The producer, unless a message failed meanwhile (producer thread): then nothing more is sent.
+
+        Raises:
+            SinkError: if the sink is not open, or stopped after a failure.
+        """
+        if self._failure is not None or self._producer is None:
+            return self._check_usable()
+        return self._producer
 
     # -- flushing --------------------------------------------------------------
 
@@ -708,10 +717,9 @@ class KafkaSink(Sink):
             SinkError: if the sink is not open or has failed, or any message could not be delivered;
                 the error names the first undelivered position, and the sink stops.
         """
-        self._check_usable()
-        assert self._producer is not None
+        producer = self._check_usable()
         opts = self.options
-        undelivered = self._producer.wait((opts.delivery_timeout_ms + opts.request_timeout_ms) / 1000)
+        undelivered = producer.wait((opts.delivery_timeout_ms + opts.request_timeout_ms) / 1000)
         if undelivered is not None:
             stamp, why = undelivered
             message = f"Kafka did not acknowledge the message for {_describe(stamp)}: {why}"

@@ -26,8 +26,9 @@ from state.actions import (
     Remove,
     Sidecar,
     Txn,
+    parse_json_actions,
 )
-from state.errors import DuplicateActionError
+from state.errors import DuplicateActionError, InvalidLogError
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,24 @@ class Commit:
     def in_commit_timestamp(self) -> int | None:
         """``commitInfo.inCommitTimestamp`` (epoch ms), if the commit carries one."""
         return None if self.commit_info is None else self.commit_info.in_commit_timestamp
+
+    @staticmethod
+    def from_json(version: int, data: bytes, *, check_duplicates: bool = True) -> Commit:
+        """Parse a commit file (newline-delimited JSON actions) and group its actions (:meth:`from_actions`).
+
+        A file without a single action line is refused: no writer commits nothing (Delta writers
+        always write at least ``commitInfo``), so an empty commit file is a torn or failed write,
+        and reading it as a version that changed nothing would silently drop its changes.
+
+        Raises:
+            InvalidLogError: if the file is empty or blank, or a line is not a valid action.
+            DuplicateActionError: as :meth:`from_actions`.
+        """
+        if not data or data.isspace():  # isspace: no copy of a large commit
+            raise InvalidLogError(
+                "commit file is empty: a torn or failed write (a commit holds at least one action)", version=version
+            )
+        return Commit.from_actions(version, parse_json_actions(data), check_duplicates=check_duplicates)
 
     @staticmethod
     def from_actions(version: int, actions: Iterable[Action], *, check_duplicates: bool = True) -> Commit:

@@ -5,10 +5,16 @@ name the table, the version and the file involved wherever they are known, so
 that a user can find the offending object without a debugger.
 
 Third-party errors (JSON parsers, pyarrow, the file system) are wrapped with
-``raise ... from e`` at the edge where they happen.
+``raise ... from e`` at the edge where they happen. A rendered error is one line
+(line breaks in a wrapped library's text become spaces), so that the command line
+reports it as one ``deltatail: error:`` line and log lines stay whole.
 """
 
 from __future__ import annotations
+
+import re
+
+_LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
 
 
 class DeltaTailError(Exception):
@@ -43,7 +49,8 @@ class DeltaTailError(Exception):
             where.append(f"version {self.version}")
         if self.file is not None:
             where.append(f"file {self.file}")
-        return f"{self.message} [{', '.join(where)}]" if where else self.message
+        message = _LINE_BREAKS.sub(" ", self.message).strip()
+        return f"{message} [{', '.join(where)}]" if where else message
 
     def at(self, *, table: str | None = None, version: int | None = None, file: str | None = None) -> DeltaTailError:
         """Fill in context that the raiser did not know; returns ``self`` for ``raise e.at(...)``."""

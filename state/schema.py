@@ -4,9 +4,9 @@ Protocol, "Schema Serialization Format": a schema is a ``struct`` of fields,
 each with ``name``, ``type``, ``nullable`` and ``metadata``; types are primitive
 names (``string``, ``long``, ``integer``, ``short``, ``byte``, ``float``,
 ``double``, ``boolean``, ``binary``, ``date``, ``timestamp``, ``timestamp_ntz``,
-``decimal(p,s)``) or nested ``struct``, ``array`` (``elementType``,
-``containsNull``) and ``map`` (``keyType``, ``valueType``,
-``valueContainsNull``). Column mapping keeps each field's physical name and id
+``decimal(p,s)``, and ``variant`` under the ``variantType`` feature) or nested
+``struct``, ``array`` (``elementType``, ``containsNull``) and ``map``
+(``keyType``, ``valueType``, ``valueContainsNull``). Column mapping keeps each field's physical name and id
 in its metadata (``delta.columnMapping.physicalName``, ``delta.columnMapping.id``).
 """
 
@@ -20,6 +20,7 @@ import orjson
 import pyarrow as pa
 
 from state.errors import InvalidLogError
+from state.variant import VARIANT_STORAGE_TYPE
 
 PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
 FIELD_ID_KEY = "delta.columnMapping.id"
@@ -41,7 +42,13 @@ _PRIMITIVES: dict[str, pa.DataType] = {
     "timestamp": pa.timestamp("us", tz="UTC"),
     "timestamp_ntz": pa.timestamp("us"),
     "void": pa.null(),
+    # Delta 4.0's semi-structured type (protocol, "Variant Data Type"): the unshredded variant, a struct of
+    # its metadata and value binaries (state/variant.py); files may hold it shredded, readers unshred it.
+    "variant": VARIANT_STORAGE_TYPE,
 }
+
+#: The Delta type of variant columns.
+VARIANT_NAME = "variant"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +154,24 @@ class StructType:
 
 
 DataType = PrimitiveType | DecimalType | ArrayType | MapType | StructType
+
+
+def is_variant(dtype: DataType) -> bool:
+    """Whether ``dtype`` is the ``variant`` type itself."""
+    return isinstance(dtype, PrimitiveType) and dtype.name == VARIANT_NAME
+
+
+def contains_variant(dtype: DataType) -> bool:
+    """Whether ``dtype`` is ``variant`` or nests one (in a struct field, an array element, a map key or value)."""
+    if isinstance(dtype, PrimitiveType):
+        return dtype.name == VARIANT_NAME
+    if isinstance(dtype, ArrayType):
+        return contains_variant(dtype.element_type)
+    if isinstance(dtype, MapType):
+        return contains_variant(dtype.key_type) or contains_variant(dtype.value_type)
+    if isinstance(dtype, StructType):
+        return any(contains_variant(f.type) for f in dtype.fields)
+    return False
 
 
 def to_arrow_type(dtype: DataType, mode: str = "none", logical: bool = True) -> pa.DataType:

@@ -186,8 +186,8 @@ class Snapshot:
         """The set of live ``(path, dv_id)`` keys."""
         return set(self.files.keys())
 
-    def require_valid(self) -> None:
-        """Check that the snapshot has a protocol and metadata.
+    def require_valid(self) -> tuple[Protocol, Metadata]:
+        """Check that the snapshot has a protocol and metadata; returns them.
 
         Raises:
             InvalidLogError: if either is missing (no commit has provided it yet).
@@ -196,6 +196,7 @@ class Snapshot:
             raise InvalidLogError("no protocol action found in the log", table=self.table, version=self.version)
         if self.metadata is None:
             raise InvalidLogError("no metaData action found in the log", table=self.table, version=self.version)
+        return self.protocol, self.metadata
 
     # -- transitions ---------------------------------------------------------------------------
 

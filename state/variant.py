@@ -12,7 +12,9 @@ type; a Python extension type named ``arrow.parquet.variant`` crashes its Parque
 module works on those structs:
 
 - :func:`unshred` turns a variant column as read (shredded or not) into
-  ``struct<metadata: binary not null, value: binary not null>``, the unshredded form, nulls kept;
+  ``struct<metadata: binary not null, value: binary not null>``, the unshredded form, nulls kept,
+  its ``metadata`` field marked as PySpark marks a variant (:func:`is_variant_type` tells it apart);
+- :func:`check_values` checks that every value of that form decodes;
 - :func:`variant_json_array` turns it into the JSON text of each value;
 - :func:`variant_to_json` and :func:`variant_to_python` decode one ``(metadata, value)`` pair.
 
@@ -71,8 +73,16 @@ import pyarrow.compute as pc
 
 from state.errors import DataFileError
 
-#: The Arrow type of an unshredded variant: what :func:`unshred` returns, and what deltatail emits.
-VARIANT_STORAGE_TYPE = pa.struct([pa.field("metadata", pa.binary(), False), pa.field("value", pa.binary(), False)])
+#: Field metadata that marks a struct as a variant: on its ``metadata`` child, as PySpark's Arrow conversion
+#: marks ``VariantType`` (``pyspark.sql.pandas.types.is_variant``), so Spark reads such a column back as a variant.
+VARIANT_MARKER = {b"variant": b"true"}
+
+#: The Arrow type of an unshredded variant: what :func:`unshred` returns, and what deltatail emits. A plain
+#: struct of two binaries (Arrow type equality ignores the marker on ``metadata``; :func:`is_variant_type`
+#: looks for it).
+VARIANT_STORAGE_TYPE = pa.struct(
+    [pa.field("metadata", pa.binary(), False, VARIANT_MARKER), pa.field("value", pa.binary(), False)]
+)
 
 #: How deep objects and arrays may nest before a value is refused (as malformed, not as a crash).
 MAX_DEPTH = 256
@@ -865,6 +875,45 @@ def is_variant_group(dtype: pa.DataType) -> bool:
     if not any(kind(dtype.field("metadata").type) for kind in binary_kinds):
         return False
     return "value" not in names or any(kind(dtype.field("value").type) for kind in binary_kinds)
+
+
+def is_variant_type(dtype: pa.DataType) -> bool:
+    """Whether an Arrow type is a variant as deltatail emits it (:data:`VARIANT_STORAGE_TYPE`, or PySpark's).
+
+    That is a struct with a ``value`` field and a ``metadata`` field marked with :data:`VARIANT_MARKER`,
+    in either order: the marker, not the shape, tells a variant from a user's struct of two binaries.
+    """
+    if not pa.types.is_struct(dtype) or dtype.num_fields != 2:
+        return False
+    index = dtype.get_field_index("metadata")
+    if index < 0 or dtype.get_field_index("value") < 0:
+        return False
+    marker = dtype.field(index).metadata
+    return marker is not None and marker.get(b"variant") == b"true"
+
+
+def check_values(array: pa.Array, *, column: str = "variant column") -> None:
+    """Check that every non-null value of an unshredded variant array (:data:`VARIANT_STORAGE_TYPE`) decodes.
+
+    Decodes each value as :func:`variant_to_json` does, so that a value that reads here also
+    converts to JSON later; nothing is kept.
+
+    Raises:
+        DataFileError: if a value's bytes break the encoding; the message names the column and the
+            row (counted from 0 within the array).
+    """
+    if not len(array) or array.null_count == len(array):
+        return
+    valid = array.is_valid().to_pylist() if array.null_count else None
+    metas = array.field(0).to_pylist()
+    values = array.field(1).to_pylist()
+    for i, (meta, value) in enumerate(zip(metas, values, strict=True)):
+        if valid is not None and not valid[i]:
+            continue
+        try:
+            _to_json(value, 0, len(value), metadata_keys(meta), [], 0)
+        except DataFileError as e:
+            raise DataFileError(f"in {column}, row {i}: {e.message}") from None
 
 
 def _unshred_chunk(array: pa.Array, column: str) -> pa.StructArray:

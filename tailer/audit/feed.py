@@ -39,7 +39,6 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from state.actions import parse_json_actions
 from state.audit import AuditEvent, build_audit_event
 from state.commit import Commit
 from state.errors import (
@@ -418,7 +417,7 @@ class _Step:
                 file=log.commit_path(v),
             ) from None
         try:
-            commit = Commit.from_actions(v, parse_json_actions(data))
+            commit = Commit.from_json(v, data)
             event = self.tracker.event(commit, before, file_mtime_ms=mtime, previous_timestamp_ms=previous)
         except DeltaTailError as e:
             raise e.at(table=log.table, version=v, file=log.commit_path(v)) from None

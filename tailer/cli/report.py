@@ -18,9 +18,7 @@ def snapshot_document(snap: Snapshot) -> dict[str, Any]:
     ``dvUniqueId``, ``dvCardinality``, ``size``, ``partitionValues`` and
     ``modificationTime``.
     """
-    snap.require_valid()
-    assert snap.protocol is not None and snap.metadata is not None
-    p, m = snap.protocol, snap.metadata
+    p, m = snap.require_valid()
     files = []
     for f in snap.live_files():
         dv = f.deletion_vector

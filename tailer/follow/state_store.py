@@ -312,9 +312,7 @@ def _file_struct(files: FileTable, time_field: str, kind: pa.StructType) -> pa.S
 
 def snapshot_table(snap: Snapshot) -> pa.Table:
     """The snapshot as rows of a Delta classic checkpoint (one action per row), built column by column."""
-    snap.require_valid()
-    assert snap.protocol is not None and snap.metadata is not None
-    p, m = snap.protocol, snap.metadata
+    p, m = snap.require_valid()
     head: list[dict[str, Any]] = [
         {"protocol": p.to_json()},
         {

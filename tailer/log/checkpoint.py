@@ -14,7 +14,7 @@ straight from Arrow columns into the snapshot's columnar file tables.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -121,8 +121,9 @@ def read_parquet_checkpoint_file(storage: Storage, path: str, into: CheckpointSt
     """Read a Parquet checkpoint part or sidecar into ``into``, projecting only needed fields.
 
     Raises:
-        IncompleteCheckpointError: if the file is missing or is not readable Parquet.
-        InvalidLogError: if an action in it is malformed.
+        IncompleteCheckpointError: if the file is missing, is not readable Parquet, or an add or remove
+            field does not have the protocol's type.
+        InvalidLogError: if an action in it is malformed; the error names the file.
     """
     try:
         source = storage.open_input(path)
@@ -136,30 +137,78 @@ def read_parquet_checkpoint_file(storage: Storage, path: str, into: CheckpointSt
             table = pf.read(columns=columns) if columns else None
     except (OSError, pa.ArrowException) as e:
         raise IncompleteCheckpointError(f"checkpoint file is missing or unreadable: {e}", file=path) from e
+    except DeltaTailError as e:
+        raise e.at(file=path) from None
     finally:
         source.close()
     if table is None:
         return
     names = set(table.column_names)
-    if "add" in names:
-        _load_file_rows(table.column("add").combine_chunks(), into.files, is_add=True)
-    if "remove" in names:
-        _load_file_rows(table.column("remove").combine_chunks(), into.tombstones, is_add=False)
-    for name in _OTHER_ACTIONS:
-        if name not in names:
-            continue
-        column = table.column(name)
-        present = column.filter(pc.is_valid(column))
-        for value in present.to_pylist(maps_as_pydicts="lossy"):
-            action = parse_action({name: value})
-            if action is not None:
-                into.add_actions([action])
+    try:
+        for action, is_add in (("add", True), ("remove", False)):
+            if action in names:
+                struct = table.column(action).combine_chunks()
+                _load_file_rows(struct, into.files if is_add else into.tombstones, is_add=is_add)
+        for name in _OTHER_ACTIONS:
+            if name not in names:
+                continue
+            column = table.column(name)
+            present = column.filter(pc.is_valid(column))
+            for value in present.to_pylist(maps_as_pydicts="lossy"):
+                parsed = parse_action({name: value})
+                if parsed is not None:
+                    into.add_actions([parsed])
+    except pa.ArrowException as e:  # a value a checked column type still cannot hold (an overflowing cast)
+        raise IncompleteCheckpointError(f"checkpoint file is unreadable: {e}", file=path) from e
+    except DeltaTailError as e:
+        raise e.at(file=path) from None
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t))
+
+
+def _is_text_map(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_map(t) and _is_text(t.key_type) and (_is_text(t.item_type) or pa.types.is_null(t.item_type))
+    )
+
+
+#: The Arrow types a checkpoint's add/remove fields may have (a null-typed column is read as all absent).
+_FILE_FIELD_TYPES: dict[str, tuple[str, Callable[[pa.DataType], bool]]] = {
+    "path": ("a string", _is_text),
+    "partitionValues": ("a map of strings", _is_text_map),
+    "size": ("an integer", pa.types.is_integer),
+    "modificationTime": ("an integer", pa.types.is_integer),
+    "deletionTimestamp": ("an integer", pa.types.is_integer),
+    "baseRowId": ("an integer", pa.types.is_integer),
+    "defaultRowCommitVersion": ("an integer", pa.types.is_integer),
+    "deletionVector": ("a struct", pa.types.is_struct),
+}
+
+
+def _check_file_columns(dtype: pa.DataType, action: str) -> None:
+    """Refuse an ``add``/``remove`` column whose fields do not have the protocol's types.
+
+    Raises:
+        IncompleteCheckpointError: naming the field and the type found (the checkpoint is unreadable: a
+            snapshot may still be built from an older checkpoint or the commits).
+    """
+    if not pa.types.is_struct(dtype):
+        raise IncompleteCheckpointError(f"checkpoint file is unreadable: column {action!r} is {dtype}, not a struct")
+    for f in dtype:
+        expected = _FILE_FIELD_TYPES.get(f.name)
+        if expected is not None and not pa.types.is_null(f.type) and not expected[1](f.type):
+            raise IncompleteCheckpointError(
+                f"checkpoint file is unreadable: {action}.{f.name} is {f.type}, the protocol says {expected[0]}"
+            )
 
 
 def _projection(schema: pa.Schema) -> list[str]:
     columns: list[str] = []
     for action, wanted in (("add", _ADD_FIELDS), ("remove", _REMOVE_FIELDS)):
         if action in schema.names:
+            _check_file_columns(schema.field(action).type, action)
             present = {f.name for f in schema.field(action).type}
             columns += [f"{action}.{name}" for name in wanted if name in present]
     columns += [name for name in _OTHER_ACTIONS if name in schema.names]

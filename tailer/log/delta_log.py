@@ -28,12 +28,10 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from state.actions import parse_json_actions
 from state.commit import Commit
 from state.errors import (
     DeltaTailError,
     IncompleteCheckpointError,
-    InvalidLogError,
     MissingFileError,
     TableNotFoundError,
     VersionGapError,
@@ -200,18 +198,14 @@ class DeltaLog:
         """
         path = self.commit_path(version)
         try:
-            data = self.storage.read(path)
-            if not data.strip():
-                raise InvalidLogError("the commit file is empty (a commit holds at least one action)")
-            return Commit.from_actions(version, parse_json_actions(data))
+            return Commit.from_json(version, self.storage.read(path))
         except DeltaTailError as e:
             raise e.at(table=self.table, version=version, file=path) from None
 
     def _read_compaction(self, f: LogFile) -> Commit:
         path = f"{self.log_dir}/{f.name}"
         try:
-            actions = parse_json_actions(self.storage.read(path))
-            return Commit.from_actions(f.version, actions, check_duplicates=False)
+            return Commit.from_json(f.version, self.storage.read(path), check_duplicates=False)
         except DeltaTailError as e:
             raise e.at(table=self.table, version=f.first_version, file=path) from None
 
@@ -262,11 +256,23 @@ class DeltaLog:
             raise VersionNotFoundError(f"version {target} is not a valid version", table=self.table)
         if listing.commits and min(listing.commits) > 0 and not listing.complete_checkpoints(target):
             listing = self.list_log(0)  # the hint's region has no route to the target: look at the whole log
-        return self._build(listing, target)
+        unusable: dict[CheckpointRef, DeltaTailError] = {}
+        try:
+            return self._build(listing, target, unusable)
+        except (IncompleteCheckpointError, VersionGapError):
+            # The listing began at the hint's checkpoint: when no route from there works (the checkpoint is
+            # damaged), an older checkpoint or commit 0 may still reach the target.
+            full = self.list_log(0)
+            if _files_of(full) == _files_of(listing):
+                raise
+            return self._build(full, target, unusable)
 
-    def _build(self, listing: LogListing, target: int) -> Snapshot:
+    def _build(self, listing: LogListing, target: int, unusable: dict[CheckpointRef, DeltaTailError]) -> Snapshot:
+        """The snapshot at ``target`` from the newest usable route; checkpoints found unreadable join ``unusable``."""
         errors: list[DeltaTailError] = []
         for ref in listing.complete_checkpoints(at_most=target):
+            if ref in unusable:
+                continue
             try:
                 plan = self._replay_plan(listing, ref.version + 1, target)
             except VersionGapError as e:
@@ -279,11 +285,13 @@ class DeltaLog:
             except IncompleteCheckpointError as e:
                 log.warning("%s; trying an older checkpoint", e)
                 errors.append(e)
+                unusable[ref] = e
                 continue
             return self._replay(base, plan)
         if 0 in listing.commits or any(c.first_version == 0 for c in listing.compactions):
             plan = self._replay_plan(listing, 0, target)
             return self._replay(Snapshot.empty(self.table), plan)
+        errors += [e for e in unusable.values() if e not in errors]
         if errors:
             raise errors[0]
         earliest = min(listing.commits) if listing.commits else None
@@ -395,6 +403,15 @@ class DeltaLog:
                 raise VersionGapError(
                     f"commit {v} is missing from the log", table=self.table, version=v, file=e.file
                 ) from e
+
+
+def _files_of(listing: LogListing) -> tuple[frozenset[int], frozenset[str], frozenset[str]]:
+    """What a listing holds: commit versions, compaction and checkpoint file names."""
+    return (
+        frozenset(listing.commits),
+        frozenset(c.name for c in listing.compactions),
+        frozenset(f.name for files in listing.checkpoints.values() for f in files),
+    )
 
 
 def _latest(listing: LogListing) -> int | None:

@@ -17,9 +17,11 @@ snapshot after the newest planned version, and that version's
   otherwise the table was deleted and recreated, or its log truncated: a
   :class:`~state.errors.StateError`. A ``metaData`` action with another table
   id is refused the same way.
-- **Commit reads** (:meth:`LogFollower.read_commit`): a commit that does not
-  parse is retried with backoff (on a store without atomic writes a writer may
-  still be writing it), then reported; a missing one is a gap.
+- **Commit reads** (:meth:`LogFollower.read_commit`): the newest known commit,
+  if it does not parse, is retried with backoff (on a store without atomic
+  writes a writer may still be writing it), then reported; a commit that a
+  later one is known to follow is complete (writers commit in order), so it is
+  reported at once; a missing one is a gap.
 - **Planning** (:meth:`LogFollower.plan`): :func:`state.planning.plan_commit`
   from the head, which then moves on. An auditor that needs no change plan
   moves on with :meth:`LogFollower.step` (the commit applied, nothing planned).
@@ -142,6 +144,7 @@ class LogFollower:
         self._last_gap_check = -float("inf")
         self._head_file: tuple[int, int] | None = None
         self._discovered: dict[int, FileInfo] = {}
+        self._newest_known = -1
         self.head = head
         self.previous_ms = previous_ms
         self.reset(head, previous_ms)
@@ -190,7 +193,13 @@ class LogFollower:
         elif found and self.log.storage.remote:
             self.check_not_recreated()  # the new commits continue the commit read last, not a new table
         self._discovered = dict(found)
+        if found:
+            self.know_commits_up_to(found[-1][0])
         return [v for v, _ in found]
+
+    def know_commits_up_to(self, version: int) -> None:
+        """Note that commit ``version`` exists (a listing found it): the commits before it are complete."""
+        self._newest_known = max(self._newest_known, version)
 
     def check_not_recreated(self) -> None:
         """Make sure the head's commit is still the one read (a deleted and recreated table is refused).
@@ -240,7 +249,7 @@ class LogFollower:
     # -- reading and planning ------------------------------------------------------------------
 
     def read_commit(self, version: int) -> Commit:
-        """Read commit ``version``, retrying briefly while it does not parse.
+        """Read commit ``version``, retrying briefly while it does not parse (unless a later commit is known).
 
         Raises:
             VersionGapError: if the commit file is missing.
@@ -250,11 +259,13 @@ class LogFollower:
 
     def _read_commit(self, version: int) -> tuple[Commit, int]:
         """:meth:`read_commit`, and how many retries it took (the file changed in between if any)."""
-        for attempt in range(self.parse_retries + 1):
+        # A commit with a later one after it was complete before that one was written: no retry.
+        retries = 0 if version < self._newest_known else self.parse_retries
+        for attempt in range(retries + 1):
             try:
                 return self.log.read_commit(version), attempt
             except InvalidLogError:
-                if attempt == self.parse_retries:
+                if attempt == retries:
                     raise
                 self._sleep(self.retry_delay * (2**attempt))
             except MissingFileError as e:

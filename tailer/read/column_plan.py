@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from state.errors import ConfigError, InvalidLogError
 from state.feed import CHANGE_TYPE_COLUMN
-from state.schema import PARQUET_FIELD_ID, StructField, StructType, to_arrow_type
+from state.schema import PARQUET_FIELD_ID, StructField, StructType, contains_variant, to_arrow_type
 from tailer.read.parquet_file import OpenFile
 from tailer.read.partition_values import parse_partition_value
 
@@ -52,7 +52,7 @@ class _Partition:
     """A partition column before the file's ``partitionValues`` are known.
 
     The value comes from ``partitionValues`` under the first of ``keys`` present
-    (physical name, then logical), else from the file column ``fallback``.
+    (physical name, then logical), else from the file column ``fallback``, else null.
     """
 
     field: StructField
@@ -108,11 +108,13 @@ def plan_for(
     targets = [to_arrow_type(f.type) for f in fields]
     for field, target in zip(fields, targets, strict=True):
         index = match_field(file_fields, field, mode)
-        # Nested types in id mode are matched by id field by field (type equality ignores the ids).
+        # Nested types in id mode are matched by id field by field (type equality ignores the ids). A
+        # variant is always converted: unshredded, checked, and given the marked type (equality ignores the marker).
         same = (
             index is not None
             and file_fields[index].type == target
             and not (mode == "id" and pa.types.is_nested(target))
+            and not contains_variant(field.type)
         )
         if field.name in partition_columns:
             keys = tuple(dict.fromkeys((field.physical_name(mode), field.name)))
@@ -217,8 +219,12 @@ def file_plan(
 def bind(plan: ColumnPlan, partition_values: dict[str, str | None]) -> ColumnPlan:
     """``plan`` with its partition columns resolved against one file's ``partitionValues``.
 
+    A partition column takes its value from ``partitionValues``; where the map has no key for it,
+    from the file's column of that name if there is one, else null (a missing key is a null value,
+    as Delta Spark reads it).
+
     Raises:
-        InvalidLogError: if a partition column has neither a value nor a file column, or its value does not parse.
+        InvalidLogError: if a partition value does not parse as its column's type.
     """
     if not plan.partitioned:
         return plan
@@ -249,7 +255,10 @@ def _bind_values(plan: ColumnPlan, partition_values: dict[str, str | None]) -> C
                 sources.append(source.fallback)
                 direct[i] = source.fallback_direct
             else:
-                raise InvalidLogError(f"partitionValues has no value for partition column {source.field.name!r}")
+                # Absent from partitionValues and from the file: null, as Delta Spark reads it
+                # (TahoeFileIndex.getPartitionValuesRow: partitionValues.get(col).orNull). Spark's
+                # writers leave a null partition value out of a remove's map (dat/multi_partitioned v2).
+                sources.append(_partition_scalar(None, source.field))
         else:
             sources.append(source)
     file_columns, positions = _positions(sources)

@@ -2,7 +2,14 @@
 
 Nested fields are renamed from physical to logical names (column mapping) and
 matched by field id or name at every level; primitive columns are cast (type
-widening, string and binary variants, timestamp units and zones).
+widening, string and binary types, timestamp units and zones). A variant, at
+the top level or nested in structs, list elements or map keys and values, is
+unshredded into :data:`~state.variant.VARIANT_STORAGE_TYPE` whatever layout the
+file holds it in (``struct<value, metadata>`` as Spark 4.0 writes it,
+``struct<metadata, value, typed_value>`` shredded as Spark 4.1 does, with a
+shredding schema that may differ from file to file), and every value is checked
+to decode, so that a malformed one is a :class:`~state.errors.DataFileError`
+naming the column, row and (added by the reader) the table, version and file.
 """
 
 from __future__ import annotations
@@ -11,12 +18,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state.errors import InvalidLogError
-from state.schema import ArrayType, DataType, MapType, StructType, to_arrow_type
+from state.schema import ArrayType, DataType, MapType, StructType, contains_variant, is_variant, to_arrow_type
+from state.variant import check_values, is_variant_group, unshred
 from tailer.read.column_plan import match_field
 
 
 def conform(array: pa.Array, dtype: DataType, mode: str, name: str) -> pa.Array:
-    """Convert a file array to the logical Arrow type of ``dtype``, renaming nested fields to logical names."""
+    """Convert a file array to the logical Arrow type of ``dtype``, renaming nested fields to logical names.
+
+    Raises:
+        InvalidLogError: if the file's column does not have the shape the schema says, or cannot be cast.
+        DataFileError: if a variant in it is malformed (a shredded layout that breaks the shredding
+            rules, a null metadata, bytes that break the encoding).
+    """
+    if is_variant(dtype):
+        return _conform_variant(array, name)
     if isinstance(dtype, StructType):
         return _conform_struct(array, dtype, mode, name)
     if isinstance(dtype, ArrayType):
@@ -24,6 +40,41 @@ def conform(array: pa.Array, dtype: DataType, mode: str, name: str) -> pa.Array:
     if isinstance(dtype, MapType):
         return _conform_map(array, dtype, mode, name)
     return cast(array, to_arrow_type(dtype), name)
+
+
+def _conform_variant(array: pa.Array, name: str) -> pa.Array:
+    storage = array.storage if isinstance(array, pa.ExtensionArray) else array
+    if not is_variant_group(storage.type):
+        raise InvalidLogError(
+            f"column {name!r} is {array.type} in the data file, the schema says variant "
+            "(a group of metadata and value, or a shredded variant)"
+        )
+    out = unshred(storage, column=f"variant column {name!r}")
+    check_values(out, column=f"variant column {name!r}")
+    return out
+
+
+def nulls(n: int, target: pa.DataType) -> pa.Array:
+    """``n`` nulls of ``target``, with empty values under them where a struct's binary child must not be null.
+
+    ``pa.nulls`` makes every child of a null struct null too, which a Parquet writer refuses for a
+    non-nullable child ("declared non-nullable but contains nulls"): a variant's ``metadata`` and ``value``.
+    """
+    if not pa.types.is_struct(target):
+        return pa.nulls(n, target)
+    return pa.StructArray.from_arrays(
+        [_filler(n, f) for f in target], fields=list(target), mask=pa.repeat(pa.scalar(True), n)
+    )
+
+
+def _filler(n: int, field: pa.Field) -> pa.Array:
+    """The child ``field`` under ``n`` null structs: nulls where allowed, else empty binaries or strings."""
+    t = field.type
+    if pa.types.is_struct(t):
+        return nulls(n, t) if field.nullable else pa.StructArray.from_arrays([_filler(n, f) for f in t], fields=list(t))
+    if not field.nullable and (pa.types.is_binary(t) or pa.types.is_string(t)):
+        return pa.repeat(pa.scalar(b"" if pa.types.is_binary(t) else "", t), n)
+    return pa.nulls(n, t)
 
 
 def _null_mask(array: pa.Array) -> pa.Array | None:
@@ -34,13 +85,17 @@ def _conform_struct(array: pa.Array, dtype: StructType, mode: str, name: str) ->
     if not pa.types.is_struct(array.type):
         raise InvalidLogError(f"column {name!r} is {array.type} in the data file, the schema says struct")
     file_fields = list(array.type)
+    # Under a null struct a file's required variant group reads as present with empty bytes: variants are
+    # read with the struct's nulls merged in (flatten), so that only values that exist are checked.
+    merged = array.flatten() if array.null_count and contains_variant(dtype) else None
     children = []
     for field in dtype.fields:
         index = match_field(file_fields, field, mode)
         if index is None:
-            children.append(pa.nulls(len(array), to_arrow_type(field.type)))
+            children.append(nulls(len(array), to_arrow_type(field.type)))
         else:
-            children.append(conform(array.field(index), field.type, mode, f"{name}.{field.name}"))
+            child = merged[index] if merged is not None and contains_variant(field.type) else array.field(index)
+            children.append(conform(child, field.type, mode, f"{name}.{field.name}"))
     logical = list(to_arrow_type(dtype))
     return pa.StructArray.from_arrays(children, fields=logical, mask=_null_mask(array))
 

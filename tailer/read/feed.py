@@ -31,6 +31,7 @@ from state.snapshot import Snapshot
 from tailer.log.delta_log import DeltaLog
 from tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
+from tailer.read.conform import nulls
 from tailer.read.net_changes import net_changes
 from tailer.read.pruning import prune
 from tailer.read.read_ahead import ReadAheadReader
@@ -187,6 +188,8 @@ class ChangeFeed:
             at_ms = snapshot_time(self.log, snap, listing) if starting_version > 0 else None
             follower = self.follower(snap, at_ms)
             first = starting_version
+        if listing.commits:
+            follower.know_commits_up_to(max(listing.commits))
         for v in range(first, end + 1):
             if (v - first) % (PREFETCH_COMMITS // 2) == 0:
                 follower.prefetch(range(v, min(v + PREFETCH_COMMITS, end + 1)), listing.commits)
@@ -348,7 +351,7 @@ def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
     columns = []
     for column in schema:
         if column.name not in table.column_names:
-            columns.append(pa.nulls(table.num_rows, column.type))
+            columns.append(nulls(table.num_rows, column.type))
             continue
         try:
             columns.append(table.column(column.name).cast(column.type))

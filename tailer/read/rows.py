@@ -38,7 +38,7 @@ from state.errors import DeletionVectorError, DeltaTailError
 from state.feed import CHANGE_TYPE_COLUMN
 from state.schema import StructType
 from tailer.read.column_plan import ColumnPlan, bind, file_plan, selected_fields
-from tailer.read.conform import cast, conform
+from tailer.read.conform import cast, conform, nulls
 from tailer.read.parquet_file import DEFAULT_OPENING, ParquetOpening, open_parquet
 from tailer.storage import Storage
 
@@ -177,7 +177,7 @@ def read_file_rows(
 
     Raises:
         MissingFileError: if the file does not exist.
-        InvalidLogError: if a partition value is missing or does not parse as its column's type, a file
+        InvalidLogError: if a partition value does not parse as its column's type, a file
             column cannot be converted to the schema's type, or ``_change_type`` is requested but absent.
         DeletionVectorError: if the row filter names a row index beyond the end of the file.
         ConfigError: if ``columns`` names a column the schema does not have.
@@ -256,7 +256,7 @@ def read_file_batches(
 
     Raises:
         MissingFileError: if the file does not exist.
-        InvalidLogError: if a partition value is missing or does not parse, or ``_change_type``
+        InvalidLogError: if a partition value does not parse, or ``_change_type``
             is requested but absent.
         DeletionVectorError: if the row filter names a row index beyond the end of the file.
         ConfigError: if ``columns`` names a column the schema does not have.
@@ -363,7 +363,7 @@ def _assemble(batch: pa.RecordBatch, plan: ColumnPlan) -> list[pa.Array]:
     arrays = []
     for field, source, direct, target in zip(plan.fields, plan.sources, plan.direct, plan.targets, strict=True):
         if source is None:
-            arrays.append(pa.nulls(n, target))
+            arrays.append(nulls(n, target))
         elif type(source) is int:
             column = read[source]
             arrays.append(column if direct else conform(column, field.type, plan.mode, field.name))

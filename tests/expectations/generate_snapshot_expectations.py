@@ -66,6 +66,10 @@ SUPPORTED_READER_FEATURES = frozenset(
         "vacuumProtocolCheck",
         "typeWidening",
         "typeWidening-preview",
+        "variantType",
+        "variantType-preview",
+        "variantShredding",
+        "variantShredding-preview",
     }
 )
 

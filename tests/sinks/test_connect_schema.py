@@ -25,6 +25,7 @@ from sinks.json_text import Wrapped
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, TableInfo
+from state.variant import VARIANT_STORAGE_TYPE
 
 TABLE = TableInfo("/data/orders", "tid", "orders")
 UTC = dt.UTC
@@ -345,6 +346,31 @@ def conforms(value: Any, schema: dict[str, Any], where: str = "$") -> None:
             conforms(value[name], field_schema, f"{where}.{name}")
 
 
+def variant_column(values: list[bytes | None]) -> pa.Array:
+    """Variants (VariantEncoding.md) without object keys: the empty metadata ``01 00 00`` and each value's bytes."""
+    return pa.StructArray.from_arrays(
+        [pa.array([b"\x01\x00\x00"] * len(values), pa.binary()), pa.array([v or b"" for v in values], pa.binary())],
+        fields=list(VARIANT_STORAGE_TYPE),
+        mask=pa.array([v is None for v in values]),
+    )
+
+
+def test_variants_are_strings_holding_their_json_named_io_debezium_data_json() -> None:
+    # int8 3, the short string q"<newline>, variant null, and a null row
+    column = variant_column([b"\x0c\x03", b"\x0d" + b'q"\n', b"\x00", None])
+    for modes in MODES:
+        assert texts(column, modes) == ["3", '"q\\"\\n"', "null", None]
+    assert value_schema(VARIANT_STORAGE_TYPE, ValueModes(), optional=True) == {
+        "type": "string",
+        "name": "io.debezium.data.Json",
+        "version": 1,
+        "optional": True,
+    }
+    nested = pa.StructArray.from_arrays([column], fields=[pa.field("v", VARIANT_STORAGE_TYPE)])
+    assert texts(nested, ValueModes()) == [{"v": "3"}, {"v": '"q\\"\\n"'}, {"v": "null"}, {"v": None}]
+    assert convert(nested, ValueModes()).type == pa.struct([("v", pa.string())])
+
+
 def every_type_batch(*, snapshot: bool = False) -> ChangeBatch:
     n = 4
     ts = TS.replace(tzinfo=UTC)
@@ -372,6 +398,10 @@ def every_type_batch(*, snapshot: bool = False) -> ChangeBatch:
         "mn": pa.array([[({"k": 1}, 1)], None, [], []], pa.map_(pa.struct([("k", pa.int8())]), pa.int64())),
         "void": pa.array([None] * n, pa.null()),
         "variant": pa.array(['{"a":1}', None, "[]", "3"], pa.json_()),
+        "var": variant_column([b"\x0c\x03", None, b"\x0d" + b'q"\n', b"\x00"]),
+        "nested_var": pa.StructArray.from_arrays(
+            [variant_column([b"\x04", b"\x08", None, b"\x0c\x01"])], fields=[pa.field("v", VARIANT_STORAGE_TYPE)]
+        ),
         "_change_type": pa.array(["update_preimage", "update_postimage", "insert", "delete"]),
         "_commit_version": pa.array([5] * n, pa.int64()),
         "_commit_timestamp": pa.array([ts] * n, pa.timestamp("us", tz="UTC")),

@@ -24,6 +24,7 @@ from sinks.json_text import EncodedBatch, concatenated, constant_text, json_text
 from state.cursor import Position
 from state.errors import SinkError
 from state.feed import ChangeBatch, TableInfo
+from state.variant import VARIANT_STORAGE_TYPE
 
 TABLE = TableInfo("/data/orders", "0f1e2d3c-table-id", "orders")
 UTC = dt.UTC
@@ -67,7 +68,25 @@ WRITTEN = {
         for tz in (None, "UTC", "Asia/Kolkata")
     },
     "timestamp[ns, UTC]": pa.array([1_704_164_645_123_456_789, None], pa.timestamp("ns", tz="UTC")),
+    "variant": pa.StructArray.from_arrays(
+        [
+            pa.array([b"\x01\x01\x00\x01a"] * 5, pa.binary()),  # metadata: the one key "a"
+            # int8 3; the short string q"\n; {"a": true}; variant null; a null row
+            pa.array([b"\x0c\x03", b'\x0dq"\n', b"\x02\x01\x00\x00\x01\x04", b"\x00", b""], pa.binary()),
+        ],
+        fields=list(VARIANT_STORAGE_TYPE),
+        mask=pa.array([False, False, False, False, True]),
+    ),
 }
+
+
+def test_variants_are_embedded_as_their_json_text() -> None:
+    """Spark's ``to_json(struct(v))`` writes ``{"v":3}``, not ``{"v":"3"}``: JSON lines and ``format=json`` alike."""
+    texts = json_texts(WRITTEN["variant"])
+    assert texts is not None
+    assert texts.to_pylist() == ["3", '"q\\"\\n"', '{"a":true}', "null", "null"]
+    assert reference(WRITTEN["variant"]) == ["3", '"q\\"\\n"', '{"a":true}', "null", "null"]
+    assert reference(WRITTEN["variant"].slice(2, 2)) == ['{"a":true}', "null"]
 
 
 @pytest.mark.parametrize("name", list(WRITTEN))

@@ -742,6 +742,19 @@ def test_spark_corpus_tables_equal_changefeed(spark: SparkSession, table: str) -
     assert_same_rows(arrow(df), ChangeFeed(str(root)).read_table(0), drop=())
 
 
+@pytest.mark.parametrize("table", ["delta-spark/variant-stats-no-checkpoint", "kernel-rs/unshredded-variant"])
+def test_spark_reads_variant_columns_as_variants(spark: SparkSession, table: str) -> None:
+    """Variant columns arrive as Spark variants (PySpark's marker): Spark's to_json of them is what Spark wrote down."""
+    root = corpus_table(table)
+    df = spark.read.format("deltatail").option("startingVersion", 0).load(str(root))
+    assert df.schema["v"].dataType.simpleString() == "variant"
+    got = sorted(r["j"] for r in df.selectExpr("to_json(v) as j").collect())
+    expectations = Path(__file__).resolve().parents[1] / "expectations" / "variant_expectations.json"
+    files = json.loads(expectations.read_text(encoding="utf-8"))["tables"][table]["files"]
+    heads = [row["v"] for f in files.values() for row in f["head"]]
+    assert set(heads) <= set(got) and len(got) == sum(f["rows"] for f in files.values())
+
+
 def test_spark_stream_of_a_corpus_table_with_deletion_vectors(spark: SparkSession, tmp_path: Path) -> None:
     root = corpus_table("kernel-rs/cdf-table-with-cdc-and-dvs")
     stream = spark.readStream.format("deltatail").option("startingVersion", 0).load(str(root))

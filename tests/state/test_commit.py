@@ -234,3 +234,23 @@ def test_every_commit_of_the_corpus_follows_the_rules(corpus: Path) -> None:
         Commit.from_actions(int(path.name[:20]), parse_json_actions(path.read_bytes()))
         checked += 1
     assert checked > 500
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"  \r\n\n "])
+def test_an_empty_commit_file_is_an_invalid_log(data: bytes) -> None:
+    """No writer commits nothing: an empty file is a torn write, not a version without changes."""
+    with pytest.raises(InvalidLogError, match="commit file is empty") as info:
+        Commit.from_json(7, data)
+    assert info.value.version == 7
+
+
+def test_from_json_groups_the_parsed_actions() -> None:
+    data = b'{"commitInfo":{"operation":"WRITE"}}\n\n{"txn":{"appId":"a","version":3}}\n'
+    commit = Commit.from_json(4, data)
+    assert commit.version == 4 and [t.app_id for t in commit.txns] == ["a"] and commit.commit_info is not None
+    with pytest.raises(InvalidLogError):
+        Commit.from_json(4, b"{not json\n")
+    with pytest.raises(DuplicateActionError):
+        Commit.from_json(4, data + b'{"txn":{"appId":"a","version":4}}\n')
+    compacted = Commit.from_json(4, data + b'{"txn":{"appId":"a","version":4}}\n', check_duplicates=False)
+    assert [t.version for t in compacted.txns] == [4]  # the later txn of an appId wins

@@ -58,6 +58,10 @@ def _protocol(reader: int, writer: int, readers: list[str] | None = None, writer
         _protocol(3, 7, readers=["vacuumProtocolCheck"], writers=["vacuumProtocolCheck"]),
         _protocol(3, 7, readers=["typeWidening"], writers=["typeWidening"]),
         _protocol(3, 7, readers=["typeWidening-preview"], writers=["typeWidening-preview"]),
+        _protocol(3, 7, readers=["variantType"], writers=["variantType"]),
+        _protocol(3, 7, readers=["variantType-preview"], writers=["variantType-preview"]),
+        _protocol(3, 7, readers=["variantType", "variantShredding"], writers=["variantType", "variantShredding"]),
+        _protocol(3, 7, readers=["deletionVectors", "variantShredding-preview", "variantType"], writers=[]),
     ],
     ids=lambda p: f"r{p.min_reader_version}w{p.min_writer_version}-{'+'.join(sorted(p.reader_features or ()))}",
 )
@@ -74,6 +78,9 @@ def test_supported_protocols_are_accepted(protocol: Protocol) -> None:
         "delta-rs/table_with_liquid_clustering",
         "delta-rs/checkpoint-v2-table",
         "delta-golden/table-with-columnmapping-mode-id/delta",
+        "delta-spark/variant-stats-no-checkpoint",
+        "delta-kernel-java/spark-variant-stable-feature-checkpoint",
+        "kernel-rs/unshredded-variant",
     ],
 )
 def test_supported_corpus_tables_are_accepted(corpus: Path, table: str) -> None:
@@ -86,9 +93,6 @@ def test_supported_corpus_tables_are_accepted(corpus: Path, table: str) -> None:
         ("kernel-rs/catalog_managed_0", 0, {"catalogManaged"}),
         ("delta-kernel-java/workload-basic_catalog_managed/delta", 0, {"catalogManaged"}),
         ("kernel-rs/table-with-geo", 0, {"geospatial"}),
-        ("delta-spark/variant-stats-no-checkpoint", 0, {"variantType", "variantShredding-preview"}),
-        ("delta-kernel-java/spark-variant-stable-feature-checkpoint", 0, {"variantType"}),
-        ("kernel-rs/unshredded-variant", 0, {"variantType-preview"}),
         ("delta-rs/data_err_logs/table_e", 0, {"catalogOwned"}),
     ],
 )
@@ -107,9 +111,9 @@ def test_unsupported_reader_features_from_the_corpus(
     ("readers", "unsupported"),
     [
         (["catalogManaged"], {"catalogManaged"}),
-        (["variantType"], {"variantType"}),
+        (["variantType", "geospatial"], {"geospatial"}),
         (["catalogManaged", "vacuumProtocolCheck"], {"catalogManaged"}),
-        (["deletionVectors", "variantShredding-preview", "variantType"], {"variantShredding-preview", "variantType"}),
+        (["deletionVectors", "variantShredding-preview", "collations"], {"collations"}),
         (["columnMapping", "deletionVectors", "someFutureFeature"], {"someFutureFeature"}),
     ],
 )

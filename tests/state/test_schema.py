@@ -26,6 +26,8 @@ from state.schema import (
     PrimitiveType,
     StructField,
     StructType,
+    contains_variant,
+    is_variant,
     parse_schema,
 )
 
@@ -202,6 +204,31 @@ def test_protocol_example_to_arrow() -> None:
 def test_primitive_types_to_arrow(delta: str, arrow: pa.DataType) -> None:
     schema = parse_schema(_schema(_field("x", delta)))
     assert schema.to_arrow().field("x").type == arrow
+
+
+def test_variant_columns_are_the_marked_struct_of_two_binaries_at_any_depth() -> None:
+    """``variant`` (protocol, "Variant Data Type") maps to ``struct<metadata, value>``, marked as PySpark marks it."""
+    fields = [
+        _field("v", "variant"),
+        _field("a", {"type": "array", "elementType": "variant", "containsNull": True}),
+        _field("m", {"type": "map", "keyType": "string", "valueType": "variant", "valueContainsNull": True}),
+        _field("s", {"type": "struct", "fields": [_field("v", "variant")]}),
+        _field("n", "long"),
+    ]
+    schema = parse_schema(_schema(*fields))
+    arrow = schema.to_arrow()
+    want = pa.struct([pa.field("metadata", pa.binary(), False), pa.field("value", pa.binary(), False)])
+    found = [
+        arrow.field("v").type,
+        arrow.field("a").type.value_type,
+        arrow.field("m").type.item_type,
+        arrow.field("s").type.field("v").type,
+    ]
+    for t in found:
+        assert t == want
+        assert t.field("metadata").metadata == {b"variant": b"true"}
+    assert is_variant(schema.field("v").type) and not is_variant(schema.field("a").type)
+    assert [contains_variant(f.type) for f in schema.fields] == [True, True, True, True, False]
 
 
 def test_decimal_type_is_parsed() -> None:

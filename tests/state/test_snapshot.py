@@ -219,7 +219,7 @@ def test_metadata_without_schema_string_has_no_schema(corpus: Path) -> None:
     table = corpus / "delta-golden/deltalog-state-reconstruction-from-checkpoint-missing-metadata/delta"
     path = table / "_delta_log" / f"{0:020d}.json"
     snapshot, _ = Snapshot.empty(str(table)).apply(Commit.from_actions(0, parse_json_actions(path.read_bytes())))
-    snapshot.require_valid()
+    assert snapshot.require_valid() == (snapshot.protocol, snapshot.metadata)
     with pytest.raises(InvalidLogError, match="schemaString"):
         _ = snapshot.schema
 

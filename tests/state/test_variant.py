@@ -38,7 +38,9 @@ from state.variant import (
     MAX_DEPTH,
     VARIANT_STORAGE_TYPE,
     TimestampNanos,
+    check_values,
     is_variant_group,
+    is_variant_type,
     java_double_text,
     json_string,
     metadata_keys,
@@ -400,6 +402,38 @@ def test_unshredded_columns_pass_through_with_nulls_and_field_order_normalized()
     chunked = pa.chunked_array([column, column.slice(1)])
     assert variant_json_array(chunked).to_pylist() == ["5", "null", None, "null", None]
     assert unshred(chunked).type == VARIANT_STORAGE_TYPE
+
+
+def test_the_marker_on_metadata_tells_a_variant_from_a_struct_of_two_binaries() -> None:
+    assert is_variant_type(VARIANT_STORAGE_TYPE)
+    spark_40 = pa.StructArray.from_arrays([pa.array([b"\x04"]), pa.array([EMPTY])], names=["value", "metadata"])
+    assert not is_variant_type(spark_40.type)  # as read from a file: not marked
+    assert is_variant_type(unshred(spark_40).type)
+    marked = pa.field("metadata", pa.binary(), False, {b"variant": b"true"})
+    assert is_variant_type(pa.struct([pa.field("value", pa.binary(), False), marked]))  # PySpark's field order
+    plain = pa.struct([pa.field("metadata", pa.binary()), pa.field("value", pa.binary())])
+    assert not is_variant_type(plain)
+    assert not is_variant_type(pa.struct([marked]))
+    assert not is_variant_type(pa.struct([marked, pa.field("value", pa.binary()), pa.field("x", pa.int8())]))
+    assert not is_variant_type(pa.binary())
+
+
+def test_check_values_accepts_what_decodes_and_names_the_row_of_what_does_not() -> None:
+    good = pa.StructArray.from_arrays(
+        [pa.array([EMPTY, EMPTY, EMPTY], pa.binary()), pa.array([b"\x04", b"", b"\x0c\x05"], pa.binary())],
+        fields=list(VARIANT_STORAGE_TYPE),
+        mask=pa.array([False, True, False]),
+    )
+    check_values(good)  # the null row's empty value is not looked at
+    check_values(pa.nulls(0, VARIANT_STORAGE_TYPE))
+    bad = pa.StructArray.from_arrays(
+        [pa.array([EMPTY, EMPTY], pa.binary()), pa.array([b"\x04", b"\x7c"], pa.binary())],
+        fields=list(VARIANT_STORAGE_TYPE),
+    )
+    with pytest.raises(DataFileError, match=r"in column v, row 1: malformed variant: unknown primitive type 31"):
+        check_values(bad, column="column v")
+    with pytest.raises(DataFileError, match="row 0"):
+        check_values(bad.slice(1))
 
 
 # -- the corpus tables against Spark ----------------------------------------------------------------

@@ -22,6 +22,7 @@ expectation is deltalake's scan of each version minus the one before.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -43,6 +44,7 @@ from cdf_helpers import (
     load_cdf,
     manifest_entries,
     multiset,
+    peer_copy,
     relative_dv_path,
     snapshot_table,
 )
@@ -95,6 +97,11 @@ EXPECTATION_SOURCES: dict[str, str] = {
     "kernel-rs/table-with-cdf": "log-only (fake paths): reading rows must raise MissingFileError naming "
     "fake/path/1; with require_cdf the plans stop at v2 (enableChangeDataFeed=false), as deltalake refuses",
     "delta-golden/deltalog-getChanges/delta": "log-only (fake paths): MissingFileError naming fake/path/1",
+    "dat/multi_partitioned/delta": "deltalake 1.6.6 load_cdf v0..v2 on a copy with CDF enabled whose v2 removes "
+    "spell out the null partition values they leave out (deltalake cannot build a column for a missing key; "
+    "Delta Spark reads a missing key as null: TahoeFileIndex.getPartitionValuesRow, "
+    "partitionValues.get(col).orNull); cross-checked with DAT's Spark-written expected/v1 and v2 contents "
+    "(v2 overwrites: its deletes are v1's rows, its inserts v2's)",
     "delta-spark/table-with-dv-small": "test-prefix DV trap: MissingFileError naming the DV file; a stripped copy "
     "matches deltalake's scans version by version",
     "delta-spark/table-with-dv-large": "as table-with-dv-small (packed DVs, offset > 1)",
@@ -289,6 +296,46 @@ def test_initial_snapshot_of_dv_tables_matches_deltalake_scan(table: str, versio
     assert set(got["_change_type"].to_pylist()) <= {"insert"}
     assert set(got["_commit_version"].to_pylist()) <= {version}
     assert data_rows(got) == multiset(snapshot_table(root, version), drop=())
+
+
+def _multi_partitioned_peer_copy(root: Path, scratch: Path) -> Path:
+    """A copy deltalake's ``load_cdf`` reads: CDF on, null partition values spelled out, files under encoded names."""
+    copy = peer_copy(root, scratch)
+    for data in list(copy.rglob("*.parquet")):
+        relative = str(data.relative_to(copy))
+        encoded = quote(relative, safe="/=%")  # deltalake percent-encodes the non-ASCII partition value it reads
+        if encoded != relative and not (copy / encoded).exists():
+            (copy / encoded).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(data, copy / encoded)
+    columns = ("letter", "date", "data")
+    for version in (0, 2):
+        log = copy / "_delta_log" / f"{version:020d}.json"
+        actions = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+        for action in actions:
+            if "metaData" in action:
+                action["metaData"]["configuration"]["delta.enableChangeDataFeed"] = "true"
+            if "remove" in action:
+                for column in columns:
+                    action["remove"]["partitionValues"].setdefault(column, None)
+        log.write_text("".join(json.dumps(a) + "\n" for a in actions), encoding="utf-8")
+    return copy
+
+
+def test_a_partition_value_missing_from_a_remove_reads_as_null(tmp_path: Path) -> None:
+    """dat/multi_partitioned v2 removes files whose null partition values its ``partitionValues`` leave out."""
+    root = corpus_table("dat/multi_partitioned/delta")
+    v2 = commit_actions(root, 2)
+    assert {"letter": "a", "data": "x"} in [a["remove"]["partitionValues"] for a in v2 if "remove" in a]
+    got = changes(root, 0, 2)
+    assert_same_rows(got, load_cdf(_multi_partitioned_peer_copy(root, tmp_path), 0, 2))
+    for version in (0, 1, 2):
+        assert_same_rows(at_version(got, version), at_version(changes(root), version))
+    expected = corpus_table("dat/multi_partitioned/expected")
+    v2_rows = at_version(got, 2)
+    deleted = v2_rows.filter(pc.equal(v2_rows["_change_type"], "delete"))
+    inserted = v2_rows.filter(pc.equal(v2_rows["_change_type"], "insert"))
+    assert data_rows(deleted) == multiset(pq.read_table(expected / "v1" / "table_content.parquet"), drop=())
+    assert data_rows(inserted) == multiset(pq.read_table(expected / "v2" / "table_content.parquet"), drop=())
 
 
 # ---------------------------------------------------------------- tables that must not read

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -175,12 +179,32 @@ def test_a_missing_sidecar_makes_a_v2_checkpoint_incomplete(tmp_path: Path) -> N
     shutil.copytree(src, tmp_path / "t")
     log_dir = tmp_path / "t" / "_delta_log"
     for commit in log_dir.glob("0000000000000000000[0-5].json"):
-        commit.unlink()  # only the checkpoint at 6 can build the table now
-    sidecar = sorted((log_dir / "_sidecars").iterdir())[-1]
-    sidecar.unlink()
+        commit.unlink()
+    for older in log_dir.glob("0000000000000000000[0-5].checkpoint.*.parquet"):
+        older.unlink()  # only the checkpoint at 6 can build the table now
+    [checkpoint] = log_dir.glob("00000000000000000006.checkpoint.*.parquet")
+    sidecars = pq.read_table(checkpoint, columns=["sidecar"]).column("sidecar").drop_null().to_pylist()
+    (log_dir / "_sidecars" / sidecars[-1]["path"]).unlink()
     with pytest.raises(IncompleteCheckpointError) as info:
         DeltaLog(str(tmp_path / "t")).snapshot()
-    assert "sidecar" in str(info.value)
+    assert "sidecar" in str(info.value) and sidecars[-1]["path"] in str(info.value)
+
+
+def test_a_damaged_checkpoint_the_hint_points_at_falls_back_to_an_older_route(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``_last_checkpoint`` names checkpoint 20; it is unreadable: checkpoint 10 and commits 11-20 build it."""
+    src = corpus_table("delta-rs/table_with_deletion_logs")
+    expected = DeltaLog(str(src)).snapshot()
+    shutil.copytree(src, tmp_path / "t")
+    log_dir = tmp_path / "t" / "_delta_log"
+    assert orjson.loads((log_dir / "_last_checkpoint").read_bytes())["version"] == 20
+    (log_dir / "00000000000000000020.checkpoint.parquet").write_bytes(b"PAR1 not a checkpoint PAR1")
+    with caplog.at_level(logging.WARNING, logger="deltatail"):
+        got = DeltaLog(str(tmp_path / "t")).snapshot()
+    assert got.version == expected.version == 20
+    assert {f.key for f in got.live_files()} == {f.key for f in expected.live_files()}
+    assert "00000000000000000020.checkpoint.parquet" in caplog.text and "trying an older checkpoint" in caplog.text
 
 
 # -- snapshots and commits ---------------------------------------------------------------------
@@ -256,3 +280,47 @@ def test_new_commits_and_update_follow_the_log(tmp_path: Path) -> None:
     with pytest.raises(VersionGapError):
         log.new_commits(snap.version)  # 5 exists, 4 does not
     assert log.new_commits(snap.version, check_gaps=False) == []
+
+
+def _retyped_checkpoint(path: Path, field: str, values: pa.Array | None) -> None:
+    """Rewrite checkpoint ``path`` with ``add.<field>`` replaced by ``values`` (``None``: ``add`` becomes a string)."""
+    table = pq.read_table(path)
+    add = table.column("add").combine_chunks()
+    if values is None:
+        replaced = pa.array(["not an action"] * len(add), pa.string())
+    else:
+        children = [values if f.name == field else add.field(f.name) for f in add.type]
+        names = [f.name for f in add.type]
+        replaced = pa.StructArray.from_arrays(children, names=names, mask=add.is_null())
+    pq.write_table(table.set_column(table.schema.get_field_index("add"), "add", replaced), path)
+
+
+@pytest.mark.parametrize(
+    ("field", "make", "named"),
+    [
+        ("size", lambda n: pa.array(["abc"] * n), "add.size is string"),
+        ("path", lambda n: pa.array(range(n), pa.int64()), "add.path is int64"),
+        ("partitionValues", lambda n: pa.array(["{}"] * n), "add.partitionValues is string"),
+        ("modificationTime", lambda n: pa.array([1.5] * n), "add.modificationTime is double"),
+        ("size", lambda n: pa.array([2**64 - 1] * n, pa.uint64()), "not in range"),
+        ("add", None, "column 'add' is string, not a struct"),
+    ],
+)
+def test_a_checkpoint_column_of_the_wrong_type_is_an_unreadable_checkpoint(
+    tmp_path: Path, field: str, make: Any, named: str
+) -> None:
+    src = corpus_table("delta-golden/checkpoint/delta")
+    expected = DeltaLog(str(src)).snapshot()
+    shutil.copytree(src, tmp_path / "t")
+    log_dir = tmp_path / "t" / "_delta_log"
+    checkpoint = log_dir / "00000000000000000010.checkpoint.parquet"
+    rows = pq.read_metadata(checkpoint).num_rows
+    _retyped_checkpoint(checkpoint, field, None if make is None else make(rows))
+    # the commits still build every version: the unreadable checkpoint is passed over
+    got = DeltaLog(str(tmp_path / "t")).snapshot()
+    assert {f.key for f in got.live_files()} == {f.key for f in expected.live_files()}
+    for commit in log_dir.glob("0000000000000000000[0-9].json"):
+        commit.unlink()  # now only the checkpoint can
+    with pytest.raises(IncompleteCheckpointError, match=named) as info:
+        DeltaLog(str(tmp_path / "t")).snapshot()
+    assert info.value.file == str(checkpoint) and info.value.version == 10

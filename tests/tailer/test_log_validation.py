@@ -91,6 +91,6 @@ def test_an_empty_commit_file_is_an_invalid_log_naming_it(tmp_path: Path) -> Non
     root = _copy(tmp_path)
     path = root / "_delta_log" / f"{4:020d}.json"
     path.write_bytes(b"")
-    with pytest.raises(InvalidLogError, match="the commit file is empty") as info:
+    with pytest.raises(InvalidLogError, match="commit file is empty") as info:
         DeltaLog(str(root)).read_commit(4)
     assert (info.value.version, info.value.file) == (4, str(path))

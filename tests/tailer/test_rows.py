@@ -804,12 +804,12 @@ def test_partition_values_are_looked_up_by_physical_name(tmp_path: Path) -> None
     assert batches_rows(out) == [{"x": v, "p": 42} for v in values]
 
 
-def test_missing_partition_value_is_an_invalid_log(tmp_path: Path) -> None:
-    path, _ = write_numbered_file(tmp_path, 2)
-    schema = schema_of(("x", "long"), ("p", "integer"))
-    with pytest.raises(InvalidLogError, match="no value for partition column 'p'") as info:
-        read_plain(tmp_path, path, schema, partition_columns=("p",), partition_values={"q": "1"})
-    assert info.value.version == 3 and info.value.file == f"{tmp_path}/{path}"
+def test_partition_value_missing_from_the_map_and_the_file_is_null(tmp_path: Path) -> None:
+    """Delta Spark reads a key absent from ``partitionValues`` as null (``partitionValues.get(col).orNull``)."""
+    path, values = write_numbered_file(tmp_path, 2)
+    schema = schema_of(("x", "long"), ("p", "integer"), ("d", "date"))
+    out = read_plain(tmp_path, path, schema, partition_columns=("p", "d"), partition_values={"q": "1"})
+    assert batches_rows(out) == [{"x": v, "p": None, "d": None} for v in values]
 
 
 def test_unparsable_partition_value_is_an_invalid_log(tmp_path: Path) -> None:

@@ -625,6 +625,22 @@ def test_unparsable_commit_is_refused_after_retries(tmp_path: Path, gate: Gate) 
     assert_rows(rows_of(read_jsonl(out)), expected)
 
 
+def test_an_unparsable_commit_followed_by_a_later_one_is_refused_at_once(tmp_path: Path) -> None:
+    """Writers commit in order: a commit with a later one after it is complete, so it is not read again."""
+    root = tmp_path / "t"
+    create(root)
+    middle = append(root, range(10, 12))
+    append(root, range(12, 14))
+    path = commit_file(root, middle)
+    path.write_bytes(path.read_bytes()[:-9])  # cut inside its last line
+    reads: list[str] = []
+    feed = ChangeFeed(str(root), ReadHook(lambda read: reads.append(read) if read == str(path) else None))
+    with pytest.raises(InvalidLogError) as info:
+        list(feed.batches(0))
+    assert_names(info.value, table=root, version=middle, file=path)
+    assert len(reads) == 1
+
+
 def test_commit_completed_within_the_retry_window_is_read(tmp_path: Path, gate: Gate) -> None:
     """A non-atomic store: the commit is seen half written, then completed while the tailer retries."""
     root, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
