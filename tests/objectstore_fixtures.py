@@ -47,7 +47,7 @@ def moto() -> Iterator[Server]:
     server = moto_server().start()
     create_s3_bucket(server.endpoint)
     yield server
-    server.stop()
+    server.close()
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +55,7 @@ def azurite() -> Iterator[Server]:
     server = azurite_server(azurite_exe()).start()
     create_azure_container(server.endpoint)
     yield server
-    server.stop()
+    server.close()
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +66,7 @@ def fake_gcs() -> Iterator[Server]:
     server = fake_gcs_server(exe).start()
     create_gcs_bucket(server.endpoint)
     yield server
-    server.stop()
+    server.close()
 
 
 SERVER_FIXTURE: dict[StoreName, str] = {"s3": "moto", "azure": "azurite", "gcs": "fake_gcs"}

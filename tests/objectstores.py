@@ -34,6 +34,7 @@ import http.client
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -105,6 +106,10 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
     raise RuntimeError(f"server did not answer {url} within {timeout}s: {log.read_text()[-2000:]}")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ACCESS_LINE = re.compile(r'"([A-Z]+) (\S+) HTTP/1\.[01]" (\d{3}) ')
+
+
 @dataclass
 class Server:
     """A server subprocess on 127.0.0.1; :meth:`restart` keeps the port (and an on-disk location)."""
@@ -154,6 +159,26 @@ class Server:
         self.stop()
         self.start()
 
+    def close(self) -> None:
+        """Stop the server and delete its log."""
+        self.stop()
+        self.log.unlink(missing_ok=True)
+
+    def log_offset(self) -> int:
+        """Where the server's log ends now (for :meth:`requests_since`)."""
+        return self.log.stat().st_size
+
+    def requests_since(self, offset: int) -> list[Request]:
+        """The requests moto logged after ``offset`` (its access log; another witness than a proxy).
+
+        Unlike :class:`CountingProxy`, this sees every client, including ones that hold the GIL while
+        they wait for their requests (deltalake does), which an in-process proxy could never serve.
+        """
+        with self.log.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+        return [(m[1], m[2], int(m[3])) for m in _ACCESS_LINE.finditer(_ANSI.sub("", text))]
+
 
 # ---------------------------------------------------------------- moto
 
@@ -164,7 +189,8 @@ def moto_server(port: int | None = None, *, env: dict[str, str] | None = None) -
     if not exe.exists():
         raise RuntimeError("moto_server is not installed: pip install 'moto[server]' (the [test] extra)")
     port = port or free_port()
-    return Server("moto", [str(exe), "-H", "127.0.0.1", "-p", str(port)], port, "/moto-api/", env=env or {})
+    env = {"PYTHONUNBUFFERED": "1", **(env or {})}  # its access log is read while it runs
+    return Server("moto", [str(exe), "-H", "127.0.0.1", "-p", str(port)], port, "/moto-api/", env=env)
 
 
 def create_s3_bucket(endpoint: str, bucket: str = BUCKET) -> None:

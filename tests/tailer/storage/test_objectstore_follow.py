@@ -251,7 +251,7 @@ def azurite_on_disk(tmp_path: Path) -> Iterator[Server]:
     server = azurite_server(exe, location=tmp_path / "azurite").start()
     create_azure_container(server.endpoint)
     yield server
-    server.stop()
+    server.close()
 
 
 #: Azurite writes its blob metadata to disk every 5 s (LokiJS autosave); a SIGKILL loses what came after.
