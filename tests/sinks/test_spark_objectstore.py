@@ -44,6 +44,7 @@ def spark() -> Iterator[SparkSession]:
     """The tests' local Spark session (the same one ``test_spark.py`` makes, if it is running already)."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs Java: no java on PATH and no JAVA_HOME")
+    shared = SparkSession.getActiveSession()  # test_spark.py's, when the whole suite runs: not stopped here
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable  # executors must import deltatail from this venv
     session = (
@@ -60,7 +61,8 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     yield session
-    session.stop()
+    if shared is None:
+        session.stop()
 
 
 def ids(values: list[int], part: str) -> pa.Table:
