@@ -503,6 +503,8 @@ class CountingProxy:
         self.up_host = u.hostname or "127.0.0.1"
         self.up_port = u.port or 80
         self.requests: list[Request] = []
+        #: ``(start, end)`` (inclusive) of every forwarded ``Range: bytes=start-end`` request, in order.
+        self.ranges: list[tuple[int, int]] = []
         self._faults: list[int] = []
         self._delay = 0.0
         self._down = False
@@ -545,6 +547,9 @@ class CountingProxy:
                     conn.close()
                 with proxy._lock:
                     proxy.requests.append((self.command, self.path, resp.status))
+                    m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
+                    if m:
+                        proxy.ranges.append((int(m[1]), int(m[2])))
                 self._answer(resp.status, data, resp.getheaders(), head_length=resp.getheader("Content-Length"))
 
             def _answer(
@@ -593,7 +598,7 @@ class CountingProxy:
     def take(self) -> list[Request]:
         """The requests seen since the last ``take()``, forgotten here."""
         with self._lock:
-            out, self.requests = self.requests, []
+            out, self.requests, self.ranges = self.requests, [], []
         return out
 
 
