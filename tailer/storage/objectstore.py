@@ -91,8 +91,8 @@ def describe_failure(e: BaseException) -> tuple[str, bool]:
 def _translate(e: Exception, op: str, uri: str) -> DeltaTailError:
     if isinstance(e, FileNotFoundError):  # obstore's NotFoundError is one
         return MissingFileError("file does not exist", file=uri)
-    if isinstance(e, oe.InvalidPathError):
-        return DeltaTailError(f"cannot {op}: not a valid object key", file=uri)
+    if isinstance(e, oe.InvalidPathError) or (isinstance(e, ValueError) and "parse path" in str(e)):
+        return DeltaTailError(f"cannot {op}: not a valid object key (empty, '.' or '..' segments?)", file=uri)
     reason, transient = describe_failure(e)
     return StorageError(f"cannot {op}: {reason}", transient=transient, file=uri)
 
@@ -299,6 +299,17 @@ class ObjectStoreStorage:
                 store = self._stores[ident] = build_store(u, self.options)
         return store, u
 
+    def _resolve_object(self, path: str) -> tuple[Store, ObjectUri]:
+        """Like :meth:`_resolve`, for a single object: a URI of a bucket itself names none.
+
+        Raises:
+            MissingFileError: if ``path`` names a bucket, not an object in it.
+        """
+        store, u = self._resolve(path)
+        if not u.key:
+            raise MissingFileError("not an object: the URI names a bucket or container", file=path)
+        return store, u
+
     # -- Storage
 
     def list_from(self, directory: str, start_after: str | None = None) -> list[FileInfo]:
@@ -364,7 +375,7 @@ class ObjectStoreStorage:
         if offset == 0 and length is None:
             prefetched = self._prefetcher.take(path)
             return prefetched if prefetched is not None else self._fetch(path)
-        store, u = self._resolve(path)
+        store, u = self._resolve_object(path)
         try:
             self.counter.add("get_range")
             if length is None:
@@ -382,7 +393,7 @@ class ObjectStoreStorage:
             MissingFileError: if the object does not exist.
             StorageError: if the store cannot be reached or refuses access.
         """
-        store, u = self._resolve(path)
+        store, u = self._resolve_object(path)
         self.counter.add("get")
         try:
             return bytes(obs.get(store, u.key).bytes())
@@ -398,7 +409,7 @@ class ObjectStoreStorage:
         """
         if not paths:
             return []
-        resolved = [self._resolve(p) for p in paths]
+        resolved = [self._resolve_object(p) for p in paths]
 
         async def fetch_all() -> list[bytes | BaseException]:
             sem = asyncio.Semaphore(self.concurrency)
@@ -442,7 +453,7 @@ class ObjectStoreStorage:
             MissingFileError: if the object does not exist (found at once without ``size``, else on first read).
             StorageError: if the store cannot be reached or refuses access.
         """
-        store, u = self._resolve(path)
+        store, u = self._resolve_object(path)
         if size is None:
             size = self.stat(path).size
         return ObjectInputFile(store, u.key, path, size, tail_bytes=self.tail_bytes, counter=self.counter)
@@ -454,7 +465,7 @@ class ObjectStoreStorage:
             MissingFileError: if the object does not exist.
             StorageError: if the store cannot be reached or refuses access.
         """
-        store, u = self._resolve(path)
+        store, u = self._resolve_object(path)
         self.counter.add("head")
         try:
             meta = obs.head(store, u.key)

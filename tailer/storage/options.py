@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
+from urllib.parse import urlsplit
 
 import obstore.exceptions as oe
 from obstore.store import AzureStore, GCSStore, S3Store
@@ -71,6 +72,9 @@ DEFAULT_RETRY = {
 """Retry defaults: object_store's, but giving up after 30 s instead of 180 s (a follower retries later itself)."""
 
 _SECRET_KEY = re.compile(r"secret|key|token|sas|password|signature|credential", re.IGNORECASE)
+
+#: Keys whose values are URLs of a server: a malformed one must not reach the client (object_store panics on it).
+_URL_KEY = re.compile(r"(?:^|_)(?:endpoint|endpoint_url|endpoint_url_s3|base_url|proxy_url)$")
 
 
 def merge_options(*layers: Mapping[str, str] | None) -> dict[str, str]:
@@ -166,10 +170,12 @@ def build_store(u: ObjectUri, options: Mapping[str, str]) -> Store:
     """An obstore client for ``u``'s bucket, configured by ``options`` over the environment.
 
     Raises:
-        ConfigError: for an option the cloud's client does not know (the key is named, the value never),
-            or an ``aws_profile`` without boto3 installed.
+        ConfigError: for an option the cloud's client does not know (the key is named, the value never), an
+            endpoint that is not an ``http(s)://`` URL with a host, a value the client cannot parse, or an
+            ``aws_profile`` that is not configured (or without boto3 installed).
     """
     config = store_config(u.cloud, options)
+    _check_urls(config, u)
     retry = retry_config(options)
     try:
         if u.cloud == "s3":
@@ -195,13 +201,33 @@ def build_store(u: ObjectUri, options: Mapping[str, str]) -> Store:
         ) from None
 
 
+def _check_urls(config: Mapping[str, str], u: ObjectUri) -> None:
+    """Endpoint options must be URLs with a scheme and a host (the value is never shown: it may embed credentials)."""
+    for key, value in config.items():
+        if not _URL_KEY.search(key) or key.startswith("use_") or "_use_" in key:
+            continue
+        try:
+            parts = urlsplit(value.strip())
+            ok = bool(parts.hostname) and (parts.scheme in ("http", "https") or key.endswith("proxy_url"))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"storage option {key} must be an http:// or https:// URL with a host", file=root_of(u))
+
+
 def _profile_provider(profile: str) -> Any:
     try:
         import boto3
+        import botocore.exceptions
         from obstore.auth.boto3 import Boto3CredentialProvider
     except ImportError:
         raise ConfigError("storage option aws_profile needs boto3 installed (pip install boto3)") from None
-    return Boto3CredentialProvider(boto3.Session(profile_name=profile))
+    try:
+        return Boto3CredentialProvider(boto3.Session(profile_name=profile))
+    except botocore.exceptions.BotoCoreError:
+        raise ConfigError(
+            "storage option aws_profile names a profile that is not in the AWS config or credentials files"
+        ) from None
 
 
 def _quoted(message: str) -> str | None:
@@ -210,6 +236,8 @@ def _quoted(message: str) -> str | None:
 
 
 def _first_line(e: BaseException) -> str:
-    """Obstore's first message line, only where it carries no request detail (used for config errors)."""
+    """Obstore's first message line, only where it carries no request detail, values quoted in it hidden."""
     line = str(e).split("\n", 1)[0]
-    return line if "http" not in line.lower() else "invalid configuration"
+    if "http" in line.lower():
+        return "invalid configuration"
+    return re.sub(r'"[^"]*"', "(value hidden)", line)
