@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,8 +21,10 @@ from state.lance.manifest import Manifest, parse_manifest_name
 from tailer.cli.configure import change_filter
 from tailer.cli.outputs import write_parquet
 from tailer.cli.sink_uri import open_sink
+from tailer.follow.service import Runner
 from tailer.follow.sink import Sink
-from tailer.follow.tailer import TailerConfig, table_name
+from tailer.follow.stats import TableStats
+from tailer.follow.tailer import Tailer, TailerConfig, table_name
 from tailer.lance.dataset import VERSIONS_DIR, LanceDataset, join
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_table_id
@@ -203,3 +206,23 @@ def run_start(table: str, storage: Storage, value: object) -> int | None:
 def make_tailer(config: TailerConfig, sink: Sink) -> LanceTailer:
     """The tailer of one ``deltatail run`` attempt on a Lance dataset."""
     return LanceTailer(config, sink)
+
+
+def tailer_maker(lance: bool | None, stats: TableStats) -> Callable[[TailerConfig, Sink], Runner]:
+    """What makes the tailer of each ``deltatail run`` attempt.
+
+    Lance's, Delta's (with ``stats``), or, when the format could not be told yet (``None``: the
+    store was unavailable), whichever the table turns out to be at that attempt (a transient store
+    error then makes the attempt wait and retry).
+    """
+
+    def delta(config: TailerConfig, sink: Sink) -> Runner:
+        return Tailer(config, sink, stats=stats)
+
+    def detect(config: TailerConfig, sink: Sink) -> Runner:
+        storage = storage_for(config.table, config.storage_options or None)
+        return make_tailer(config, sink) if looks_like_lance(config.table, storage) else delta(config, sink)
+
+    if lance is None:
+        return detect
+    return make_tailer if lance else delta

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from state.errors import ConfigError, DeltaTailError
+from state.errors import ConfigError, DeltaTailError, StorageError
 from state.feed import TableInfo, change_schema
 from tailer.cli import audit, logs
 from tailer.cli import lance as lance_cli
@@ -38,7 +38,8 @@ from tailer.cli.serve import serve
 from tailer.cli.settings import STORAGE, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
-from tailer.follow.tailer import Tailer, table_name
+from tailer.follow.stats import TableStats
+from tailer.follow.tailer import table_name
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
@@ -127,14 +128,23 @@ def _run(args: argparse.Namespace) -> int:
     s = merge(vars(args))
     if not s.get("state_dir"):
         raise ConfigError("--state-dir is required (or DELTATAIL_STATE_DIR, or state_dir in the config file)")
-    lance = lance_cli.is_lance(args, dict(s.get(STORAGE, {})))
+    try:
+        lance: bool | None = lance_cli.is_lance(args, dict(s.get(STORAGE, {})))
+    except StorageError as e:
+        if not e.transient:
+            raise
+        lance = None  # the store is unavailable now: each attempt of the service looks again
     config = tailer_config(args.table, s["state_dir"], s, start_of=lance_cli.run_start if lance else None)
     uri = s.get("sink", DEFAULT_SINK)
     retries = s.get("sink_retries", -1)
     tune_for_latency()
-    make_tailer = lance_cli.make_tailer if lance else Tailer
+    stats = TableStats(config.table, table_name(config.table))
     service = TailerService(
-        config, lambda: open_sink(uri), retries=None if retries < 0 else retries, make_tailer=make_tailer
+        config,
+        lambda: open_sink(uri),
+        retries=None if retries < 0 else retries,
+        make_tailer=lance_cli.tailer_maker(lance, stats),
+        stats=stats,
     )
     stop_on_signals(service.stop)
     with ServiceProgress(lambda: [service.stats]):

@@ -87,9 +87,10 @@ class TailerService:
         total = Progress()
         failures = 0
         while not self._stopping.is_set():
-            tailer = self.make_tailer(self.config, self.make_sink())
-            self._current = tailer
+            tailer: Runner | None = None
             try:
+                tailer = self.make_tailer(self.config, self.make_sink())  # may look at the store itself
+                self._current = tailer
                 done = tailer.run()
                 total.versions += done.versions
                 total.rows += done.rows
@@ -97,9 +98,10 @@ class TailerService:
             except (SinkUnavailableError, StorageError) as e:
                 if isinstance(e, StorageError) and not e.transient:
                     raise
-                total.versions += tailer.progress.versions
-                total.rows += tailer.progress.rows
-                failures = 1 if tailer.progress.versions else failures + 1
+                delivered = tailer.progress.versions if tailer is not None else 0
+                total.versions += delivered
+                total.rows += tailer.progress.rows if tailer is not None else 0
+                failures = 1 if delivered else failures + 1
                 if self.retries is not None and failures > self.retries:
                     raise
                 self.stats.retries += 1

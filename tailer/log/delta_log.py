@@ -95,6 +95,10 @@ def _complete_refs(version: int, files: list[LogFile]) -> list[CheckpointRef]:
     return refs
 
 
+#: On an object store, commits found by name before the rest of a backlog is listed.
+BACKLOG_BY_NAME = 2
+
+
 class DeltaLog:
     """A Delta table's log, read through a :class:`~tailer.storage.Storage`.
 
@@ -349,6 +353,9 @@ class DeltaLog:
 
         The next commits are found by name (``<after+1>.json``, ``<after+2>.json``,
         ...), which costs one request per new commit however large ``_delta_log`` is.
+        On an object store, once :data:`BACKLOG_BY_NAME` commits are found that way
+        the rest of a backlog is listed instead (from the next version on, never the
+        whole log): a page of up to 1,000 commits per request.
         Only when there is no next commit, and ``check_gaps`` is set, is the log
         listed (starting after ``after``) to tell "nothing new" from a gap. At most
         ``limit`` commits are returned.
@@ -362,6 +369,14 @@ class DeltaLog:
         while (limit is None or len(found) < limit) and (info := self.probe(v)) is not None:
             found.append((v, info))
             v += 1
+            if self.storage.remote and len(found) == BACKLOG_BY_NAME and (limit is None or limit > len(found)):
+                # A backlog on an object store: one listing request returns a page of commits,
+                # where probing costs a request per commit.
+                listing = self.list_log(v)
+                while (limit is None or len(found) < limit) and v in listing.commits:
+                    found.append((v, listing.commits[v]))
+                    v += 1
+                return found
         if found or not check_gaps:
             return found
         listing = self.list_log(after + 1)

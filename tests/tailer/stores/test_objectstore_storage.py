@@ -23,6 +23,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from state.errors import ConfigError, DeltaTailError, MissingFileError, StorageError
+from tailer.log.delta_log import DeltaLog
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.read.reader_pool import ReaderPool
 from tailer.storage import LocalStorage, ObjectStoreStorage, storage_for
@@ -745,3 +746,21 @@ def test_reader_processes_are_not_used_on_a_remote_store(s3: Cloud) -> None:
     finally:
         pool.close()
     assert with_pool.equals(in_process) and in_process.num_rows > 0
+
+
+@pytest.mark.parametrize("which", ["s3", "azure"])
+def test_a_backlog_on_a_store_is_found_by_listing_not_one_request_per_commit(
+    which: str, request: pytest.FixtureRequest, proxy_for: Callable[[Server], CountingProxy]
+) -> None:
+    """300 commits after the cursor: two are found by name, the other 298 in one listing request."""
+    cloud: Cloud = request.getfixturevalue(which)
+    cloud.put_all((f"t/_delta_log/{n}", b"{}\n") for n in log_names(range(301)))
+    proxy = proxy_for(cloud.server)
+    log = DeltaLog(cloud.uri("t"), ObjectStoreStorage(cloud.via(proxy.endpoint).options))
+    found = log.discover_commits(0)
+    assert [v for v, _ in found] == list(range(1, 301))
+    assert all(info.size == 3 for _, info in found)
+    assert [kind(r) for r in proxy.take()] == ["HEAD", "HEAD", "LIST"]
+    assert [v for v, _ in log.discover_commits(0, limit=100)] == list(range(1, 101))  # a limit holds
+    assert [v for v, _ in log.discover_commits(299)] == [300]  # one new commit: found by name, 301 is not there
+    assert [kind(r) for r in proxy.take()] == ["HEAD", "HEAD", "LIST", "HEAD", "HEAD"]
