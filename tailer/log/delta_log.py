@@ -327,11 +327,14 @@ class DeltaLog:
     def probe(self, version: int) -> FileInfo | None:
         """Commit ``version``'s file (size, modification time) if it exists now: one request.
 
+        On an object store the request is a GET whose bytes the commit's read takes
+        (:meth:`~tailer.storage.base.Storage.stat_keeping`): a found commit costs no second request.
+
         Raises:
             StorageError: if the store cannot be reached.
         """
         try:
-            return self.storage.stat(self.commit_path(version))
+            return self.storage.stat_keeping(self.commit_path(version))
         except MissingFileError:
             return None
 
@@ -347,7 +350,7 @@ class DeltaLog:
         return [v for v, _ in self.discover_commits(after, check_gaps=check_gaps)]
 
     def discover_commits(
-        self, after: int, *, check_gaps: bool = True, limit: int | None = None
+        self, after: int, *, check_gaps: bool = True, limit: int | None = None, by_listing: bool = False
     ) -> list[tuple[int, FileInfo]]:
         """The contiguous commits after ``after`` that exist now, with their files' size and modification time.
 
@@ -358,7 +361,9 @@ class DeltaLog:
         whole log): a page of up to 1,000 commits per request.
         Only when there is no next commit, and ``check_gaps`` is set, is the log
         listed (starting after ``after``) to tell "nothing new" from a gap. At most
-        ``limit`` commits are returned.
+        ``limit`` commits are returned. With ``by_listing`` the log is listed from
+        ``after + 1`` at once, instead of probing: one request for any number of new
+        commits, or for none (what a follower does on a store right after it found some).
 
         Raises:
             VersionGapError: if ``check_gaps`` and a later commit exists while ``after + 1`` does not
@@ -366,6 +371,14 @@ class DeltaLog:
         """
         found: list[tuple[int, FileInfo]] = []
         v = after + 1
+        if by_listing:
+            listing = self.list_log(v)
+            while (limit is None or len(found) < limit) and v in listing.commits:
+                found.append((v, listing.commits[v]))
+                v += 1
+            if not found and check_gaps and listing.commits and min(listing.commits) > after + 1:
+                raise self._gap(after, min(listing.commits))
+            return found
         while (limit is None or len(found) < limit) and (info := self.probe(v)) is not None:
             found.append((v, info))
             v += 1
@@ -381,14 +394,17 @@ class DeltaLog:
             return found
         listing = self.list_log(after + 1)
         if listing.commits and min(listing.commits) > after + 1:
-            raise VersionGapError(
-                f"commit {after + 1} is missing while commit {min(listing.commits)} exists: "
-                "the log has a gap or was cleaned up past this position",
-                table=self.table,
-                version=after + 1,
-                file=self.commit_path(after + 1),
-            )
+            raise self._gap(after, min(listing.commits))
         return found
+
+    def _gap(self, after: int, later: int) -> VersionGapError:
+        return VersionGapError(
+            f"commit {after + 1} is missing while commit {later} exists: "
+            "the log has a gap or was cleaned up past this position",
+            table=self.table,
+            version=after + 1,
+            file=self.commit_path(after + 1),
+        )
 
     def update(self, snap: Snapshot) -> tuple[Snapshot, list[AppliedCommit]]:
         """Apply every new contiguous commit after ``snap.version``; cost is proportional to the new commits.

@@ -142,6 +142,7 @@ class LogFollower:
         self._sleep = sleep
         self.table_id = table_id
         self._last_gap_check = -float("inf")
+        self._hot = False  # the last discovery found commits (on a store, the next one lists)
         self._head_file: tuple[int, int] | None = None
         self._discovered: dict[int, FileInfo] = {}
         self._newest_known = -1
@@ -167,7 +168,10 @@ class LogFollower:
 
         Found by name; when there are none, the log is listed (from the head on) if
         ``check_gaps`` or if ``gap_check_seconds`` passed since the last listing; at most ``limit``
-        versions are probed and returned (a table catching up, shared fairly with others). The head's
+        versions are probed and returned (a table catching up, shared fairly with others). On an
+        object store one commit is probed by name (a GET whose bytes the read takes), and the call
+        after one that found commits lists the log instead: following costs a request per poll,
+        and a backlog a request per 1,000 commits. The head's
         commit is checked (:meth:`check_not_recreated`) on every call locally; on a remote
         store, where each check is a request, before new versions are returned and whenever
         the log is listed: an idle table there costs one request per call, plus a listing
@@ -177,25 +181,40 @@ class LogFollower:
             VersionGapError: if a listing finds later commits while the next one is missing.
             StateError: if the table was deleted and recreated (see :meth:`check_not_recreated`).
         """
-        if not self.log.storage.remote:
+        remote = self.log.storage.remote
+        if not remote:
             self.check_not_recreated()  # locally a stat is cheap: a recreated table is refused at once
-        found = self.log.discover_commits(self.head.version, check_gaps=False, limit=limit)
         now = self._clock()
-        if not found and (check_gaps or now - self._last_gap_check >= self.gap_check_seconds):
+        listed = remote and self._hot
+        if listed:
+            # Commits were just found: one listing tells whether more came (a backlog: all of them
+            # in one request) or none, and is a gap check too.
             self._last_gap_check = now
-            try:
-                found = self.log.discover_commits(self.head.version, check_gaps=True)
-            except VersionGapError as e:
-                raise VersionGapError(
-                    _with_hint(e.message, self.hints.gap), table=e.table, version=e.version, file=e.file
-                ) from e
+            found = self._discover_checked(limit=limit, by_listing=True)
+        else:
+            # On a store, one commit by name (its bytes kept for the read) and back to deliver it: the
+            # next call lists, rather than probing the commit after it first.
+            found = self.log.discover_commits(self.head.version, check_gaps=False, limit=1 if remote else limit)
+        if not found and not listed and (check_gaps or now - self._last_gap_check >= self.gap_check_seconds):
+            self._last_gap_check = now
+            found = self._discover_checked()
             self.check_not_recreated()
-        elif found and self.log.storage.remote:
+        elif remote and found:
             self.check_not_recreated()  # the new commits continue the commit read last, not a new table
+        self._hot = bool(found)
         self._discovered = dict(found)
         if found:
             self.know_commits_up_to(found[-1][0])
         return [v for v, _ in found]
+
+    def _discover_checked(self, *, limit: int | None = None, by_listing: bool = False) -> list[tuple[int, FileInfo]]:
+        """New commits, the log listed to tell "nothing new" from a gap (the error with the follower's hint)."""
+        try:
+            return self.log.discover_commits(self.head.version, check_gaps=True, limit=limit, by_listing=by_listing)
+        except VersionGapError as e:
+            raise VersionGapError(
+                _with_hint(e.message, self.hints.gap), table=e.table, version=e.version, file=e.file
+            ) from e
 
     def know_commits_up_to(self, version: int) -> None:
         """Note that commit ``version`` exists (a listing found it): the commits before it are complete."""

@@ -85,6 +85,17 @@ class Storage(Protocol):
         """
         ...
 
+    def stat_keeping(self, path: str) -> FileInfo:
+        """What :meth:`stat` returns, for a file about to be read.
+
+        A store where reading a small file costs what a stat costs (one request) reads it
+        and keeps the bytes for the next :meth:`read` of the whole file.
+
+        Raises:
+            MissingFileError: if the file does not exist.
+        """
+        ...
+
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists."""
         ...

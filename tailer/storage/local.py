@@ -75,6 +75,10 @@ class LocalStorage:
             raise MissingFileError("file does not exist", file=path) from e
         return FileInfo(os.path.basename(local), st.st_size, st.st_mtime_ns // 1_000_000)
 
+    def stat_keeping(self, path: str) -> FileInfo:
+        """See :meth:`Storage.stat_keeping`: a stat (a local read costs nothing to repeat)."""
+        return self.stat(path)
+
     def exists(self, path: str) -> bool:
         """See :meth:`Storage.exists`."""
         return os.path.exists(to_local_path(path))

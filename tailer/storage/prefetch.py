@@ -73,6 +73,18 @@ class Prefetcher:
                 self._entries[path] = (self._pool.submit(self._fetch, path), cost, now)
                 self._bytes += cost
 
+    def keep(self, path: str, data: bytes) -> None:
+        """Hold ``data``, already read, as the prefetched contents of ``path`` (within the byte budget)."""
+        now = self._clock()
+        with self._lock:
+            self._drop_stale(now)
+            if path in self._entries or self._bytes + len(data) > self.max_bytes:
+                return
+            done: Future[bytes] = Future()
+            done.set_result(data)
+            self._entries[path] = (done, len(data), now)
+            self._bytes += len(data)
+
     def take(self, path: str) -> bytes | None:
         """The file's bytes if it was prefetched (waiting for the fetch), else ``None``; a failed fetch is ``None``."""
         with self._lock:

@@ -24,6 +24,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from state.errors import ConfigError, DeltaTailError, MissingFileError, StorageError
 from tailer.log.delta_log import DeltaLog
+from tailer.log.follower import LogFollower
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.read.reader_pool import ReaderPool
 from tailer.storage import LocalStorage, ObjectStoreStorage, storage_for
@@ -752,7 +753,8 @@ def test_reader_processes_are_not_used_on_a_remote_store(s3: Cloud) -> None:
 def test_a_backlog_on_a_store_is_found_by_listing_not_one_request_per_commit(
     which: str, request: pytest.FixtureRequest, proxy_for: Callable[[Server], CountingProxy]
 ) -> None:
-    """300 commits after the cursor: two are found by name, the other 298 in one listing request."""
+    """300 commits after the cursor: two are found by name (GETs, kept for their reads), the other 298 in one
+    listing request."""
     cloud: Cloud = request.getfixturevalue(which)
     cloud.put_all((f"t/_delta_log/{n}", b"{}\n") for n in log_names(range(301)))
     proxy = proxy_for(cloud.server)
@@ -760,7 +762,35 @@ def test_a_backlog_on_a_store_is_found_by_listing_not_one_request_per_commit(
     found = log.discover_commits(0)
     assert [v for v, _ in found] == list(range(1, 301))
     assert all(info.size == 3 for _, info in found)
-    assert [kind(r) for r in proxy.take()] == ["HEAD", "HEAD", "LIST"]
+    assert [kind(r) for r in proxy.take()] == ["GET", "GET", "LIST"]
+    assert log.read_commit(1).version == 1 and proxy.take() == []  # the probe's bytes: no second request
     assert [v for v, _ in log.discover_commits(0, limit=100)] == list(range(1, 101))  # a limit holds
     assert [v for v, _ in log.discover_commits(299)] == [300]  # one new commit: found by name, 301 is not there
-    assert [kind(r) for r in proxy.take()] == ["HEAD", "HEAD", "LIST", "HEAD", "HEAD"]
+    assert [kind(r) for r in proxy.take()] == ["GET", "GET", "LIST", "GET", "GET"]
+
+
+def test_following_a_store_costs_one_request_per_idle_poll_and_three_to_rows_of_a_commit(
+    s3: Cloud, proxy_for: Callable[[Server], CountingProxy]
+) -> None:
+    """Idle: one GET (not found). A commit lands: the GET finds it (its bytes are the read), the head commit is
+    checked (recreated tables), and the call after lists the log once (more commits, or a gap) instead of probing.
+    """
+    uri = s3.uri("f")
+    write_deltalake(uri, pa.table({"id": [1, 2]}), storage_options=s3.writer_options)
+    proxy = proxy_for(s3.server)
+    log = DeltaLog(uri, ObjectStoreStorage(s3.via(proxy.endpoint).options))
+    follower = LogFollower(log, log.snapshot(0), gap_check_seconds=3600)
+    follower.discover()  # the first call lists the log (a gap check) and checks the head commit
+    proxy.take()
+    assert follower.discover() == [] and [kind(r) for r in proxy.take()] == ["GET"]
+    write_deltalake(uri, pa.table({"id": [3]}), mode="append", storage_options=s3.writer_options)
+    write_deltalake(uri, pa.table({"id": [4]}), mode="append", storage_options=s3.writer_options)
+    assert follower.discover() == [1]  # one commit by name, delivered before the next is looked for
+    assert [kind(r) for r in proxy.take()] == ["GET", "HEAD"]
+    assert follower.plan(1).plan.tasks and [kind(r) for r in proxy.take()] == []  # the commit came with the GET
+    assert follower.discover() == [2]  # the rest by one listing (and the head commit checked)
+    assert [kind(r) for r in proxy.take()] == ["LIST", "HEAD"]
+    follower.plan(2)
+    proxy.take()
+    assert follower.discover() == [] and [kind(r) for r in proxy.take()] == ["LIST"]  # nothing more: listed once
+    assert follower.discover() == [] and [kind(r) for r in proxy.take()] == ["GET"]  # idle again
