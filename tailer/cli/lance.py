@@ -17,14 +17,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from state.errors import ConfigError, MissingFileError
+from state.errors import ConfigError
 from state.feed import CHANGE_COLUMNS, ChangeBatch, TableInfo
-from state.lance.manifest import Manifest, parse_manifest_name
+from state.lance.manifest import Manifest
 from tailer.cli.configure import change_filter
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.sink import Sink
 from tailer.follow.tailer import TailerConfig, table_name
-from tailer.lance.dataset import VERSIONS_DIR, LanceDataset, join
+from tailer.lance.dataset import LanceDataset, looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_table_id
 from tailer.parse import parse_timestamp_ms
@@ -42,15 +42,6 @@ def add_format_option(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the table's format (default: lance:// URIs and directories with _versions/ are Lance, else Delta)",
     )
-
-
-def looks_like_lance(root: str, storage: Storage) -> bool:
-    """Whether ``root`` holds a Lance dataset: a ``_versions/`` directory with at least one manifest."""
-    try:
-        listed = storage.list_from(join(root, VERSIONS_DIR))
-    except MissingFileError:
-        return False
-    return any(parse_manifest_name(f.name) is not None for f in listed)
 
 
 def is_lance(args: argparse.Namespace, storage_options: dict[str, str] | None) -> bool:
