@@ -37,7 +37,7 @@ import pytest
 from lance_datasets import rows
 from obstore.store import S3Store
 
-from sinks.spark import DeltaTailDataSource
+from sinks.spark import DeltaTailBatchReader, DeltaTailDataSource
 from sinks.spark.schema import arrow_target
 from state.errors import ConfigError, DataFileError, MissingFileError
 from tailer.cli.main import main
@@ -114,19 +114,16 @@ def option_args(endpoint: str) -> list[str]:
     return [a for k, v in options(endpoint).items() for a in ("--storage-option", f"{k}={v}")]
 
 
+def s3_store(endpoint: str) -> S3Store:
+    return S3Store(
+        BUCKET, endpoint=endpoint, access_key_id=KEY_ID, secret_access_key=SECRET, region=REGION, allow_http=True
+    )
+
+
 def upload(local: Path, endpoint: str) -> str:
     """Every file of ``local`` to a fresh prefix of the bucket; the dataset's ``s3://`` URI."""
     prefix = f"ds-{uuid.uuid4().hex[:8]}"
-    store = S3Store(
-        BUCKET,
-        config={
-            "endpoint": endpoint,
-            "access_key_id": KEY_ID,
-            "secret_access_key": SECRET,
-            "region": REGION,
-            "allow_http": True,
-        },
-    )
+    store = s3_store(endpoint)
     for path in sorted(p for p in local.rglob("*") if p.is_file()):
         obstore.put(store, f"{prefix}/{path.relative_to(local).as_posix()}", path.read_bytes())
     return f"s3://{BUCKET}/{prefix}"
@@ -267,16 +264,7 @@ def test_run_on_s3_resumes_after_new_versions(moto: str, tmp_path: Path) -> None
     lance.dataset(str(local)).delete("id >= 500")
     lance.write_dataset(rows(range(900, 905)), str(local), mode="append")
     # Upload the two new versions' files (data, deletion, transaction and manifest files).
-    store = S3Store(
-        BUCKET,
-        config={
-            "endpoint": moto,
-            "access_key_id": KEY_ID,
-            "secret_access_key": SECRET,
-            "region": REGION,
-            "allow_http": True,
-        },
-    )
+    store = s3_store(moto)
     existing = {m["path"] for batch in obstore.list(store, prefix=prefix) for m in batch}
     for path in sorted(p for p in local.rglob("*") if p.is_file()):
         key = f"{prefix}/{path.relative_to(local).as_posix()}"
@@ -298,16 +286,7 @@ def test_errors_on_s3_name_the_file_and_show_no_secret(moto: str, tmp_path: Path
     uri = upload(local, moto)
     feed = LanceFeed(uri, storage_options=options(moto))
     plan = next(feed.plans(1, 1))
-    store = S3Store(
-        BUCKET,
-        config={
-            "endpoint": moto,
-            "access_key_id": KEY_ID,
-            "secret_access_key": SECRET,
-            "region": REGION,
-            "allow_http": True,
-        },
-    )
+    store = s3_store(moto)
     data = plan.tasks[0].fragment.files[0].path
     obstore.delete(store, f"{uri.removeprefix(f's3://{BUCKET}/')}/data/{data}")
     with pytest.raises(MissingFileError) as missing:
@@ -329,6 +308,7 @@ def test_spark_batch_reader_on_s3_equals_the_local_copy(dataset: tuple[Path, str
     spark_options = {"path": uri, "startingVersion": "1", **{f"storage.{k}": v for k, v in options(moto).items()}}
     ds = DeltaTailDataSource(spark_options)
     reader = ds.reader(ds.schema())
+    assert isinstance(reader, DeltaTailBatchReader)
     remote = pickle.loads(pickle.dumps(reader))  # as executors get it
     parts = reader.partitions()
     batches = [b for p in parts for b in remote.read(pickle.loads(pickle.dumps(p)))]
