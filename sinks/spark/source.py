@@ -84,6 +84,16 @@ the query started, or a non-additive change) stops the query with a
 earlier row was delivered; restarting the query picks up an additive change.
 A non-additive change cannot be streamed across.
 
+Lance datasets. A path written ``lance://PATH``, the option ``format`` (``lance``
+or ``delta``), or, without either, a ``_versions/`` directory holding manifests
+makes the source read a Lance dataset (:mod:`sinks.spark.lance`): the rows of
+:class:`tailer.lance.feed.LanceFeed`, the same offsets (``index`` counts the
+version's *row tasks*, one fragment's rows each), options and guarantees.
+``maxFilesPerTrigger`` counts row tasks, and a version with updates is admitted
+whole; ``netChanges``, ``keyColumns`` and ``maxBytesPerTrigger`` are refused.
+Lance versions start at 1 (``startingVersion=0`` reads from 1). The driver plans
+with :mod:`state.lance.planning`; executors read each row task with pylance.
+
 The table id (``metaData.id``) is recorded in every offset; a table deleted
 and recreated at the same path makes the query fail with a
 :class:`~state.errors.StateError`. A running query notices it when a commit

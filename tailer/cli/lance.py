@@ -23,6 +23,7 @@ from state.lance.manifest import Manifest
 from tailer.cli.configure import change_filter
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.sink import Sink
+from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
 from tailer.lance.dataset import LanceDataset, looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
@@ -210,6 +211,6 @@ def run_start(table: str, storage: Storage, value: object) -> int | None:
         raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
 
 
-def make_tailer(config: TailerConfig, sink: Sink) -> LanceTailer:
-    """The tailer of one ``deltatail run`` attempt on a Lance dataset."""
-    return LanceTailer(config, sink)
+def make_tailer(config: TailerConfig, sink: Sink, stats: TableStats | None = None) -> LanceTailer:
+    """The tailer of one ``deltatail run`` attempt on a Lance dataset (reporting to ``stats``)."""
+    return LanceTailer(config, sink, stats=stats)

@@ -37,8 +37,10 @@ from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.serve import serve
 from tailer.cli.settings import STORAGE, merge
 from tailer.cli.sink_uri import open_sink
-from tailer.follow.service import TailerService
-from tailer.follow.tailer import Tailer, table_name
+from tailer.follow.service import Runner, TailerService
+from tailer.follow.sink import Sink
+from tailer.follow.stats import TableStats
+from tailer.follow.tailer import Tailer, TailerConfig, table_name
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
@@ -145,9 +147,17 @@ def _run(args: argparse.Namespace) -> int:
     uri = s.get("sink", DEFAULT_SINK)
     retries = s.get("sink_retries", -1)
     tune_for_latency()
-    make_tailer = lance_cli.make_tailer if lance else Tailer
+    stats = TableStats(config.table, table_name(config.table))
+
+    def make_tailer(c: TailerConfig, sink: Sink) -> Runner:  # every run's tailer reports to the service's stats
+        return lance_cli.make_tailer(c, sink, stats) if lance else Tailer(c, sink, stats=stats)
+
     service = TailerService(
-        config, lambda: open_sink(uri), retries=None if retries < 0 else retries, make_tailer=make_tailer
+        config,
+        lambda: open_sink(uri),
+        retries=None if retries < 0 else retries,
+        make_tailer=make_tailer,
+        stats=stats,
     )
     stop_on_signals(service.stop)
     with ServiceProgress(lambda: [service.stats]):
