@@ -44,6 +44,24 @@ def lance_module() -> Any:
     return lance
 
 
+_session: Any = None
+_session_lock = threading.Lock()
+
+
+def shared_session(lance: Any) -> Any:
+    """The process's pylance session (``None`` if pylance has none), shared by every :class:`LanceRows`.
+
+    Lance data files are immutable, so the metadata a session caches stays valid across versions
+    and datasets: a reader started anew (a new range, a restarted tailer, a Spark task) finds the
+    files' metadata in hand. The session bounds its caches itself.
+    """
+    global _session
+    with _session_lock:
+        if _session is None and hasattr(lance, "Session"):
+            _session = lance.Session()
+        return _session
+
+
 def change_schema_of(data: pa.Schema) -> pa.Schema:
     """A Lance version's change-row schema: its columns plus the three change columns."""
     return (
@@ -93,8 +111,7 @@ class LanceRows:
         self._lock = threading.Lock()
         self._opened: OrderedDict[int, PyLanceDataset] = OrderedDict()
         self._lance = lance_module()
-        # One session for every version opened: data files outlive versions, so their metadata stays cached.
-        self._session = self._lance.Session() if hasattr(self._lance, "Session") else None
+        self._session = shared_session(self._lance)
 
     def dataset(self, version: int) -> PyLanceDataset:
         """The pylance dataset at ``version`` (cached).
