@@ -151,8 +151,8 @@ def read_lance_partition(
 
     Raises:
         MissingFileError: if a data file is missing.
-        DataFileError: if pylance cannot open the version or read a fragment.
-        SchemaChangeError: if a column cannot be read as its type at the partition's version.
+        DataFileError: if pylance cannot open the version or read a fragment (and other errors of
+            :meth:`LanceRows.batches`).
     """
     for batch in _reader(partition.root, options).batches(partition.plan()):
         if batch.num_rows:
@@ -336,7 +336,8 @@ class LanceStreamPlanner:
             VersionGapError, VersionNotFoundError: when the dataset no longer holds a needed version
                 (``failOnDataLoss``).
             StateError: if the dataset was deleted and recreated.
-            InvalidLogError, UnsupportedFeatureError, MissingFileError: as :meth:`LanceFeed.plan`.
+            InvalidLogError: if a manifest does not decode (and the other errors of :meth:`LanceFeed.plan`).
+            MissingFileError: if a deletion file the version names is missing.
         """
         self.ensure(start)
         for key, plan in list(self._plans.items()):

@@ -26,6 +26,7 @@ from typing import Any
 import lance
 import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
 pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession
@@ -41,6 +42,8 @@ from sinks.spark.options import SourceOptions
 from sinks.spark.schema import arrow_target
 from state.errors import (
     ConfigError,
+    DataFileError,
+    InvalidLogError,
     MissingFileError,
     SchemaChangeError,
     StateError,
@@ -48,6 +51,7 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
+from state.lance.manifest import manifest_name
 from tailer.lance.feed import LanceFeed
 
 # ---------------------------------------------------------------- datasets --
@@ -369,6 +373,58 @@ def test_missing_data_file_fails_the_read(tmp_path: Path) -> None:
         (root / "data" / f.path).unlink()
     with pytest.raises(MissingFileError, match="data file of fragment"):
         read_rows(reader, parts)
+
+
+def test_corrupt_data_file_fails_the_read(tmp_path: Path) -> None:
+    root = build(tmp_path / "ds", stable=False)
+    reader = stream_reader(root, startingVersion=1)
+    start = reader.initialOffset()
+    parts = reader.partitions(start, reader.latestOffset(start, ReadMaxFiles(1)))
+    assert isinstance(parts[0], LancePartition)
+    for f in parts[0].tasks[0].fragment.files:
+        (root / "data" / f.path).write_bytes(b"not a lance file")
+    with pytest.raises(DataFileError, match="pylance cannot read fragment"):
+        read_rows(reader, parts)
+
+
+def test_planning_errors_stop_the_stream_and_stay(tmp_path: Path) -> None:
+    root = build(tmp_path / "ds", stable=False)
+    reader = stream_reader(root, startingVersion=6)
+    start = run_batches(reader, reader.initialOffset())[-1][1]
+    before = set((root / "_deletions").iterdir())
+    lance.dataset(str(root)).delete("id = 5")
+    (new,) = set((root / "_deletions").iterdir()) - before
+    new.unlink()
+    for _ in range(2):
+        with pytest.raises(MissingFileError, match="deletion file") as missing:
+            reader.latestOffset(start, ReadAllAvailable())
+        assert missing.value.version == 7 and missing.value.file == str(new)
+    garbled = build(tmp_path / "garbled", stable=False)
+    reader = stream_reader(garbled, startingVersion=6)
+    start = run_batches(reader, reader.initialOffset())[-1][1]
+    (garbled / "_versions" / manifest_name(7)).write_bytes(b"garbage" * 10)
+    with pytest.raises(InvalidLogError, match="version 7"):
+        reader.latestOffset(start, ReadAllAvailable())
+
+
+def test_a_dataset_that_is_not_there(tmp_path: Path) -> None:
+    schema = source(build(tmp_path / "ds", stable=False)).schema()
+    with pytest.raises(TableNotFoundError):
+        DeltaTailStreamReader(SourceOptions(str(tmp_path / "nope"), table_format="lance"), schema).initialOffset()
+    reader = stream_reader(tmp_path / "ds")
+    reader.initialOffset()
+    shutil.rmtree(tmp_path / "ds")
+    with pytest.raises(TableNotFoundError):
+        reader.prepareForTriggerAvailableNow()
+    delta = tmp_path / "delta"
+    write_deltalake(str(delta), pa.table({"id": [1]}))
+    delta_reader = stream_reader(delta)
+    delta_reader.initialOffset()
+    shutil.rmtree(delta)
+    with pytest.raises(TableNotFoundError):
+        delta_reader.prepareForTriggerAvailableNow()
+    with pytest.raises(ConfigError, match="object stores"):
+        source(tmp_path, **{"storage.aws_region": "x"}).source_options()  # detecting the format needs storage
 
 
 def test_batch_reader_equals_the_feed(datasets: dict[str, Path]) -> None:

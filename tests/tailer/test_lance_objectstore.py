@@ -38,11 +38,14 @@ from lance_datasets import rows
 from obstore.store import S3Store
 
 from sinks.spark import DeltaTailBatchReader, DeltaTailDataSource
+from sinks.spark.lance import version_schema
 from sinks.spark.schema import arrow_target
 from state.errors import ConfigError, DataFileError, MissingFileError
 from tailer.cli.main import main
 from tailer.lance.feed import LanceFeed
+from tailer.lance.rows import LanceRows
 from tailer.lance.store import pylance_options, scrub
+from tailer.storage import storage_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "lance-bkt"
@@ -298,6 +301,11 @@ def test_errors_on_s3_name_the_file_and_show_no_secret(moto: str, tmp_path: Path
         LanceFeed(uri, storage_options=wrong).rows.dataset(1)
     assert "max_retries: 2, retry_timeout: 5s" in str(unreachable.value)  # pylance took the translated options
     no_secret(str(unreachable.value))
+    with pytest.raises(DataFileError) as spark_side:
+        version_schema(LanceFeed(uri, storage_options=wrong).rows, 1)
+    no_secret(str(spark_side.value))
+    with pytest.raises(ConfigError, match="aws_profile"):
+        LanceRows(uri, storage_for(uri, options(moto)), storage_options={**options(moto), "aws_profile": "dev"})
 
 
 # ---------------------------------------------------------------- the Spark reader --

@@ -29,11 +29,12 @@ from deltalake import DeltaTable, write_deltalake
 from lance_datasets import rows
 
 from sinks.embedded import JsonLinesSink
-from state.errors import ConfigError
+from state.errors import ConfigError, TableNotFoundError
+from state.filters import ChangeFilter
 from tailer.cli.serve import check_tables, load_serve_config, source
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.tailer import TailerConfig
-from tailer.lance.feed import LanceFeed
+from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_state_id
 from tailer.read.feed import ChangeFeed
 from tailer.serve.discovery import find_tables, is_lance_dataset
@@ -216,6 +217,8 @@ def test_lance_table_errors_name_the_table(tmp_path: Path, entry: str, message: 
         check_tables([source(name, settings) for name, settings in config.tables])
     with pytest.raises(ConfigError, match="lance:// path, but format is delta"):
         source("x", {"path": f"lance://{vectors}", "format": "delta"})
+    with pytest.raises(TableNotFoundError):
+        LanceFeed(str(tmp_path), options=LanceOptions(filter=ChangeFilter(where="id > 1"))).check_filter()
 
 
 def test_lance_tailer_steps_and_keeps_stats(tmp_path: Path) -> None:
