@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxFiles
 
-from sinks.spark.offsets import Offset, after, plan_key
+from sinks.spark.offsets import AnyPlan, Offset, after, plan_key, plan_version
 from sinks.spark.options import SourceOptions
 from state.changes import FileTask
 from state.errors import ConfigError, DeltaTailError
-from state.planning import VersionPlan
+from state.lance.planning import LancePlan, RowTask
 
 log = logging.getLogger("deltatail")
 
@@ -46,25 +46,31 @@ class Budget:
             return True
         return (self.files is None or self.files > 0) and (self.bytes is None or self.bytes > 0)
 
-    def take(self, tasks: Sequence[FileTask]) -> None:
-        """Charge a unit of tasks."""
+    def take(self, tasks: Sequence[FileTask | RowTask]) -> None:
+        """Charge a unit of tasks (a Lance row task counts as one file and no bytes)."""
         self.taken = True
         if self.files is not None:
             self.files -= len(tasks)
         if self.bytes is not None:
-            self.bytes -= sum(t.size or 0 for t in tasks)
+            self.bytes -= sum(t.size or 0 for t in tasks if isinstance(t, FileTask))
 
 
-def whole_unit(plan: VersionPlan, options: SourceOptions) -> bool:
-    """Whether a plan is admitted whole: commits with cdc files or deletion vectors, or any under ``netChanges``."""
+def whole_unit(plan: AnyPlan, options: SourceOptions) -> bool:
+    """Whether a plan is admitted whole.
+
+    Delta: commits with cdc files or deletion vectors, or any under ``netChanges``. Lance: versions
+    with updates (an update's preimage and postimage rows stay in one micro-batch).
+    """
     if plan.snapshot:
         return False
+    if isinstance(plan, LancePlan):
+        return any(t.change_type in ("update_preimage", "update_postimage") for t in plan.tasks)
     if options.net_changes:
         return True
     return any(t.is_cdc or t.selection.within is not None or t.selection.minus is not None for t in plan.tasks)
 
 
-def admit(plans: Iterable[VersionPlan], start: Offset, budget: Budget, options: SourceOptions) -> Offset:
+def admit(plans: Iterable[AnyPlan], start: Offset, budget: Budget, options: SourceOptions) -> Offset:
     """The end offset of a micro-batch from ``start``; a planning error ends the batch before its version.
 
     Raises:
@@ -74,7 +80,7 @@ def admit(plans: Iterable[VersionPlan], start: Offset, budget: Budget, options: 
     try:
         for plan in plans:
             first = start.index if plan_key(plan) == start.key else 0
-            tasks = plan.tasks[first:]
+            tasks: Sequence[FileTask | RowTask] = plan.tasks[first:]
             if whole_unit(plan, options) and tasks:
                 if not budget.admits():
                     return end
@@ -82,7 +88,7 @@ def admit(plans: Iterable[VersionPlan], start: Offset, budget: Budget, options: 
             else:
                 for i, task in enumerate(tasks, first):
                     if not budget.admits():
-                        return Offset(start.table_id, plan.context.version, i, plan.snapshot)
+                        return Offset(start.table_id, plan_version(plan), i, plan.snapshot)
                     budget.take((task,))
             end = after(plan, start.table_id)
     except DeltaTailError:

@@ -1,4 +1,8 @@
-"""Stream offsets: the next file task to read, as Spark stores them in its offset log."""
+"""Stream offsets: the next file task to read, as Spark stores them in its offset log.
+
+The same for both formats: a Delta plan's tasks are file tasks, a Lance plan's are row tasks
+(:class:`~state.lance.planning.RowTask`: rows of one fragment).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from state.errors import StateError
+from state.lance.planning import LancePlan
 from state.planning import VersionPlan
 
 #: ``(version, rank)``: rank 0 for an initial snapshot taken at ``version``, 1 for commit ``version``.
 Key = tuple[int, int]
+#: A planned version of either format: a Delta commit (or snapshot) or a Lance version (or snapshot).
+AnyPlan = VersionPlan | LancePlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +59,16 @@ class Offset:
         return Offset(table_id, version, index, snap)
 
 
-def plan_key(plan: VersionPlan) -> Key:
+def plan_version(plan: AnyPlan) -> int:
+    """The version a plan is of (its commit, or the version its snapshot is taken at)."""
+    return plan.version if isinstance(plan, LancePlan) else plan.context.version
+
+
+def plan_key(plan: AnyPlan) -> Key:
     """The ``(version, rank)`` of a plan."""
-    return (plan.context.version, 0 if plan.snapshot else 1)
+    return (plan_version(plan), 0 if plan.snapshot else 1)
 
 
-def after(plan: VersionPlan, table_id: str) -> Offset:
+def after(plan: AnyPlan, table_id: str) -> Offset:
     """The offset just after every task of ``plan``."""
-    return Offset(table_id, plan.context.version + 1, 0, False)
+    return Offset(table_id, plan_version(plan) + 1, 0, False)

@@ -1,14 +1,20 @@
-"""The Spark source's options (names as Delta's change data feed source; see :mod:`sinks.spark.source`)."""
+"""The Spark source's options (names as Delta's change data feed source; see :mod:`sinks.spark.source`).
+
+The table's format: a path written ``lance://PATH`` or the option ``format=lance`` is a Lance dataset,
+``format=delta`` a Delta table; without either, :meth:`SourceOptions.resolved` looks at the layout
+(a ``_versions/`` directory with manifests is a Lance dataset), as the command line does.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TypeVar
+from dataclasses import dataclass, field, replace
+from typing import Literal, TypeVar
 
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxBytes, ReadMaxFiles
 
 from state.errors import ConfigError
+from tailer.lance.dataset import looks_like_lance
 from tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
 from tailer.storage import Storage, storage_for
@@ -17,6 +23,10 @@ from tailer.storage import Storage, storage_for
 STORAGE_PREFIX = "storage."
 #: Delta's default ``maxFilesPerTrigger``.
 DEFAULT_MAX_FILES = 1000
+#: A path with this prefix is a Lance dataset.
+LANCE_PREFIX = "lance://"
+
+TableFormat = Literal["delta", "lance"]
 
 T = TypeVar("T")
 
@@ -51,6 +61,8 @@ class SourceOptions:
     net_changes: bool = False
     key_columns: tuple[str, ...] = ()
     fail_on_data_loss: bool = True
+    #: ``delta`` or ``lance`` when known (a ``lance://`` path, the ``format`` option, or :meth:`resolved`).
+    table_format: TableFormat | None = None
     #: ``storage.KEY`` options: the table's object-store options (never shown; not in offsets).
     storage_options: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -60,12 +72,18 @@ class SourceOptions:
 
         Raises:
             ConfigError: if the path is missing, a value is malformed, both starting options are
-                given, or ``keyColumns`` is given without ``netChanges``.
+                given, ``keyColumns`` is given without ``netChanges``, or ``format`` is neither
+                ``delta`` nor ``lance`` (or ``delta`` for a ``lance://`` path).
         """
         opts = {k.lower(): v for k, v in options.items()}
         path = opts.get("path")
         if not path:
             raise ConfigError('no table path: use .load("/path/to/table")')
+        fmt = _format(opts.get("format"))
+        if path.startswith(LANCE_PREFIX):
+            if fmt == "delta":
+                raise ConfigError(f"{path} is a lance:// path, but format=delta was given")
+            path, fmt = path[len(LANCE_PREFIX) :], "lance"
         start = opts.get("startingversion")
         latest = start is not None and start.strip().lower() == "latest"
         keys = tuple(k.strip() for k in opts.get("keycolumns", "").split(",") if k.strip())
@@ -83,13 +101,47 @@ class SourceOptions:
             net_changes=_bool("netChanges", opts.get("netchanges", "false")),
             key_columns=keys,
             fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
+            table_format=fmt,
             storage_options={k[len(STORAGE_PREFIX) :]: v for k, v in opts.items() if k.startswith(STORAGE_PREFIX)},
         )
         if start is not None and parsed.starting_timestamp_ms is not None:
             raise ConfigError("give startingVersion or startingTimestamp, not both")
         if keys and not parsed.net_changes:
             raise ConfigError("keyColumns only applies with netChanges=true")
-        return parsed
+        return parsed if fmt is None else parsed.resolved()
+
+    def resolved(self) -> SourceOptions:
+        """These options with the table's format known (looking at the layout when not given).
+
+        Raises:
+            ConfigError: for a Lance dataset with ``netChanges``, ``keyColumns`` or
+                ``maxBytesPerTrigger`` (Delta-only options), or storage options for a local path.
+        """
+        if self.table_format is None:
+            found: TableFormat = "lance" if looks_like_lance(self.path, self.storage()) else "delta"
+            return replace(self, table_format=found).resolved()
+        if self.table_format == "lance":
+            given = [
+                name
+                for name, on in (
+                    ("netChanges", self.net_changes),
+                    ("keyColumns", bool(self.key_columns)),
+                    ("maxBytesPerTrigger", self.max_bytes is not None),
+                )
+                if on
+            ]
+            if given:
+                raise ConfigError(
+                    f"option {', '.join(given)} applies to Delta tables, not to Lance datasets "
+                    "(maxFilesPerTrigger limits a Lance micro-batch)",
+                    table=self.path,
+                )
+        return self
+
+    @property
+    def lance(self) -> bool:
+        """Whether the table is a Lance dataset (after :meth:`resolved`)."""
+        return self.table_format == "lance"
 
     @property
     def has_start(self) -> bool:
@@ -113,6 +165,17 @@ class SourceOptions:
         if self.max_files is not None or self.max_bytes is None:
             return ReadMaxFiles(self.max_files or DEFAULT_MAX_FILES)
         return ReadMaxBytes(self.max_bytes)
+
+
+def _format(raw: str | None) -> TableFormat | None:
+    if raw is None:
+        return None
+    value = raw.strip().lower()
+    if value == "delta":
+        return "delta"
+    if value == "lance":
+        return "lance"
+    raise ConfigError(f"option format={raw!r} is neither delta nor lance")
 
 
 def _maybe(opts: Mapping[str, str], name: str, parse: Callable[[str], T]) -> T | None:

@@ -8,10 +8,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
+from sinks.spark.lance import lance_partitions
+from sinks.spark.offsets import AnyPlan
 from sinks.spark.options import SourceOptions
 from sinks.spark.schema import conform
 from state.changes import FileTask
 from state.feed import change_schema
+from state.lance.planning import LancePlan
 from state.planning import ReadContext, VersionPlan
 from tailer.read.net_changes import net_changes
 from tailer.read.tasks import read_task
@@ -37,8 +40,13 @@ def uses_net(plan: VersionPlan, options: SourceOptions) -> bool:
     return options.net_changes and plan.commit is not None and not plan.commit.cdcs
 
 
-def make_partitions(plan: VersionPlan, first: int, last: int, options: SourceOptions) -> list[ChangePartition]:
-    """Partitions for tasks ``first..last-1`` of a plan: one per task, or one for a netted commit."""
+def make_partitions(plan: AnyPlan, first: int, last: int, options: SourceOptions) -> list[InputPartition]:
+    """Partitions for tasks ``first..last-1`` of a plan: one per task, or one for a netted commit.
+
+    A Lance plan's partitions are :class:`~sinks.spark.lance.LancePartition` objects, one per row task.
+    """
+    if isinstance(plan, LancePlan):
+        return list(lance_partitions(plan, first, last, options.path))
     tasks = plan.tasks[first:last]
     if not tasks:
         return []
@@ -57,7 +65,7 @@ def read_partition(
     """The rows of one partition in ``target``'s layout (runs on an executor).
 
     Anything but a :class:`ChangePartition` (Spark's placeholder for an empty
-    read) yields nothing.
+    read, or a Lance partition: :func:`sinks.spark.lance.read_lance_partition`) yields nothing.
 
     Raises:
         MissingFileError: if a data, cdc or DV file is missing.

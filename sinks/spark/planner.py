@@ -67,6 +67,14 @@ class StreamPlanner:
         self.check_seconds = CHECK_SECONDS
         self._last_check = -math.inf
 
+    def latest_version(self) -> int:
+        """The table's newest version now (one listing of the log).
+
+        Raises:
+            TableNotFoundError: if the table is gone.
+        """
+        return self.log.latest_version()
+
     # -- starting ------------------------------------------------------------------------------
 
     def start_offset(self) -> Offset:

@@ -51,14 +51,25 @@ def check_fits(plan: VersionPlan, stream: pa.Schema) -> None:
     Raises:
         SchemaChangeError: naming the version and the column.
     """
-    problem = schema_problem(change_schema(plan.context.schema()), stream)
+    check_schema_fits(
+        change_schema(plan.context.schema()), stream, table=plan.context.table_root, version=plan.context.version
+    )
+
+
+def check_schema_fits(schema: pa.Schema, stream: pa.Schema, *, table: str, version: int) -> None:
+    """Refuse a version whose change schema (Arrow, as Spark sees it) does not fit the query's fixed schema.
+
+    Raises:
+        SchemaChangeError: naming the version and the column.
+    """
+    problem = schema_problem(schema, stream)
     if problem is not None:
         raise SchemaChangeError(
             f"the table schema at this version does not fit the query's schema: {problem}; the schema is "
             "fixed when the query starts: restart it to pick up an additive change (a non-additive change "
             "cannot be streamed across)",
-            table=plan.context.table_root,
-            version=plan.context.version,
+            table=table,
+            version=version,
         )
 
 

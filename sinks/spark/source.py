@@ -84,6 +84,16 @@ the query started, or a non-additive change) stops the query with a
 earlier row was delivered; restarting the query picks up an additive change.
 A non-additive change cannot be streamed across.
 
+Lance datasets. A path written ``lance://PATH``, the option ``format`` (``lance``
+or ``delta``), or, without either, a ``_versions/`` directory holding manifests
+makes the source read a Lance dataset (:mod:`sinks.spark.lance`): the rows of
+:class:`tailer.lance.feed.LanceFeed`, the same offsets (``index`` counts the
+version's *row tasks*, one fragment's rows each), options and guarantees.
+``maxFilesPerTrigger`` counts row tasks, and a version with updates is admitted
+whole; ``netChanges``, ``keyColumns`` and ``maxBytesPerTrigger`` are refused.
+Lance versions start at 1 (``startingVersion=0`` reads from 1). The driver plans
+with :mod:`state.lance.planning`; executors read each row task with pylance.
+
 The table id (``metaData.id``) is recorded in every offset; a table deleted
 and recreated at the same path makes the query fail with a
 :class:`~state.errors.StateError`. A running query notices it when a commit
@@ -94,6 +104,7 @@ restarted query always does (it rebuilds its snapshot from the log).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -103,11 +114,19 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from pyspark.sql.types import StructType
 
 from sinks.spark.admission import Budget, admit
+from sinks.spark.lance import (
+    LancePartition,
+    LanceStreamPlanner,
+    lance_feed,
+    lance_source_schema,
+    read_lance_partition,
+    version_schema,
+)
 from sinks.spark.offsets import Offset, plan_key
-from sinks.spark.options import SourceOptions
+from sinks.spark.options import SourceOptions, TableFormat
 from sinks.spark.partitions import make_partitions, read_partition
 from sinks.spark.planner import StreamPlanner
-from sinks.spark.schema import arrow_target, check_fits, spark_schema
+from sinks.spark.schema import arrow_target, check_fits, check_schema_fits, spark_schema
 from state.errors import ConfigError
 from state.feed import change_schema
 from tailer.log.delta_log import DeltaLog
@@ -147,7 +166,7 @@ class DeltaTailStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.options = options
         self.schema = schema
         self._storage = storage
-        self._planner: StreamPlanner | None = None
+        self._planner: StreamPlanner | LanceStreamPlanner | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "schema": self.schema, "_planner": None, "_storage": None}
@@ -156,10 +175,11 @@ class DeltaTailStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.__dict__.update(state)
 
     @property
-    def planner(self) -> StreamPlanner:
-        """The driver state, created on first use."""
+    def planner(self) -> StreamPlanner | LanceStreamPlanner:
+        """The driver state, created on first use (a :class:`LanceStreamPlanner` on a Lance dataset)."""
         if self._planner is None:
-            self._planner = StreamPlanner(self.options, arrow_target(self.schema), self._storage)
+            make = LanceStreamPlanner if self.options.lance else StreamPlanner
+            self._planner = make(self.options, arrow_target(self.schema), self._storage)
         return self._planner
 
     def initialOffset(self) -> dict[str, Any]:
@@ -172,7 +192,7 @@ class DeltaTailStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Record the latest version: this query run never reads past it."""
-        self.planner.target = self.planner.log.latest_version()
+        self.planner.target = self.planner.latest_version()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The end of the next micro-batch from ``start`` under ``limit``; ``start`` itself when nothing is new.
@@ -210,8 +230,8 @@ class DeltaTailStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The rows of one partition (on an executor); raises what :func:`read_partition` raises."""
-        return read_partition(partition, arrow_target(self.schema), self.options.key_columns, self.options.storage())
+        """The rows of one partition (on an executor); raises what :func:`read_any` raises."""
+        return read_any(partition, self.schema, self.options)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark processed everything before ``end``: drop those cached plans."""
@@ -251,8 +271,10 @@ class DeltaTailBatchReader(DataSourceReader):
             VersionNotFoundError, VersionGapError: as :meth:`ChangeFeed.plans`.
         """
         o = self.options
-        feed = ChangeFeed(o.path, o.storage(), o.change_options())
         target = arrow_target(self.schema)
+        if o.lance:
+            return self._lance_partitions(target)
+        feed = ChangeFeed(o.path, o.storage(), o.change_options())
         plans = feed.plans(
             o.starting_version,
             self.ending_version,
@@ -265,9 +287,36 @@ class DeltaTailBatchReader(DataSourceReader):
             out += make_partitions(plan, 0, len(plan.tasks), o)
         return out
 
+    def _lance_partitions(self, target: pa.Schema) -> list[InputPartition]:
+        o = self.options
+        feed = lance_feed(o)
+        plans = feed.plans(
+            o.starting_version,
+            self.ending_version,
+            starting_timestamp_ms=o.starting_timestamp_ms,
+            initial_snapshot=bool(o.initial_snapshot),
+        )
+        out: list[InputPartition] = []
+        for plan in plans:
+            check_schema_fits(version_schema(feed.rows, plan.version), target, table=feed.table, version=plan.version)
+            out += make_partitions(plan, 0, len(plan.tasks), o)
+        return out
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The rows of one partition (on an executor); raises what :func:`read_partition` raises."""
-        return read_partition(partition, arrow_target(self.schema), self.options.key_columns, self.options.storage())
+        """The rows of one partition (on an executor); raises what :func:`read_any` raises."""
+        return read_any(partition, self.schema, self.options)
+
+
+def read_any(partition: InputPartition, schema: StructType, options: SourceOptions) -> Iterator[pa.RecordBatch]:
+    """The rows of a Delta or Lance partition in the layout of ``schema`` (runs on an executor).
+
+    Raises:
+        DeltaTailError: what :func:`~sinks.spark.partitions.read_partition` (Delta) or
+            :func:`~sinks.spark.lance.read_lance_partition` (Lance) raises.
+    """
+    if isinstance(partition, LancePartition):
+        return read_lance_partition(partition, arrow_target(schema), options)
+    return read_partition(partition, arrow_target(schema), options.key_columns, options.storage())
 
 
 class DeltaTailDataSource(DataSource):
@@ -275,32 +324,49 @@ class DeltaTailDataSource(DataSource):
 
     #: The version :meth:`schema` read the schema at (pins a batch read's default end).
     schema_version: int | None = None
+    #: The table's format as :meth:`schema` found it (so the readers need not look again).
+    table_format: TableFormat | None = None
 
     @classmethod
     def name(cls) -> str:
         """The short name: ``deltatail``."""
         return SHORT_NAME
 
+    def source_options(self) -> SourceOptions:
+        """The parsed options, with the table's format known (looked up once, in :meth:`schema`).
+
+        Raises:
+            ConfigError: if the options are invalid, or Delta-only options are given for a Lance dataset.
+        """
+        options = SourceOptions.parse(self.options)
+        if options.table_format is None and self.table_format is not None:
+            options = replace(options, table_format=self.table_format)
+        return options.resolved()
+
     def schema(self) -> StructType:
         """The table's logical schema (latest version, or ``endingVersion``) plus the three change columns.
 
         Raises:
             ConfigError: if the options are invalid.
-            TableNotFoundError: if the path holds no Delta table.
+            TableNotFoundError: if the path holds no Delta table (or no Lance dataset).
             VersionNotFoundError: if ``endingVersion`` is after the latest version.
         """
-        options = SourceOptions.parse(self.options)
+        options = self.source_options()
+        self.table_format = options.table_format
+        if options.lance:
+            arrow, self.schema_version = lance_source_schema(options, options.ending_version)
+            return spark_schema(arrow)
         snap = DeltaLog(options.path, options.storage()).snapshot(options.ending_version)
         self.schema_version = snap.version
         return spark_schema(change_schema(snap.schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """A :class:`DeltaTailStreamReader`; raises what it raises."""
-        return DeltaTailStreamReader(SourceOptions.parse(self.options), schema)
+        return DeltaTailStreamReader(self.source_options(), schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A :class:`DeltaTailBatchReader`; raises what it raises."""
-        options = SourceOptions.parse(self.options)
+        options = self.source_options()
         end = options.ending_version if options.ending_version is not None else self.schema_version
         return DeltaTailBatchReader(options, schema, end)
 

@@ -193,7 +193,13 @@ def diff_versions(
 
 
 def _sorted(bitmap: BitMap | None) -> pa.Array:
-    return pa.array([] if bitmap is None else bitmap.to_array(), pa.uint32())
+    """A bitmap's values as a sorted ``uint32`` array (its buffer taken as it is: no per-value conversion)."""
+    if bitmap is None or not len(bitmap):
+        return pa.array([], pa.uint32())
+    values = bitmap.to_array()  # array.array of unsigned 32-bit ints
+    if values.itemsize != 4:  # pragma: no cover - a platform whose C unsigned int is not 32 bits
+        return pa.array(values, pa.uint32())
+    return pa.Array.from_buffers(pa.uint32(), len(values), [None, pa.py_buffer(values)])
 
 
 def _deleted(f: Fragment, deletions: Mapping[str, BitMap], table: str | None, version: int) -> BitMap:

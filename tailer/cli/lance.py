@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
-from state.errors import ConfigError, MissingFileError
+from state.errors import ConfigError
 from state.feed import TableInfo
-from state.lance.manifest import Manifest, parse_manifest_name
+from state.lance.manifest import Manifest
 from tailer.cli.configure import change_filter
 from tailer.cli.outputs import write_parquet
 from tailer.cli.sink_uri import open_sink
@@ -25,7 +25,7 @@ from tailer.follow.service import Runner
 from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
-from tailer.lance.dataset import VERSIONS_DIR, LanceDataset, join
+from tailer.lance.dataset import LanceDataset, looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_table_id
 from tailer.parse import parse_timestamp_ms
@@ -43,15 +43,6 @@ def add_format_option(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the table's format (default: lance:// URIs and directories with _versions/ are Lance, else Delta)",
     )
-
-
-def looks_like_lance(root: str, storage: Storage) -> bool:
-    """Whether ``root`` holds a Lance dataset: a ``_versions/`` directory with at least one manifest."""
-    try:
-        listed = storage.list_from(join(root, VERSIONS_DIR))
-    except MissingFileError:
-        return False
-    return any(parse_manifest_name(f.name) is not None for f in listed)
 
 
 def is_lance(args: argparse.Namespace, storage_options: dict[str, str] | None) -> bool:
@@ -203,12 +194,12 @@ def run_start(table: str, storage: Storage, value: object) -> int | None:
         raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
 
 
-def make_tailer(config: TailerConfig, sink: Sink) -> LanceTailer:
-    """The tailer of one ``deltatail run`` attempt on a Lance dataset."""
-    return LanceTailer(config, sink)
+def make_tailer(config: TailerConfig, sink: Sink, stats: TableStats | None = None) -> LanceTailer:
+    """The tailer of one ``deltatail run`` attempt on a Lance dataset (reporting to ``stats``)."""
+    return LanceTailer(config, sink, stats=stats)
 
 
-def tailer_maker(lance: bool | None, stats: TableStats) -> Callable[[TailerConfig, Sink], Runner]:
+def tailer_maker(is_lance: bool | None, stats: TableStats) -> Callable[[TailerConfig, Sink], Runner]:
     """What makes the tailer of each ``deltatail run`` attempt.
 
     Lance's, Delta's (with ``stats``), or, when the format could not be told yet (``None``: the
@@ -219,10 +210,13 @@ def tailer_maker(lance: bool | None, stats: TableStats) -> Callable[[TailerConfi
     def delta(config: TailerConfig, sink: Sink) -> Runner:
         return Tailer(config, sink, stats=stats)
 
+    def lance(config: TailerConfig, sink: Sink) -> Runner:
+        return make_tailer(config, sink, stats)
+
     def detect(config: TailerConfig, sink: Sink) -> Runner:
         storage = storage_for(config.table, config.storage_options or None)
-        return make_tailer(config, sink) if looks_like_lance(config.table, storage) else delta(config, sink)
+        return lance(config, sink) if looks_like_lance(config.table, storage) else delta(config, sink)
 
-    if lance is None:
+    if is_lance is None:
         return detect
-    return make_tailer if lance else delta
+    return lance if is_lance else delta

@@ -21,16 +21,21 @@ The file::
     [[tables]]                           # a table by path or URI
     path = "s3://lake/sales/orders"
     name = "orders"                      # default: the path's last part; unique
+    format = "delta"                     # or "lance" (default: lance:// paths and _versions/ layouts are Lance)
     where = "region = 'emea'"            # any setting of [defaults], for this table
     [tables.storage]                     # object-store options of this table
 
-    [[discover]]                         # every directory holding a _delta_log under a local root
+    [[discover]]                         # every Delta table (_delta_log) and Lance dataset under a local root
     root = "/data/lake"
     include = ["sales/*"]                # globs on the path relative to the root (default: all)
     exclude = ["sales/tmp_*"]
     max_depth = 8
 
-Sink URIs may hold ``{table_name}`` and ``{table_id}``. A discovered table is
+Lance datasets are followed alongside Delta tables (by a
+:class:`~tailer.lance.follow.LanceTailer`); the settings that only apply to
+Delta tables (``net_changes``, ``key``) are refused for them. Sink URIs may
+hold ``{table_name}`` and ``{table_id}`` (for a Lance dataset, its
+:func:`~tailer.lance.follow.lance_state_id`). A discovered table is
 named by its path relative to the root, ``/`` written ``.``. Everything is
 checked before anything starts: an unknown key, a table path that does not
 exist, two tables that are one, a filter naming a missing column, an address
@@ -48,16 +53,21 @@ from typing import Any
 
 from state.errors import ConfigError, DeltaTailError
 from tailer.cli.configure import DEFAULT_SINK, tailer_config
+from tailer.cli.lance import PREFIX as LANCE_PREFIX
+from tailer.cli.lance import run_start as lance_run_start
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.settings import RUN_SETTINGS, STORAGE, coerce, option_text
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.sink import Sink
 from tailer.follow.tailer import table_name
+from tailer.lance.dataset import looks_like_lance
+from tailer.lance.feed import LanceFeed, LanceOptions
+from tailer.lance.follow import lance_state_id
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.read.feed import ChangeFeed
-from tailer.serve.discovery import find_tables
+from tailer.serve.discovery import find_tables, is_lance_dataset
 from tailer.serve.http import HealthServer
 from tailer.serve.service import Service, ServiceOptions, TableSource
 from tailer.serve.state_root import StateRoot
@@ -79,6 +89,10 @@ SERVICE_KEYS = {
     "status_seconds": float,
 }
 DISCOVER_KEYS = frozenset({"root", "include", "exclude", "max_depth"})
+#: A ``[[tables]]`` entry's ``format``: its table format, when its path or layout should not decide.
+FORMATS = ("delta", "lance")
+#: Settings of ``run`` that apply to Delta tables only.
+DELTA_ONLY = ("net_changes", "key")
 
 
 @dataclass
@@ -149,10 +163,15 @@ def load_serve_config(path: str) -> ServeConfig:
             raise ConfigError(f"{where} needs a path", file=path)
         raw = dict(raw)
         table_path = raw.pop("path")
-        name = str(raw.pop("name", table_name(table_path)))
+        name = str(raw.pop("name", table_name(table_path.removeprefix(LANCE_PREFIX))))
         where = f"table {name!r}"
+        fmt = raw.pop("format", None)
+        if fmt is not None and fmt not in FORMATS:
+            raise ConfigError(f"{where}: format must be one of {', '.join(FORMATS)}, got {fmt!r}", file=path)
         own_storage = _storage(raw.pop(STORAGE, {}), f"{where} storage", path)
         settings = {**defaults, **_settings(raw, where, path), "path": table_path}
+        if fmt is not None:
+            settings["format"] = fmt
         if own_storage:
             settings[STORAGE] = {**defaults.get(STORAGE, {}), **own_storage}
         if name in seen:
@@ -227,14 +246,27 @@ def _sink_factory(uri: str, name: str) -> Any:
 
 
 def source(name: str, settings: Mapping[str, Any]) -> TableSource:
-    """The service's table of ``name``, with its settings.
+    """The service's table of ``name``, with its settings (``format``: ``delta`` or ``lance``, else detected).
 
     Raises:
-        ConfigError: for invalid settings.
+        ConfigError: for invalid settings, a ``lance://`` path with ``format = "delta"``, or Delta-only
+            settings for a Lance dataset.
     """
     table = str(settings["path"])
-    config = tailer_config(table, "", settings)
-    return TableSource(name, config, _sink_factory(str(settings.get("sink", DEFAULT_SINK)), name))
+    fmt = settings.get("format")
+    if table.startswith(LANCE_PREFIX):
+        if fmt == "delta":
+            raise ConfigError(f"table {name!r}: {table} is a lance:// path, but format is delta")
+        table, fmt = table[len(LANCE_PREFIX) :], "lance"
+    if fmt is None:
+        fmt = "lance" if looks_like_lance(table, storage_for(table, settings.get(STORAGE) or None)) else "delta"
+    sink = _sink_factory(str(settings.get("sink", DEFAULT_SINK)), name)
+    if fmt == "lance":
+        refused = [k for k in DELTA_ONLY if settings.get(k)]
+        if refused:
+            raise ConfigError(f"table {name!r} is a Lance dataset: {', '.join(refused)} apply to Delta tables only")
+        return TableSource(name, tailer_config(table, "", settings, start_of=lance_run_start), sink, "lance")
+    return TableSource(name, tailer_config(table, "", settings), sink)
 
 
 def check_tables(sources: list[TableSource]) -> None:
@@ -248,10 +280,21 @@ def check_tables(sources: list[TableSource]) -> None:
     for s in sources:
         c = s.config
         try:
-            feed = ChangeFeed(c.table, storage_for(c.table, c.storage_options or None), c.options)
-            feed.log.latest_version()
-            feed.check_filter()
-            tid = table_id(feed.log)
+            if s.table_format == "lance":
+                o = c.options
+                lance = LanceFeed(
+                    c.table,
+                    options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter),
+                    storage_options=c.storage_options or None,
+                )
+                lance.dataset.latest_version()
+                lance.check_filter()
+                tid = lance_state_id(lance.table)
+            else:
+                feed = ChangeFeed(c.table, storage_for(c.table, c.storage_options or None), c.options)
+                feed.log.latest_version()
+                feed.check_filter()
+                tid = table_id(feed.log)
         except DeltaTailError as e:
             raise type(e)(f"table {s.name!r}: {e.message}", table=e.table, version=e.version, file=e.file) from e
         if tid in ids:
@@ -269,11 +312,20 @@ def _discovered(config: ServeConfig, known_paths: set[str]) -> list[TableSource]
             if path in known_paths:
                 continue
             name = Path(path).relative_to(Path(root).resolve()).as_posix().replace("/", ".")
+            fmt = "lance" if is_lance_dataset(path) else "delta"
             try:
-                out.append(source(name, {**config.defaults, "path": path}))
+                out.append(source(name, {**config.defaults, "path": path, "format": fmt}))
             except DeltaTailError as e:
                 log.error("discovered table %s cannot be followed: %s", path, e)
     return out
+
+
+def _normalized(source: TableSource) -> str:
+    """A configured table's path as discovery writes it (to leave it to its own entry)."""
+    if source.table_format == "lance":
+        table = source.config.table
+        return table.rstrip("/") if "://" in table else str(Path(table).resolve())
+    return DeltaLog(source.config.table).table
 
 
 def serve(config_path: str) -> int:
@@ -288,7 +340,7 @@ def serve(config_path: str) -> int:
     check_tables(sources)
     for spec in config.discover:
         find_tables(str(spec["root"]), max_depth=0)  # the root exists and is local
-    explicit = {DeltaLog(s.config.table).table for s in sources}
+    explicit = {_normalized(s) for s in sources}
     service = Service(
         StateRoot(config.state_root),
         sources,

@@ -61,6 +61,15 @@ def join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
 
 
+def looks_like_lance(root: str, storage: Storage) -> bool:
+    """Whether ``root`` holds a Lance dataset: a ``_versions/`` directory with at least one manifest (one listing)."""
+    try:
+        listed = storage.list_from(join(root, VERSIONS_DIR))
+    except MissingFileError:
+        return False
+    return any(parse_manifest_name(f.name) is not None for f in listed)
+
+
 @dataclass(frozen=True, slots=True)
 class VersionFile:
     """One listed manifest: its version, its name, and whether it uses the V2 naming scheme."""

@@ -89,6 +89,17 @@ class LanceFeed:
             )
         return self._rows
 
+    def check_filter(self) -> None:
+        """Check the filter's columns against the dataset's latest schema (a no-op without columns or predicate).
+
+        Raises:
+            ConfigError: naming a column the dataset does not have, or a predicate that does not parse.
+            TableNotFoundError: if there is no Lance dataset at the root.
+        """
+        f = self.options.filter
+        if f.columns is not None or f.where is not None:
+            f.compile(self.dataset.manifest(self.dataset.latest_version()).schema().names)
+
     # -- planning ------------------------------------------------------------------------------
 
     def before(self, version: int) -> Manifest | None:

@@ -17,6 +17,12 @@ recreated at the same path from the one the state belongs to; no snapshot file).
    it holds. Between looks, wait for a change in ``_versions/`` (inotify, locally) or the poll interval.
 4. SIGINT/SIGTERM (:meth:`LanceTailer.stop`): finish the batch in hand, checkpoint, return.
 
+:meth:`LanceTailer.run` is :meth:`~LanceTailer.open`, then :meth:`~LanceTailer.step` (look once, deliver
+what is new) and :meth:`~LanceTailer.rest` (caught up: flush, report) until done, then a checkpoint and
+:meth:`~LanceTailer.close`: the interface of the Delta :class:`~tailer.follow.tailer.Tailer`, so
+``deltatail serve`` (:mod:`tailer.serve.service`) steps Lance datasets and Delta tables alike. The
+tailer keeps a :class:`~tailer.follow.stats.TableStats` up to date as the Delta tailer does.
+
 Errors that stop it: the version after the cursor cleaned up while newer ones exist
 (``VersionGapError``, with a recovery hint), the dataset recreated (``StateError``), an unsupported
 feature or a non-additive schema change (after delivering and checkpointing everything before it).
@@ -24,6 +30,7 @@ feature or a non-additive schema change (after delivering and checkpointing ever
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -45,6 +52,7 @@ from state.lance.planning import LancePlan, plan_snapshot
 from tailer.follow.faults import crash_point
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
+from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import Progress, count_change_types, status
 from tailer.follow.tailer import STATUS_SECONDS, TailerConfig, table_name
 from tailer.lance.dataset import CLEANED_UP_HINT
@@ -58,11 +66,19 @@ DISCOVER_AHEAD = 64
 
 
 def lance_table_id(root: str) -> str:
-    """The id a Lance dataset goes by in the state directory and in sinks (Lance manifests carry none).
+    """The id a Lance dataset goes by in state directories, sinks and Spark offsets (Lance manifests carry none).
 
-    ``lance:`` and the dataset's URI, or its absolute path when it is local.
+    ``lance-`` and a hash of the dataset's URI (or absolute path, when local): the same path always
+    gets the same id, and the id is a valid Kafka topic name and file name (``{table_id}`` in a sink
+    URI, a service's state root). A dataset recreated at the path is told apart by the tailer itself
+    (its state records the timestamp of the version it delivered up to).
     """
-    return f"lance:{root if '://' in root else os.path.abspath(root)}"
+    where = root if "://" in root else os.path.abspath(root)
+    return "lance-" + hashlib.sha256(f"lance:{where}".encode()).hexdigest()[:32]
+
+
+#: A service's state directory of a Lance dataset is named by its table id.
+lance_state_id = lance_table_id
 
 
 class LanceTailer:
@@ -76,6 +92,7 @@ class LanceTailer:
         store: the state directory; by default ``StateStore(config.state_dir)``.
         watcher: makes the watcher of ``_versions/`` (the directory, whether to watch).
         clock: monotonic seconds; wall_clock: epoch seconds.
+        stats: the figures the tailer keeps up to date (a new one by default).
     """
 
     def __init__(
@@ -88,6 +105,7 @@ class LanceTailer:
         watcher: Callable[[str, bool], Watcher] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        stats: TableStats | None = None,
     ) -> None:
         self.config = config
         self.sink = sink
@@ -116,6 +134,8 @@ class LanceTailer:
         self._last_gap_check = -float("inf")
         self._idle_polls = 0
         self._status = (-2, 0.0)
+        self._open = False
+        self.stats = stats if stats is not None else TableStats(self.table, table_name(self.table))
 
     def stop(self) -> None:
         """Ask the loop to finish the batch in hand, checkpoint and return (thread- and signal-safe)."""
@@ -166,6 +186,10 @@ class LanceTailer:
             log.info("resuming %s at %s", self.table, saved.cursor)
         else:
             self._start_new()
+        self.stats.delivered_version = self._base_version(self._cursor)
+        self.stats.newest_version = max(self.stats.newest_version, self.stats.delivered_version)
+        if self._base is not None:
+            self.stats.delivered_commit_ms = self._base.timestamp_us // 1000
         held = self.sink.open(TableInfo(self.table, self.table_id, table_name(self.table)))
         if held is not None and held > self._cursor:
             log.info("sink already holds rows up to %s; skipping them", held)
@@ -198,46 +222,103 @@ class LanceTailer:
             SchemaChangeError: a non-additive schema change (cursor saved before it).
             SinkError: the sink failed; the cursor stays at the last successful checkpoint.
         """
-        with self.store:
-            self._start()
-            remote = self.dataset.storage.remote
-            watcher = self._make_watcher(self.dataset.versions_dir, self.config.watch and not remote)
-            self._watcher = watcher
-            try:
-                self._loop(watcher)
-            finally:
-                watcher.close()
-                self.sink.close()
+        self.open()
+        remote = self.dataset.storage.remote
+        watcher = self._make_watcher(self.dataset.versions_dir, self.config.watch and not remote)
+        self._watcher = watcher
+        try:
+            while not self._stop.is_set():
+                delivered = self.step()
+                if self._stop.is_set() or (not delivered and self.config.until_caught_up):
+                    break
+                if not delivered:
+                    self.rest()
+                    watcher.wait(self.idle_timeout())
+            self._checkpoint()
+        finally:
+            watcher.close()
+            self.close()
         return self.progress
 
-    def _loop(self, watcher: Watcher) -> None:
-        if self._cursor.snapshot:
-            self._deliver_snapshot()
-        while not self._stop.is_set():
+    def open(self) -> None:
+        """Lock the state directory, resume or start, open the sink, and deliver an initial snapshot if due.
+
+        Raises:
+            StateError, DeltaTailError: as :meth:`run`; the state directory is unlocked again then.
+        """
+        self.store.lock()
+        try:
+            self._start()
+            self._open = True
+            if self._cursor.snapshot:
+                self._deliver_snapshot()
+        except BaseException as e:
+            if isinstance(e, DeltaTailError):
+                self.stats.errors[type(e).__name__] += 1
+                self.stats.set_state(TableState.FAILED, str(e))
+            if self._open:
+                self.sink.close()
+                self._open = False
+            self.store.unlock()
+            raise
+
+    def step(self, max_versions: int | None = None) -> int:
+        """Look for new versions once and deliver them (at most ``max_versions``); returns how many were found.
+
+        Fewer than ``max_versions`` (or none) means caught up for now.
+
+        Raises:
+            DeltaTailError: as :meth:`run` (the cursor is saved first where that keeps what was delivered).
+        """
+        try:
             try:
-                versions = self._new_versions()
+                versions = self._new_versions(max_versions)
             except DeltaTailError:
-                self._checkpoint()
+                self._checkpoint()  # keep what was delivered: a restart then refuses or resumes from here
                 raise
             for version in versions:
                 if self._stop.is_set() or not self._deliver_version(version, remaining=versions[-1] - version):
                     break
                 if self._due():
                     self._checkpoint()
-            if self._stop.is_set():
-                break
-            self._idle_polls = 0 if versions else self._idle_polls + 1
-            if not versions:
-                if self.config.until_caught_up:
-                    break
-                self._flush_idle()
-                self._report_following()
-                self.sink.heartbeat(self._follow_status())
-                watcher.wait(self._idle_timeout())
+        except DeltaTailError as e:
+            self.stats.errors[type(e).__name__] += 1
+            self.stats.set_state(TableState.FAILED, str(e))
+            raise
+        self._idle_polls = 0 if versions else self._idle_polls + 1
+        if versions and self.stats.state is not TableState.CATCHING_UP and self.stats.versions_behind:
+            self.stats.set_state(TableState.CATCHING_UP)
+        return len(versions)
+
+    def rest(self) -> None:
+        """Caught up: flush what was delivered, report, and let the sink send a heartbeat if one is due."""
+        if self.stats.state is not TableState.FOLLOWING:
+            self.stats.set_state(TableState.FOLLOWING)
+        self._flush_idle()
+        self._report_following()
+        self.sink.heartbeat(self._follow_status())
+
+    def close(self) -> None:
+        """Close the sink and unlock the state directory (checkpoint first: :meth:`checkpoint`)."""
+        if self._open:
+            self._open = False
+            try:
+                self.sink.close()
+            finally:
+                self.store.unlock()
+        if self.stats.state not in (TableState.FAILED, TableState.UNAVAILABLE):
+            self.stats.set_state(TableState.STOPPED)
+
+    def checkpoint(self) -> None:
+        """Flush the sink and save the cursor now.
+
+        Raises:
+            SinkError: if the flush fails (the cursor is not saved).
+        """
         self._checkpoint()
 
-    def _new_versions(self) -> list[int]:
-        """The versions after the cursor's base that are there now, found by name; a gap is an error.
+    def _new_versions(self, limit: int | None = None) -> list[int]:
+        """The versions after the cursor's base that are there now (at most ``limit``), by name; a gap is an error.
 
         Raises:
             VersionGapError: if the next version is gone while newer ones exist (cleaned up).
@@ -246,9 +327,13 @@ class LanceTailer:
         base = self._base_version(self._cursor)
         found: list[int] = []
         nxt = base + 1
-        while len(found) < DISCOVER_AHEAD and self.dataset.exists(nxt):
+        ahead = DISCOVER_AHEAD if limit is None else limit
+        while len(found) < ahead and self.dataset.exists(nxt):
             found.append(nxt)
             nxt += 1
+        if found:
+            newest = found[-1] if len(found) < ahead else self.dataset.latest_version()
+            self.stats.newest_version = max(self.stats.newest_version, newest)
         now = self._clock()
         if found or (not self.config.until_caught_up and now - self._last_gap_check < self.config.gap_check_seconds):
             return found
@@ -293,12 +378,17 @@ class LanceTailer:
         self._cursor = Position.change(version + 1, 0)
         self._since += 1
         self.progress.versions += 1
+        self.stats.delivered_version = version
+        self.stats.delivered_commit_ms = plan.timestamp_us // 1000
+        self.stats.newest_version = max(self.stats.newest_version, version)
+        self.stats.commits += 1
         if remaining > 0 and self.progress.versions % 100 == 0:
             rate = self.progress.rows / max(self._clock() - self.progress.started, 1e-9)
             status(
                 "catching_up",
-                f"catching up: version {version}, {remaining} versions remaining, "
+                f"{self.stats.name}: catching up: version {version}, {remaining} versions remaining, "
                 f"{self.progress.versions} versions and {self.progress.rows} rows done, {rate:,.0f} rows/s",
+                table=self.stats.name,
                 version=version,
                 versions_remaining=remaining,
                 versions_done=self.progress.versions,
@@ -319,13 +409,23 @@ class LanceTailer:
                 self._unflushed = True
                 crash_point("after_write")
                 self.progress.rows += len(batch)
-                count_change_types(batch.rows.column("_change_type"), counts)
+                self._account(batch, counts)
             self._cursor = batch.end
             if self._stop.is_set():
                 return False
         if not plan.snapshot:
             self.sink.commit_event(CommitEvent(plan.version, plan.timestamp_us // 1000, plan.operation, {}, counts))
         return True
+
+    def _account(self, batch: ChangeBatch, counts: dict[str, int]) -> None:
+        """Count a written batch's rows (and bytes, shared out by rows) by change type."""
+        here: dict[str, int] = {}
+        count_change_types(batch.rows.column("_change_type"), here)
+        size = batch.rows.nbytes
+        for kind, n in here.items():
+            counts[kind] = counts.get(kind, 0) + n
+            self.stats.rows[kind] += n
+            self.stats.bytes[kind] += size * n // len(batch)
 
     def _skip_delivered(self, batch: ChangeBatch) -> ChangeBatch:
         if self._resume is None:
@@ -353,6 +453,7 @@ class LanceTailer:
         crash_point("after_save")
         self._since = 0
         self._last_checkpoint = self._clock()
+        self.stats.last_checkpoint = self._wall_clock()
 
     def _flush_idle(self) -> None:
         if self._unflushed:
@@ -361,10 +462,15 @@ class LanceTailer:
         if self._due():
             self._checkpoint()
 
-    def _idle_timeout(self) -> float:
+    def idle_timeout(self, poll: float | None = None) -> float:
+        """How long to wait for news: ``poll`` (default the poll interval), but no later than a checkpoint due.
+
+        On an object store (polled) the default interval doubles with every idle poll, up to
+        ``max_poll_interval``, and is back to ``poll_interval`` once a version is found.
+        """
         c = self.config
-        timeout = c.poll_interval
-        if self.dataset.storage.remote:
+        timeout = c.poll_interval if poll is None else poll
+        if poll is None and self.dataset.storage.remote:
             backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
             timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
         if self._since:
@@ -389,7 +495,8 @@ class LanceTailer:
         behind = self._seconds_behind()
         status(
             "following",
-            f"following: at version {version}, 0 versions behind, newest version {behind:.1f}s ago",
+            f"{self.stats.name}: following: at version {version}, 0 versions behind, newest version {behind:.1f}s ago",
+            table=self.stats.name,
             version=version,
             versions_behind=0,
             seconds_behind=round(behind, 3),

@@ -24,6 +24,7 @@ from state.errors import ConfigError, DataFileError, DeltaTailError, MissingFile
 from state.feed import COMMIT_TIMESTAMP_TYPE
 from state.lance.planning import LancePlan, RowTask
 from tailer.lance.dataset import join
+from tailer.lance.store import pylance_options, scrub
 from tailer.storage import Storage
 
 if TYPE_CHECKING:
@@ -43,6 +44,24 @@ def lance_module() -> Any:
     return lance
 
 
+_session: Any = None
+_session_lock = threading.Lock()
+
+
+def shared_session(lance: Any) -> Any:
+    """The process's pylance session (``None`` if pylance has none), shared by every :class:`LanceRows`.
+
+    Lance data files are immutable, so the metadata a session caches stays valid across versions
+    and datasets: a reader started anew (a new range, a restarted tailer, a Spark task) finds the
+    files' metadata in hand. The session bounds its caches itself.
+    """
+    global _session
+    with _session_lock:
+        if _session is None and hasattr(lance, "Session"):
+            _session = lance.Session()
+        return _session
+
+
 def change_schema_of(data: pa.Schema) -> pa.Schema:
     """A Lance version's change-row schema: its columns plus the three change columns."""
     return (
@@ -59,11 +78,15 @@ class LanceRows:
     Args:
         root: the dataset's root.
         storage: the dataset's storage (to name a missing data file).
-        storage_options: passed to pylance for object stores.
+        storage_options: deltatail's storage options (delta-rs's spelling) for object stores; pylance gets
+            them translated by :func:`~tailer.lance.store.pylance_options`.
         batch_size: the most rows in one batch.
         cache: how many opened versions to keep.
         threads: threads taking rows by offset ahead of the consumer.
         read_ahead: takes in flight at most.
+
+    Raises:
+        ConfigError: if pylance is not installed, or a storage option cannot be given to it.
     """
 
     def __init__(
@@ -79,7 +102,8 @@ class LanceRows:
     ) -> None:
         self.root = root
         self.storage = storage
-        self.storage_options = dict(storage_options or {})
+        self._given = dict(storage_options or {})
+        self.storage_options = pylance_options(root, self._given)
         self.batch_size = batch_size
         self.threads = threads
         self.read_ahead = read_ahead
@@ -87,8 +111,7 @@ class LanceRows:
         self._lock = threading.Lock()
         self._opened: OrderedDict[int, PyLanceDataset] = OrderedDict()
         self._lance = lance_module()
-        # One session for every version opened: data files outlive versions, so their metadata stays cached.
-        self._session = self._lance.Session() if hasattr(self._lance, "Session") else None
+        self._session = shared_session(self._lance)
 
     def dataset(self, version: int) -> PyLanceDataset:
         """The pylance dataset at ``version`` (cached).
@@ -106,7 +129,9 @@ class LanceRows:
                 self.root, version=version, storage_options=self.storage_options or None, session=self._session
             )
         except Exception as e:  # pylance raises OSError, ValueError, RuntimeError...
-            raise DataFileError(f"pylance cannot open the dataset: {e}", table=self.root, version=version) from e
+            raise DataFileError(
+                f"pylance cannot open the dataset: {scrub(str(e), self._given)}", table=self.root, version=version
+            ) from None
         with self._lock:
             self._opened[version] = ds
             while len(self._opened) > self._cache:
@@ -174,7 +199,7 @@ class LanceRows:
         except DeltaTailError as e:
             raise e.at(version=task.version) from None
         except Exception as e:  # pylance's errors are OSError, ValueError, RuntimeError...
-            raise self._read_error(task, e) from e
+            raise self._read_error(task, e) from None
 
     def _take(self, task: RowTask, start: int) -> pa.Table:
         """Rows ``start`` to ``start + batch_size`` of an offset task, in the task's order."""
@@ -197,7 +222,7 @@ class LanceRows:
         except DeltaTailError as e:
             raise e.at(version=task.version) from None
         except Exception as e:  # pylance's errors are OSError, ValueError, RuntimeError...
-            raise self._read_error(task, e) from e
+            raise self._read_error(task, e) from None
 
     def _read_error(self, task: RowTask, error: Exception) -> DeltaTailError:
         for data_file in task.fragment.files:
@@ -210,7 +235,9 @@ class LanceRows:
                     file=path,
                 )
         return DataFileError(
-            f"pylance cannot read fragment {task.fragment.id}: {error}", table=self.root, version=task.version
+            f"pylance cannot read fragment {task.fragment.id}: {scrub(str(error), self._given)}",
+            table=self.root,
+            version=task.version,
         )
 
 

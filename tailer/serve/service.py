@@ -15,6 +15,11 @@ turn with the others instead of holding a worker until it is done: the live
 tables keep their latency (``python -m benchmarks.serve`` measures it). A
 table is never stepped by two workers at once.
 
+Lance datasets are followed alongside Delta tables: a :class:`TableSource` of format ``lance``
+gets a :class:`~tailer.lance.follow.LanceTailer` (the same open/step/rest/close interface), its
+``_versions/`` directory is watched as a Delta table's log is, and its state directory in the state
+root is keyed by :func:`~tailer.lance.follow.lance_state_id` (Lance datasets have no table id).
+
 Failures stay with their table: an error that stops a tailer (a gap, a schema
 change, a broken file, a table removed) marks that table failed and reports
 it; the others go on. An unavailable sink or store holds the table's cursor
@@ -29,12 +34,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from state.errors import DeltaTailError, SinkUnavailableError, StorageError
 from tailer.follow.sink import Sink
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import status
 from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.lance.feed import LanceFeed, LanceOptions
+from tailer.lance.follow import LanceTailer, lance_state_id
 from tailer.log.starts import table_id
 from tailer.log.watch_many import DirectoryWatcher
 from tailer.read.feed import ChangeFeed
@@ -52,18 +60,20 @@ class TableSource:
         name: the table's name (unique in the service; metrics label, ``{table_name}``).
         config: the tailer's settings (``state_dir`` is set by the service from the state root).
         make_sink: makes a new, unopened sink for the table, given its table id.
+        table_format: ``delta`` or ``lance``.
     """
 
     name: str
     config: TailerConfig
     make_sink: Callable[[str], Sink]
+    table_format: Literal["delta", "lance"] = "delta"
 
 
 @dataclass
 class _Table:
     source: TableSource
     stats: TableStats
-    tailer: Tailer | None = None
+    tailer: Tailer | LanceTailer | None = None
     due: float = 0.0
     busy: bool = False
     queued: bool = False
@@ -254,7 +264,9 @@ class Service:
         except DeltaTailError as e:
             self._fail(table, e)
 
-    def _open(self, table: _Table) -> Tailer:
+    def _open(self, table: _Table) -> Tailer | LanceTailer:
+        if table.source.table_format == "lance":
+            return self._open_lance(table)
         config = table.source.config
         feed = ChangeFeed(config.table, storage_for(config.table, config.storage_options or None), config.options)
         tid = table_id(feed.log)
@@ -264,6 +276,24 @@ class Service:
         tailer.open()
         if config.watch and not feed.storage.remote:
             table.watched = self._watcher.add(table.source.name, feed.log.log_dir)
+        return tailer
+
+    def _open_lance(self, table: _Table) -> LanceTailer:
+        config = table.source.config
+        o = config.options
+        feed = LanceFeed(
+            config.table,
+            options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter),
+            storage_options=config.storage_options or None,
+        )
+        tid = lance_state_id(feed.table)
+        entry = self.state_root.register(tid, feed.table, table.source.name)
+        config = replace(config, state_dir=str(entry.directory))
+        table.stats.table_id = tid
+        tailer = LanceTailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
+        tailer.open()
+        if config.watch and not feed.storage.remote:
+            table.watched = self._watcher.add(table.source.name, feed.dataset.versions_dir)
         return tailer
 
     def _fail(self, table: _Table, error: DeltaTailError) -> None:

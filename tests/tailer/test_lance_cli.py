@@ -29,7 +29,7 @@ from state.lance.manifest import Fragment
 from state.lance.planning import LancePlan, RowTask
 from tailer.cli import lance as lance_cli
 from tailer.cli.main import main
-from tailer.lance.dataset import LanceDataset
+from tailer.lance.dataset import LanceDataset, looks_like_lance
 from tailer.lance.feed import LanceFeed
 from tailer.lance.rows import LanceRows, _conform, change_schema_of, lance_module
 from tailer.storage import LocalStorage
@@ -95,8 +95,8 @@ def test_filters_on_a_lance_dataset_keep_unfiltered_positions(
 
 def test_detection_and_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = dataset(tmp_path / "ds")
-    assert lance_cli.looks_like_lance(str(root), LocalStorage())
-    assert not lance_cli.looks_like_lance(str(tmp_path), LocalStorage())
+    assert looks_like_lance(str(root), LocalStorage())
+    assert not looks_like_lance(str(tmp_path), LocalStorage())
     assert main(["changes", f"lance://{root}", "--format", "delta"]) == 1
     assert "lance:// URI" in capsys.readouterr().err
     assert main(["changes", str(root), "--net-changes"]) == 1
