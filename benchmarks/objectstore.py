@@ -547,11 +547,14 @@ def requests(store: Store, base: Path, cfg: Config) -> RequestResult:
     following.stop()
     whole += whole_log_listings(window)
     commit_keys = {f"/{BUCKET}/census/_delta_log/{v:020d}.json" for v in range(1, k + 2)}
-    idle_probes = sum(1 for r in window if r[0] == "HEAD" and r[2] == 404 and r[1].split("?")[0] in commit_keys)
+    # an idle poll probes the next commit by name: one GET (a HEAD before) answered 404
+    idle_probes = sum(
+        1 for r in window if r[0] in ("GET", "HEAD") and r[2] == 404 and r[1].split("?")[0] in commit_keys
+    )
     per_commit = (len(window) - idle_probes) / k
     print(
         f"  {k} commits followed one at a time ({polls} polls): {fmt_census(census(window))};"
-        f" {per_commit:.1f} requests per commit beyond the idle polls' one HEAD each"
+        f" {per_commit:.1f} requests per commit beyond the idle polls' one probe each"
     )
     print(f"  listings of a whole log (no start key): {whole} (target 0: {verdict(whole == 0)})")
     return RequestResult(per_minute, counter_per_minute, per_poll, per_commit, census(window), whole)
