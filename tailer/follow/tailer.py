@@ -28,37 +28,34 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from state.audit import AuditEvent
 from state.cursor import Position
 from state.errors import DeltaTailError, SchemaChangeError, StateError, UnsupportedFeatureError
-from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
+from state.feed import CommitEvent, TableInfo
 from state.planning import VersionPlan, plan_snapshot
 from state.snapshot import Snapshot
 from tailer.audit.feed import AuditTracker
 from tailer.follow.checkpointer import Checkpointer
-from tailer.follow.faults import crash_point
+from tailer.follow.config import TailerConfig
+from tailer.follow.loop import FollowLoop, table_name
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
-from tailer.follow.stats import TableState, TableStats
-from tailer.follow.status import Progress, count_change_types, status
+from tailer.follow.stats import TableStats
 from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import GAP_CHECK_SECONDS, PREFETCH_COMMITS, AuditBuilder, Hints, LogFollower
+from tailer.log.follower import PREFETCH_COMMITS, AuditBuilder, Hints, LogFollower
 from tailer.log.starts import snapshot_time, table_id, version_at_or_after
-from tailer.log.watch import LogWatcher, Watcher
-from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.log.watch import Watcher
+from tailer.read.feed import ChangeFeed
 from tailer.storage import FileInfo, storage_for
 
-log = logging.getLogger("deltatail")
+__all__ = ["TAILER_HINTS", "Tailer", "TailerConfig", "table_name"]
 
-#: Seconds between repeated "following" status lines when nothing changes.
-STATUS_SECONDS = 30.0
+log = logging.getLogger("deltatail")
 
 #: What the tailer tells a user to do when the log no longer holds its position.
 TAILER_HINTS = Hints(
@@ -68,31 +65,7 @@ TAILER_HINTS = Hints(
 )
 
 
-@dataclass
-class TailerConfig:
-    """Settings of one tailer (see ``deltatail run --help`` for each)."""
-
-    table: str
-    state_dir: str
-    starting_version: int | None = None
-    starting_timestamp_ms: int | None = None
-    initial_snapshot: bool = False
-    poll_interval: float = 1.0
-    max_poll_interval: float = 5.0
-    watch: bool = True
-    checkpoint_commits: int = 50
-    checkpoint_seconds: float = 5.0
-    snapshot_commits: int = 1000
-    until_caught_up: bool = False
-    parse_retries: int = 5
-    parse_retry_delay: float = 0.05
-    gap_check_seconds: float = GAP_CHECK_SECONDS
-    options: ChangeOptions = field(default_factory=ChangeOptions)
-    #: Options of the table's object store (credentials, endpoint); never shown, logged or saved.
-    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
-
-
-class Tailer:
+class Tailer(FollowLoop):
     """Follows one table into one sink. Not reusable: construct one per run.
 
     Args:
@@ -120,40 +93,17 @@ class Tailer:
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
     ) -> None:
-        self.config = config
-        self.sink = sink
         if feed is None:
             feed = ChangeFeed(config.table, storage_for(config.table, config.storage_options), config.options)
+        super().__init__(
+            config, sink, feed.log.table, store=store, watcher=watcher, clock=clock, wall_clock=wall_clock, stats=stats
+        )
         self.feed = feed
         self.log: DeltaLog = self.feed.log
-        self.store = store if store is not None else StateStore(config.state_dir)
-        self._make_watcher = watcher if watcher is not None else _log_watcher
-        self._clock = clock
-        self._wall_clock = wall_clock
-        self.progress = Progress()
-        self._stop = threading.Event()
         self._snap: Snapshot | None = None
         self._follower: LogFollower | None = None
         self._checkpoints: Checkpointer | None = None
-        self._cursor = Position.change(0, 0)
-        self._resume: Position | None = None
         self._prev_ts: int | None = None
-        self._table_id = ""
-        self._status_version = -2
-        self._status_time = 0.0
-        self._unflushed = False
-        self._watcher: Watcher | None = None
-        self._idle_polls = 0
-        self._open = False
-        self.stats = stats if stats is not None else TableStats(self.log.table, table_name(self.log.table))
-
-    # -- control -------------------------------------------------------------------------------
-
-    def stop(self) -> None:
-        """Ask the loop to finish the batch in hand, checkpoint and return (thread- and signal-safe)."""
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.wake()
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -167,10 +117,7 @@ class Tailer:
         self.stats.delivered_version = self._cursor.version - (0 if self._cursor.snapshot else 1)
         self.stats.newest_version = max(self.stats.newest_version, self.stats.delivered_version)
         self.feed.check_filter()  # fail fast on a column the table does not have
-        held = self.sink.open(TableInfo(self.log.table, self._table_id, table_name(self.log.table)))
-        if held is not None and held > self._cursor:
-            log.info("sink already holds rows up to %s; skipping them", held)
-            self._resume = held
+        self._open_sink(TableInfo(self.log.table, self._table_id, table_name(self.log.table)), self._cursor)
         if saved is None and self._cursor.snapshot:
             self._checkpoint()  # fix the snapshot's version now, so a restart resumes the same snapshot
 
@@ -263,106 +210,18 @@ class Tailer:
 
     # -- loop ----------------------------------------------------------------------------------
 
-    def run(self) -> Progress:
-        """Run until caught up (``until_caught_up``), stopped, or an error.
+    unit = "commit"
 
-        Raises:
-            StateError: the state directory is locked, damaged, or belongs to another table.
-            VersionGapError: a commit is missing, or the log was cleaned up past the cursor.
-            UnsupportedFeatureError: a commit needs an unsupported reader feature (cursor saved before it).
-            SchemaChangeError: a non-additive schema change (cursor saved before it).
-            SinkError: the sink failed; the cursor stays at the last successful checkpoint.
-        """
-        self.open()
-        # An object store cannot be watched: it is polled (listing from the last position).
-        watcher = self._make_watcher(self.log.log_dir, self.config.watch and not self.log.storage.remote)
-        self._watcher = watcher
-        try:
-            while not self._stop.is_set():
-                delivered = self.step()
-                if self._stop.is_set() or (not delivered and self.config.until_caught_up):
-                    break
-                if not delivered:
-                    self.rest()
-                    watcher.wait(self.idle_timeout())
-            self._checkpoint()
-        finally:
-            watcher.close()
-            self.close()
-        return self.progress
+    @property
+    def _watch_dir(self) -> str:
+        return self.log.log_dir
 
-    def open(self) -> None:
-        """Lock the state directory, resume or start, open the sink, and deliver an initial snapshot if due.
+    @property
+    def _remote(self) -> bool:
+        return self.log.storage.remote
 
-        Raises:
-            StateError, DeltaTailError: as :meth:`run`; the state directory is unlocked again then.
-        """
-        self.store.lock()
-        try:
-            self._start()
-            self._open = True
-            if self._cursor.snapshot:
-                self._deliver_initial_snapshot()
-        except BaseException as e:
-            if isinstance(e, DeltaTailError):
-                self.stats.errors[type(e).__name__] += 1
-                self.stats.set_state(TableState.FAILED, str(e))
-            if self._open:
-                self.sink.close()
-                self._open = False
-            self.store.unlock()
-            raise
-
-    def step(self, max_versions: int | None = None) -> int:
-        """Look at the log once and deliver what is new (at most ``max_versions`` versions); returns how many.
-
-        Fewer than ``max_versions`` (or none) means caught up for now.
-
-        Raises:
-            DeltaTailError: as :meth:`run` (the cursor is saved first where that keeps what was delivered).
-        """
-        try:
-            try:
-                versions = self._new_versions(max_versions)
-            except DeltaTailError:
-                self._checkpoint()  # keep what was delivered: a restart then refuses or resumes from here
-                raise
-            self._deliver_versions(versions)
-        except DeltaTailError as e:
-            self.stats.errors[type(e).__name__] += 1
-            self.stats.set_state(TableState.FAILED, str(e))
-            raise
-        self._idle_polls = 0 if versions else self._idle_polls + 1
-        if versions and self.stats.state is not TableState.CATCHING_UP and self.stats.versions_behind:
-            self.stats.set_state(TableState.CATCHING_UP)
-        return len(versions)
-
-    def rest(self) -> None:
-        """Caught up: flush what was delivered, report, and let the sink send a heartbeat if one is due."""
-        if self.stats.state is not TableState.FOLLOWING:
-            self.stats.set_state(TableState.FOLLOWING)
-        self._flush_idle()
-        self._report_following()
-        self.sink.heartbeat(self._follow_status())  # the sink decides whether one is due
-
-    def close(self) -> None:
-        """Close the sink and unlock the state directory (checkpoint first: :meth:`checkpoint`)."""
-        if self._open:
-            self._open = False
-            try:
-                self.sink.close()
-            finally:
-                self.store.unlock()
-        if self.stats.state not in (TableState.FAILED, TableState.UNAVAILABLE):
-            self.stats.set_state(TableState.STOPPED)
-
-    def checkpoint(self) -> None:
-        """Flush the sink and save the cursor now.
-
-        Raises:
-            SinkError: if the flush fails (the cursor is not saved).
-        """
-        self._checkpoint()
+    def _initial_due(self) -> bool:
+        return self._cursor.snapshot
 
     def _new_versions(self, limit: int | None = None) -> list[int]:
         # Nothing new by name: the log is listed to tell "nothing new" from a gap (always before exiting).
@@ -458,24 +317,7 @@ class Tailer:
         self._cursor = Position.change(version + 1, 0)
         if self._checkpoints is not None:
             self._checkpoints.delivered_version()
-        self.progress.versions += 1
-        self.stats.delivered_version = version
-        self.stats.delivered_commit_ms = plan.context.timestamp_ms
-        self.stats.newest_version = max(self.stats.newest_version, version)
-        self.stats.commits += 1
-        if remaining > 0 and self.progress.versions % 100 == 0:
-            rate = self.progress.rows / max(self._clock() - self.progress.started, 1e-9)
-            status(
-                "catching_up",
-                f"{self.stats.name}: catching up: version {version}, {remaining} versions remaining, "
-                f"{self.progress.versions} versions and {self.progress.rows} rows done, {rate:,.0f} rows/s",
-                table=self.stats.name,
-                version=version,
-                versions_remaining=remaining,
-                versions_done=self.progress.versions,
-                rows_done=self.progress.rows,
-                rows_per_second=round(rate),
-            )
+        self._delivered(version, plan.context.timestamp_ms, remaining)
         return True
 
     def _deliver_initial_snapshot(self) -> None:
@@ -503,17 +345,8 @@ class Tailer:
         if plan.commit is not None:  # the commit's operation before its rows (Debezium's source.operation)
             info = plan.commit.commit_info
             self.sink.commit_started(plan.context.version, None if info is None else info.operation)
-        for batch in self.feed.plan_batches(plan, task_batches):
-            batch = self._skip_delivered(batch)
-            if len(batch):
-                self.sink.write(batch)
-                self._unflushed = True
-                crash_point("after_write")
-                self.progress.rows += len(batch)
-                self._account(batch, counts)
-            self._cursor = batch.end
-            if self._stop.is_set():
-                return False
+        if not self._write_batches(self.feed.plan_batches(plan, task_batches), counts):
+            return False
         if plan.commit is not None:
             info = plan.commit.commit_info
             self.sink.commit_event(
@@ -528,58 +361,17 @@ class Tailer:
             )
         return True
 
-    def _account(self, batch: ChangeBatch, counts: dict[str, int]) -> None:
-        """Count a written batch's rows (and bytes, shared out by rows) by change type."""
-        here: dict[str, int] = {}
-        count_change_types(batch.rows.column("_change_type"), here)
-        size = batch.rows.nbytes
-        for kind, n in here.items():
-            counts[kind] = counts.get(kind, 0) + n
-            self.stats.rows[kind] += n
-            self.stats.bytes[kind] += size * n // len(batch)
-
-    def _skip_delivered(self, batch: ChangeBatch) -> ChangeBatch:
-        if self._resume is None:
-            return batch
-        if batch.end <= self._resume:
-            return batch.slice_from(batch.end)
-        out = batch.slice_from(self._resume)
-        self._resume = None
-        return out
-
     # -- checkpoints ---------------------------------------------------------------------------
 
     def _maybe_checkpoint(self) -> None:
-        if self._checkpoints is not None and self._checkpoints.is_due():
+        if self._checkpoint_due():
             self._checkpoint()
 
-    def idle_timeout(self, poll: float | None = None) -> float:
-        """How long to wait for news: ``poll`` (default the poll interval), but no later than a checkpoint due.
+    def _checkpoint_due(self) -> bool:
+        return self._checkpoints is not None and self._checkpoints.is_due()
 
-        On an object store (polled: nothing can be watched) the default interval doubles with
-        every idle poll, up to ``max_poll_interval``, and is back to ``poll_interval`` once a
-        commit is found.
-        """
-        c = self.config
-        timeout = c.poll_interval if poll is None else poll
-        if poll is None and self.log.storage.remote:
-            backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
-            timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
-        due_in = None if self._checkpoints is None else self._checkpoints.seconds_until_due()
-        return timeout if due_in is None else min(timeout, due_in)
-
-    def _flush_idle(self) -> None:
-        """Caught up: make delivered rows durable now (latency); save the cursor only when a checkpoint is due.
-
-        Saving the cursor costs a few fsyncs and renames, so following a table one
-        commit at a time does it on the checkpoint interval, not per commit; a crash
-        in between repeats at most those commits' rows, and none with a sink that
-        reports what it holds.
-        """
-        if self._unflushed:
-            self.sink.flush()
-            self._unflushed = False
-        self._maybe_checkpoint()
+    def _seconds_until_due(self) -> float | None:
+        return None if self._checkpoints is None else self._checkpoints.seconds_until_due()
 
     def _checkpoint(self) -> None:
         """Take a checkpoint (see :mod:`tailer.follow.checkpointer`) at the cursor in hand."""
@@ -589,39 +381,6 @@ class Tailer:
         self._checkpoints.take(self._snap, self._cursor, self._prev_ts)
         self.stats.last_checkpoint = self._wall_clock()
 
-    def _seconds_behind(self) -> float:
-        """Seconds since the delivered version's commit timestamp (0 when unknown)."""
-        return 0.0 if self._prev_ts is None else max(self._wall_clock() - self._prev_ts / 1000, 0.0)
-
-    def _follow_status(self) -> FollowStatus:
+    def _head(self) -> tuple[int, float | None]:
         version = -1 if self._snap is None else self._snap.version
-        return FollowStatus(self._table_id, version, version, self._seconds_behind())
-
-    def _report_following(self) -> None:
-        """A status line when following: on a new version, else at most every ``STATUS_SECONDS``."""
-        snap = self._snap
-        if snap is None:
-            return
-        now = self._clock()
-        if snap.version == self._status_version and now - self._status_time < STATUS_SECONDS:
-            return
-        self._status_version, self._status_time = snap.version, now
-        behind = self._seconds_behind()
-        status(
-            "following",
-            f"{self.stats.name}: following: at version {snap.version}, 0 versions behind, "
-            f"newest commit {behind:.1f}s ago",
-            table=self.stats.name,
-            version=snap.version,
-            versions_behind=0,
-            seconds_behind=round(behind, 3),
-        )
-
-
-def _log_watcher(log_dir: str, watch: bool) -> Watcher:
-    return LogWatcher(log_dir, watch=watch)
-
-
-def table_name(path: str) -> str:
-    """The last part of a table's path or URI (``s3://bucket/sales/orders`` → ``orders``)."""
-    return path.rstrip("/").rsplit("/", 1)[-1] or path
+        return version, None if self._prev_ts is None else self._prev_ts / 1000

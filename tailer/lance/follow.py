@@ -17,11 +17,10 @@ recreated at the same path from the one the state belongs to; no snapshot file).
    it holds. Between looks, wait for a change in ``_versions/`` (inotify, locally) or the poll interval.
 4. SIGINT/SIGTERM (:meth:`LanceTailer.stop`): finish the batch in hand, checkpoint, return.
 
-:meth:`LanceTailer.run` is :meth:`~LanceTailer.open`, then :meth:`~LanceTailer.step` (look once, deliver
-what is new) and :meth:`~LanceTailer.rest` (caught up: flush, report) until done, then a checkpoint and
-:meth:`~LanceTailer.close`: the interface of the Delta :class:`~tailer.follow.tailer.Tailer`, so
-``deltatail serve`` (:mod:`tailer.serve.service`) steps Lance datasets and Delta tables alike. The
-tailer keeps a :class:`~tailer.follow.stats.TableStats` up to date as the Delta tailer does.
+:class:`LanceTailer` is a :class:`~tailer.follow.loop.FollowLoop`, as the Delta
+:class:`~tailer.follow.tailer.Tailer` is: the same ``run``/``open``/``step``/``rest``/``close``, so
+``deltatail serve`` (:mod:`tailer.serve.service`) steps Lance datasets and Delta tables alike, and the
+same :class:`~tailer.follow.stats.TableStats` kept up to date.
 
 Errors that stop it: the version after the cursor cleaned up while newer ones exist
 (``VersionGapError``, with a recovery hint), the dataset recreated (``StateError``), an unsupported
@@ -33,31 +32,29 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 
 from state.cursor import Position
 from state.errors import (
-    DeltaTailError,
     SchemaChangeError,
     StateError,
     UnsupportedFeatureError,
     VersionGapError,
     VersionNotFoundError,
 )
-from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
+from state.feed import CommitEvent, TableInfo
 from state.lance.manifest import Manifest
 from state.lance.planning import LancePlan, plan_snapshot
+from tailer.follow.config import TailerConfig
 from tailer.follow.faults import crash_point
+from tailer.follow.loop import FollowLoop, table_name
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
-from tailer.follow.stats import TableState, TableStats
-from tailer.follow.status import Progress, count_change_types, status
-from tailer.follow.tailer import STATUS_SECONDS, TailerConfig, table_name
+from tailer.follow.stats import TableStats
 from tailer.lance.dataset import CLEANED_UP_HINT
 from tailer.lance.feed import LanceFeed, LanceOptions
-from tailer.log.watch import LogWatcher, Watcher
+from tailer.log.watch import Watcher
 
 log = logging.getLogger("deltatail")
 
@@ -81,7 +78,7 @@ def lance_table_id(root: str) -> str:
 lance_state_id = lance_table_id
 
 
-class LanceTailer:
+class LanceTailer(FollowLoop):
     """Follows one Lance dataset into one sink. Not reusable: construct one per run.
 
     Args:
@@ -107,41 +104,21 @@ class LanceTailer:
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
     ) -> None:
-        self.config = config
-        self.sink = sink
         options = LanceOptions(config.options.allow_non_additive, config.options.batch_size, config.options.filter)
-        self.feed = (
-            feed
-            if feed is not None
-            else LanceFeed(config.table, options=options, storage_options=config.storage_options or None)
+        if feed is None:
+            feed = LanceFeed(config.table, options=options, storage_options=config.storage_options or None)
+        super().__init__(
+            config, sink, feed.table, store=store, watcher=watcher, clock=clock, wall_clock=wall_clock, stats=stats
         )
+        self.feed = feed
         self.dataset = self.feed.dataset
         self.table = self.feed.table
-        self.table_id = lance_table_id(self.table)
-        self.store = store if store is not None else StateStore(config.state_dir)
-        self._make_watcher = watcher if watcher is not None else _watcher
-        self._clock = clock
-        self._wall_clock = wall_clock
-        self.progress = Progress()
-        self._stop = threading.Event()
-        self._watcher: Watcher | None = None
+        self.table_id = self._table_id = lance_table_id(self.table)
         self._cursor = Position.change(1, 0)
-        self._resume: Position | None = None
         self._base: Manifest | None = None  # the manifest the next version is planned against
         self._since = 0
         self._last_checkpoint = clock()
-        self._unflushed = False
         self._last_gap_check = -float("inf")
-        self._idle_polls = 0
-        self._status = (-2, 0.0)
-        self._open = False
-        self.stats = stats if stats is not None else TableStats(self.table, table_name(self.table))
-
-    def stop(self) -> None:
-        """Ask the loop to finish the batch in hand, checkpoint and return (thread- and signal-safe)."""
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.wake()
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -190,10 +167,7 @@ class LanceTailer:
         self.stats.newest_version = max(self.stats.newest_version, self.stats.delivered_version)
         if self._base is not None:
             self.stats.delivered_commit_ms = self._base.timestamp_us // 1000
-        held = self.sink.open(TableInfo(self.table, self.table_id, table_name(self.table)))
-        if held is not None and held > self._cursor:
-            log.info("sink already holds rows up to %s; skipping them", held)
-            self._resume = held
+        self._open_sink(TableInfo(self.table, self.table_id, table_name(self.table)), self._cursor)
         if saved is None and self._cursor.snapshot:
             self._checkpoint()  # fix the snapshot's version now, so a restart resumes the same snapshot
 
@@ -211,111 +185,23 @@ class LanceTailer:
 
     # -- loop ----------------------------------------------------------------------------------
 
-    def run(self) -> Progress:
-        """Run until caught up (``until_caught_up``), stopped, or an error.
+    @property
+    def _watch_dir(self) -> str:
+        return self.dataset.versions_dir
 
-        Raises:
-            StateError: the state directory is locked, damaged, or belongs to another dataset (or the
-                dataset was recreated).
-            VersionGapError: the version after the cursor was cleaned up.
-            UnsupportedFeatureError: a version needs an unsupported feature (cursor saved before it).
-            SchemaChangeError: a non-additive schema change (cursor saved before it).
-            SinkError: the sink failed; the cursor stays at the last successful checkpoint.
-        """
-        self.open()
-        remote = self.dataset.storage.remote
-        watcher = self._make_watcher(self.dataset.versions_dir, self.config.watch and not remote)
-        self._watcher = watcher
-        try:
-            while not self._stop.is_set():
-                delivered = self.step()
-                if self._stop.is_set() or (not delivered and self.config.until_caught_up):
-                    break
-                if not delivered:
-                    self.rest()
-                    watcher.wait(self.idle_timeout())
-            self._checkpoint()
-        finally:
-            watcher.close()
-            self.close()
-        return self.progress
+    @property
+    def _remote(self) -> bool:
+        return self.dataset.storage.remote
 
-    def open(self) -> None:
-        """Lock the state directory, resume or start, open the sink, and deliver an initial snapshot if due.
+    def _initial_due(self) -> bool:
+        return self._cursor.snapshot
 
-        Raises:
-            StateError, DeltaTailError: as :meth:`run`; the state directory is unlocked again then.
-        """
-        self.store.lock()
-        try:
-            self._start()
-            self._open = True
-            if self._cursor.snapshot:
-                self._deliver_snapshot()
-        except BaseException as e:
-            if isinstance(e, DeltaTailError):
-                self.stats.errors[type(e).__name__] += 1
-                self.stats.set_state(TableState.FAILED, str(e))
-            if self._open:
-                self.sink.close()
-                self._open = False
-            self.store.unlock()
-            raise
-
-    def step(self, max_versions: int | None = None) -> int:
-        """Look for new versions once and deliver them (at most ``max_versions``); returns how many were found.
-
-        Fewer than ``max_versions`` (or none) means caught up for now.
-
-        Raises:
-            DeltaTailError: as :meth:`run` (the cursor is saved first where that keeps what was delivered).
-        """
-        try:
-            try:
-                versions = self._new_versions(max_versions)
-            except DeltaTailError:
-                self._checkpoint()  # keep what was delivered: a restart then refuses or resumes from here
-                raise
-            for version in versions:
-                if self._stop.is_set() or not self._deliver_version(version, remaining=versions[-1] - version):
-                    break
-                if self._due():
-                    self._checkpoint()
-        except DeltaTailError as e:
-            self.stats.errors[type(e).__name__] += 1
-            self.stats.set_state(TableState.FAILED, str(e))
-            raise
-        self._idle_polls = 0 if versions else self._idle_polls + 1
-        if versions and self.stats.state is not TableState.CATCHING_UP and self.stats.versions_behind:
-            self.stats.set_state(TableState.CATCHING_UP)
-        return len(versions)
-
-    def rest(self) -> None:
-        """Caught up: flush what was delivered, report, and let the sink send a heartbeat if one is due."""
-        if self.stats.state is not TableState.FOLLOWING:
-            self.stats.set_state(TableState.FOLLOWING)
-        self._flush_idle()
-        self._report_following()
-        self.sink.heartbeat(self._follow_status())
-
-    def close(self) -> None:
-        """Close the sink and unlock the state directory (checkpoint first: :meth:`checkpoint`)."""
-        if self._open:
-            self._open = False
-            try:
-                self.sink.close()
-            finally:
-                self.store.unlock()
-        if self.stats.state not in (TableState.FAILED, TableState.UNAVAILABLE):
-            self.stats.set_state(TableState.STOPPED)
-
-    def checkpoint(self) -> None:
-        """Flush the sink and save the cursor now.
-
-        Raises:
-            SinkError: if the flush fails (the cursor is not saved).
-        """
-        self._checkpoint()
+    def _deliver_versions(self, versions: list[int]) -> None:
+        for version in versions:
+            if self._stop.is_set() or not self._deliver_version(version, remaining=versions[-1] - version):
+                break
+            if self._checkpoint_due():
+                self._checkpoint()
 
     def _new_versions(self, limit: int | None = None) -> list[int]:
         """The versions after the cursor's base that are there now (at most ``limit``), by name; a gap is an error.
@@ -355,7 +241,7 @@ class LanceTailer:
             )
         return [base + 1] if latest > base else []
 
-    def _deliver_snapshot(self) -> None:
+    def _deliver_initial_snapshot(self) -> None:
         base = self._base
         if base is None:
             raise RuntimeError("an initial snapshot needs its version's manifest")  # _start loads it
@@ -377,24 +263,7 @@ class LanceTailer:
         self._base = after
         self._cursor = Position.change(version + 1, 0)
         self._since += 1
-        self.progress.versions += 1
-        self.stats.delivered_version = version
-        self.stats.delivered_commit_ms = plan.timestamp_us // 1000
-        self.stats.newest_version = max(self.stats.newest_version, version)
-        self.stats.commits += 1
-        if remaining > 0 and self.progress.versions % 100 == 0:
-            rate = self.progress.rows / max(self._clock() - self.progress.started, 1e-9)
-            status(
-                "catching_up",
-                f"{self.stats.name}: catching up: version {version}, {remaining} versions remaining, "
-                f"{self.progress.versions} versions and {self.progress.rows} rows done, {rate:,.0f} rows/s",
-                table=self.stats.name,
-                version=version,
-                versions_remaining=remaining,
-                versions_done=self.progress.versions,
-                rows_done=self.progress.rows,
-                rows_per_second=round(rate),
-            )
+        self._delivered(version, plan.timestamp_us // 1000, remaining)
         return True
 
     def _deliver(self, plan: LancePlan) -> bool:
@@ -402,43 +271,15 @@ class LanceTailer:
         counts: dict[str, int] = {}
         if not plan.snapshot:
             self.sink.commit_started(plan.version, plan.operation)
-        for batch in self.feed.plan_batches(plan):
-            batch = self._skip_delivered(batch)
-            if len(batch):
-                self.sink.write(batch)
-                self._unflushed = True
-                crash_point("after_write")
-                self.progress.rows += len(batch)
-                self._account(batch, counts)
-            self._cursor = batch.end
-            if self._stop.is_set():
-                return False
+        if not self._write_batches(self.feed.plan_batches(plan), counts):
+            return False
         if not plan.snapshot:
             self.sink.commit_event(CommitEvent(plan.version, plan.timestamp_us // 1000, plan.operation, {}, counts))
         return True
 
-    def _account(self, batch: ChangeBatch, counts: dict[str, int]) -> None:
-        """Count a written batch's rows (and bytes, shared out by rows) by change type."""
-        here: dict[str, int] = {}
-        count_change_types(batch.rows.column("_change_type"), here)
-        size = batch.rows.nbytes
-        for kind, n in here.items():
-            counts[kind] = counts.get(kind, 0) + n
-            self.stats.rows[kind] += n
-            self.stats.bytes[kind] += size * n // len(batch)
-
-    def _skip_delivered(self, batch: ChangeBatch) -> ChangeBatch:
-        if self._resume is None:
-            return batch
-        if batch.end <= self._resume:
-            return batch.slice_from(batch.end)
-        out = batch.slice_from(self._resume)
-        self._resume = None
-        return out
-
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def _due(self) -> bool:
+    def _checkpoint_due(self) -> bool:
         by_time = self._clock() - self._last_checkpoint >= self.config.checkpoint_seconds
         return self._since >= self.config.checkpoint_commits or (by_time and self._since > 0)
 
@@ -455,53 +296,12 @@ class LanceTailer:
         self._last_checkpoint = self._clock()
         self.stats.last_checkpoint = self._wall_clock()
 
-    def _flush_idle(self) -> None:
-        if self._unflushed:
-            self.sink.flush()
-            self._unflushed = False
-        if self._due():
-            self._checkpoint()
+    def _seconds_until_due(self) -> float | None:
+        if not self._since:
+            return None
+        return max(self._last_checkpoint + self.config.checkpoint_seconds - self._clock(), 0.0)
 
-    def idle_timeout(self, poll: float | None = None) -> float:
-        """How long to wait for news: ``poll`` (default the poll interval), but no later than a checkpoint due.
-
-        On an object store (polled) the default interval doubles with every idle poll, up to
-        ``max_poll_interval``, and is back to ``poll_interval`` once a version is found.
-        """
-        c = self.config
-        timeout = c.poll_interval if poll is None else poll
-        if poll is None and self.dataset.storage.remote:
-            backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
-            timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
-        if self._since:
-            timeout = min(timeout, max(self._last_checkpoint + c.checkpoint_seconds - self._clock(), 0.0))
-        return timeout
-
-    def _seconds_behind(self) -> float:
+    def _head(self) -> tuple[int, float | None]:
         if self._base is None:
-            return 0.0
-        return max(self._wall_clock() - self._base.timestamp_us / 1e6, 0.0)
-
-    def _follow_status(self) -> FollowStatus:
-        version = -1 if self._base is None else self._base.version
-        return FollowStatus(self.table_id, version, version, self._seconds_behind())
-
-    def _report_following(self) -> None:
-        version = -1 if self._base is None else self._base.version
-        now = self._clock()
-        if version == self._status[0] and now - self._status[1] < STATUS_SECONDS:
-            return
-        self._status = (version, now)
-        behind = self._seconds_behind()
-        status(
-            "following",
-            f"{self.stats.name}: following: at version {version}, 0 versions behind, newest version {behind:.1f}s ago",
-            table=self.stats.name,
-            version=version,
-            versions_behind=0,
-            seconds_behind=round(behind, 3),
-        )
-
-
-def _watcher(directory: str, watch: bool) -> Watcher:
-    return LogWatcher(directory, watch=watch)
+            return -1, None
+        return self._base.version, self._base.timestamp_us / 1e6

@@ -1,0 +1,32 @@
+"""The settings of one tailer (``deltatail run``; one table of ``deltatail serve``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tailer.log.follower import GAP_CHECK_SECONDS
+from tailer.read.feed import ChangeOptions
+
+
+@dataclass
+class TailerConfig:
+    """Settings of one tailer (see ``deltatail run --help`` for each)."""
+
+    table: str
+    state_dir: str
+    starting_version: int | None = None
+    starting_timestamp_ms: int | None = None
+    initial_snapshot: bool = False
+    poll_interval: float = 1.0
+    max_poll_interval: float = 5.0
+    watch: bool = True
+    checkpoint_commits: int = 50
+    checkpoint_seconds: float = 5.0
+    snapshot_commits: int = 1000
+    until_caught_up: bool = False
+    parse_retries: int = 5
+    parse_retry_delay: float = 0.05
+    gap_check_seconds: float = GAP_CHECK_SECONDS
+    options: ChangeOptions = field(default_factory=ChangeOptions)
+    #: Options of the table's object store (credentials, endpoint); never shown, logged or saved.
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
