@@ -76,12 +76,12 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from benchmarks.kafka_sink import tansu_broker, writes_seconds
-from sinks.collector import collector_paused
 from sinks.encoding import ChangeEncoder
 from sinks.kafka import KafkaOptions, KafkaSink
 from sinks.kafka_producers import ConfluentProducer, Outgoing, PythonProducer
 from sinks.partitioner import choose_partitions
 from state.feed import ChangeBatch, TableInfo
+from tailer.collector import collector_paused
 from tailer.follow.tailer import Tailer, TailerConfig
 from tailer.read.feed import ChangeFeed
 

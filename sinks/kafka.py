@@ -119,7 +119,6 @@ import orjson
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from sinks.collector import collector_paused
 from sinks.debezium import check_ordering, heartbeat_message
 from sinks.encoding import ChangeEncoder
 from sinks.json_text import CHANGE_TYPES, UPDATE, EncodedBatch
@@ -140,6 +139,7 @@ from state.audit import AuditEvent
 from state.cursor import Position
 from state.errors import ConfigError, SinkError, SinkUnavailableError, StateError
 from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
+from tailer.collector import collector_paused
 from tailer.follow.sink import Sink
 
 _BEFORE_ALL: Stamp = (-1, 0, 0, 0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from state.errors import StateError
+from state.errors import ConfigError, StateError, VersionNotFoundError
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -58,3 +58,22 @@ class Position:
         except (KeyError, TypeError) as e:
             raise StateError(f"invalid position {raw!r}: {e}") from e
         return Position(version, 0 if snap else 1, index)
+
+
+def version_range(table: str, starting_version: int, ending_version: int | None, latest: int) -> int:
+    """Check a range of versions against the table's latest; returns its last version (``latest`` by default).
+
+    Raises:
+        VersionNotFoundError: if the start or the end is after the latest version.
+        ConfigError: if the end is before the start.
+    """
+    end = latest if ending_version is None else ending_version
+    if starting_version > latest:
+        raise VersionNotFoundError(
+            f"starting version {starting_version} is after the latest version {latest}", table=table
+        )
+    if end < starting_version:
+        raise ConfigError(f"ending version {end} is before starting version {starting_version}", table=table)
+    if end > latest:
+        raise VersionNotFoundError(f"ending version {end} is after the latest version {latest}", table=table)
+    return end

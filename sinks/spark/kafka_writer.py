@@ -58,7 +58,6 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from sinks.collector import collector_paused
 from sinks.encoding import ChangeEncoder
 from sinks.json_text import EncodedBatch
 from sinks.kafka_options import KafkaOptions, default_sink_id, fill_topic
@@ -66,6 +65,7 @@ from sinks.partitioner import choose_partitions
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, TableInfo
+from tailer.collector import collector_paused
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.storage import storage_for

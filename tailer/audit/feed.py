@@ -28,7 +28,6 @@ before it, or hand :meth:`AuditTracker.build` to a
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import queue
@@ -41,15 +40,15 @@ import pyarrow.parquet as pq
 
 from state.audit import AuditEvent, build_audit_event
 from state.commit import Commit
+from state.cursor import version_range
 from state.errors import (
-    ConfigError,
     DeltaTailError,
     MissingFileError,
     VersionGapError,
-    VersionNotFoundError,
 )
 from state.planning import plan_commit
 from state.snapshot import Snapshot
+from tailer.collector import collector_paused
 from tailer.log.delta_log import DeltaLog, LogListing
 from tailer.log.starts import snapshot_time, version_at_or_after
 from tailer.read.feed import ChangeFeed, ChangeOptions
@@ -296,7 +295,7 @@ class AuditFeed:
         Locally the log is not listed (the latest version comes from ``_last_checkpoint`` and the
         files after it; each commit's time from its open file); on an object store one listing
         from the start serves the range. Events are built a run of commits at a time with Python's
-        cyclic garbage collector paused (see :func:`_collector_paused`).
+        cyclic garbage collector paused (see :func:`collector_paused`).
 
         Args:
             starting_version: first version (inclusive); default the oldest the log can
@@ -331,15 +330,7 @@ class AuditFeed:
             if starting_version > latest:
                 log.info("%s: the log holds no commit after its checkpoint at version %d", self.table, earliest)
                 return
-        end = latest if ending_version is None else ending_version
-        if starting_version > latest:
-            raise VersionNotFoundError(
-                f"starting version {starting_version} is after the latest version {latest}", table=self.table
-            )
-        if end < starting_version:
-            raise ConfigError(f"ending version {end} is before starting version {starting_version}", table=self.table)
-        if end > latest:
-            raise VersionNotFoundError(f"ending version {end} is after the latest version {latest}", table=self.table)
+        end = version_range(self.table, starting_version, ending_version, latest)
         if starting_version == 0:
             before = Snapshot.empty(self.table)
             previous: int | None = None
@@ -367,7 +358,7 @@ class AuditFeed:
                 run_end = min(v + READ_RUN, end + 1)
                 done: list[AuditEvent] = []
                 failure: DeltaTailError | None = None
-                with _collector_paused():
+                with collector_paused():
                     try:
                         for version in range(v, run_end):
                             before, previous = step.event(version, before, previous, done)
@@ -435,22 +426,3 @@ class _Step:
                 raise e.at(table=log.table, file=log.commit_path(v)) from None
         out.append(event)
         return before, event.timestamp_ms
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a run of events is built (reference counting goes on).
-
-    Each event allocates some fifty container objects; every few hundred of them trigger a
-    collection, and every so often one that scans the whole older heap (the snapshot). The
-    building creates no reference cycles, so nothing is lost; collection resumes before the run's
-    events are handed over, and if the collector was off, it stays off.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()

@@ -19,8 +19,7 @@ from state.errors import ConfigError
 from state.feed import TableInfo
 from state.lance.manifest import Manifest
 from tailer.cli.configure import change_filter
-from tailer.cli.outputs import write_parquet
-from tailer.cli.sink_uri import open_sink
+from tailer.cli.outputs import write_changes
 from tailer.follow.service import Runner
 from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
@@ -157,22 +156,12 @@ def changes(args: argparse.Namespace) -> int:
     batches = feed.batches(
         starting, args.ending_version, starting_timestamp_ms=start_ms, initial_snapshot=args.initial_snapshot
     )
-    output = args.output or "-"
-    if output.endswith(".parquet"):
-        return write_parquet(
-            batches, output, feed.options.filter.output_schema(feed.rows.schema(feed.dataset.latest_version()))
-        )
-    if output != "-" and not output.endswith(".jsonl"):
-        raise ConfigError(f"--output must end in .jsonl or .parquet, got {output!r}")
-    sink = open_sink("jsonl:-" if output == "-" else f"jsonl:{output}")
-    sink.open(TableInfo(feed.table, lance_table_id(feed.table), table_name(feed.table)))
-    try:
-        for batch in batches:
-            sink.write(batch)
-        sink.flush()
-    finally:
-        sink.close()
-    return 0
+    return write_changes(
+        batches,
+        args.output,
+        lambda: TableInfo(feed.table, lance_table_id(feed.table), table_name(feed.table)),
+        lambda: feed.options.filter.output_schema(feed.rows.schema(feed.dataset.latest_version())),
+    )
 
 
 # -- run ---------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from tailer.cli.configure import (
 )
 from tailer.cli.cursor import add_parsers as add_cursor_parsers
 from tailer.cli.demo import run_demo
-from tailer.cli.outputs import write_parquet
+from tailer.cli.outputs import write_changes
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
@@ -98,26 +98,12 @@ def _changes(args: argparse.Namespace) -> int:
         starting_timestamp_ms=start_ms,
         initial_snapshot=args.initial_snapshot,
     )
-    output = args.output or "-"
-    if output == "-":
-        uri = "jsonl:-"
-    elif output.endswith(".jsonl"):
-        uri = f"jsonl:{output}"
-    elif output.endswith(".parquet"):
-        return write_parquet(
-            batches, output, feed.options.filter.output_schema(change_schema(feed.log.snapshot().schema))
-        )
-    else:
-        raise ConfigError(f"--output must end in .jsonl or .parquet, got {output!r}")
-    sink = open_sink(uri)
-    sink.open(_table_info(feed))
-    try:
-        for batch in batches:
-            sink.write(batch)
-        sink.flush()
-    finally:
-        sink.close()
-    return 0
+    return write_changes(
+        batches,
+        args.output,
+        lambda: _table_info(feed),
+        lambda: feed.options.filter.output_schema(change_schema(feed.log.snapshot().schema)),
+    )
 
 
 def _table_info(feed: ChangeFeed) -> TableInfo:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from state.changes import check_schema_change
-from state.cursor import Position
-from state.errors import ConfigError, DeltaTailError, VersionNotFoundError
+from state.cursor import Position, version_range
+from state.errors import DeltaTailError, VersionNotFoundError
 from state.feed import ChangeBatch
 from state.filters import ChangeFilter
 from state.lance.manifest import Manifest
@@ -170,15 +170,7 @@ class LanceFeed:
         if starting_version is None:
             starting_version = latest if initial_snapshot else 1
         starting_version = max(starting_version, 0 if initial_snapshot else 1)
-        end = latest if ending_version is None else ending_version
-        if starting_version > latest:
-            raise VersionNotFoundError(
-                f"starting version {starting_version} is after the latest version {latest}", table=self.table
-            )
-        if end < starting_version:
-            raise ConfigError(f"ending version {end} is before starting version {starting_version}", table=self.table)
-        if end > latest:
-            raise VersionNotFoundError(f"ending version {end} is after the latest version {latest}", table=self.table)
+        end = version_range(self.table, starting_version, ending_version, latest)
         before: Manifest | None
         if initial_snapshot:
             before = self.dataset.manifest(starting_version)

@@ -22,8 +22,8 @@ from typing import TypedDict, Unpack
 import pyarrow as pa
 
 from state.changes import FileTask
-from state.cursor import Position
-from state.errors import ConfigError, SchemaChangeError, VersionGapError, VersionNotFoundError
+from state.cursor import Position, version_range
+from state.errors import SchemaChangeError, VersionGapError
 from state.feed import ChangeBatch, change_schema
 from state.filters import ChangeFilter
 from state.planning import VersionPlan, plan_snapshot
@@ -167,15 +167,7 @@ class ChangeFeed:
             starting_version = version_at_or_after(self.log, starting_timestamp_ms)
         if starting_version is None:
             starting_version = latest if initial_snapshot else 0
-        end = latest if ending_version is None else ending_version
-        if starting_version > latest:
-            raise VersionNotFoundError(
-                f"starting version {starting_version} is after the latest version {latest}", table=self.table
-            )
-        if end < starting_version:
-            raise ConfigError(f"ending version {end} is before starting version {starting_version}", table=self.table)
-        if end > latest:
-            raise VersionNotFoundError(f"ending version {end} is after the latest version {latest}", table=self.table)
+        end = version_range(self.table, starting_version, ending_version, latest)
         listing = self.log.list_log(max(starting_version - 1, 0))
         if initial_snapshot:
             snap = self.log.snapshot(starting_version)

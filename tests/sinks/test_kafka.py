@@ -23,7 +23,6 @@ pytest.importorskip("kafka")
 
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from sinks.collector import collector_paused
 from sinks.kafka import KafkaOptions, KafkaSink, default_sink_id, fill_topic
 from sinks.kafka_producers import Outgoing, _Finder
 from sinks.partitioner import choose_partition, choose_partitions, murmur2
@@ -34,6 +33,7 @@ from state.cursor import Position
 from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, CommitEvent, TableInfo
 from state.snapshot import Snapshot
+from tailer.collector import collector_paused
 
 TABLE = TableInfo("/data/orders", "tid-orders", "orders")
 OTHER = TableInfo("/data/users", "tid-users", "users")

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from state.cursor import Position
-from state.errors import StateError
+from state.cursor import Position, version_range
+from state.errors import ConfigError, StateError, VersionNotFoundError
 
 _positions = st.builds(
     lambda version, snapshot, index: (
@@ -93,3 +93,15 @@ def test_json_round_trip(position: Position) -> None:
 def test_invalid_json_is_a_state_error(raw: Any) -> None:
     with pytest.raises(StateError):
         Position.from_json(raw)
+
+
+def test_version_range_defaults_to_the_latest_and_checks_both_ends() -> None:
+    assert version_range("t", 2, None, 7) == 7
+    assert version_range("t", 2, 5, 7) == 5
+    assert version_range("t", 7, 7, 7) == 7
+    with pytest.raises(VersionNotFoundError, match="starting version 8 is after the latest version 7"):
+        version_range("t", 8, None, 7)
+    with pytest.raises(VersionNotFoundError, match="ending version 9 is after the latest version 7"):
+        version_range("t", 2, 9, 7)
+    with pytest.raises(ConfigError, match="ending version 1 is before starting version 2"):
+        version_range("t", 2, 1, 7)
