@@ -267,12 +267,28 @@ def _check_owner(raw: object, table_id: str, path: str, what: str) -> None:
         )
 
 
-class JsonlAuditLog(AuditOutput):
-    """An audit log of JSON lines (``FILE.jsonl``), appended exactly once."""
+class _JsonLinesOutput(AuditOutput):
+    """An output appended to one JSON-lines file."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self._file = _JsonLines(path)
+
+    def flush(self) -> None:
+        """Flush and fsync.
+
+        Raises:
+            SinkError: if it cannot.
+        """
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._file.close()
+
+
+class JsonlAuditLog(_JsonLinesOutput):
+    """An audit log of JSON lines (``FILE.jsonl``), appended exactly once."""
 
     def open(self, table_id: str) -> int | None:
         """Open, cut a torn tail, and return the last version held (see :meth:`AuditOutput.open`).
@@ -305,18 +321,6 @@ class JsonlAuditLog(AuditOutput):
         if self.held is not None and event.version <= self.held:
             return
         self._file.append(orjson.dumps(event.to_json()) + b"\n")
-
-    def flush(self) -> None:
-        """Flush and fsync.
-
-        Raises:
-            SinkError: if it cannot.
-        """
-        self._file.flush()
-
-    def close(self) -> None:
-        """Close the file."""
-        self._file.close()
 
 
 def _parts(directory: Path) -> list[tuple[int, int, Path]]:
@@ -418,7 +422,7 @@ class ParquetAuditLog(AuditOutput):
         self._pending = []
 
 
-class AlertLog(AuditOutput):
+class AlertLog(_JsonLinesOutput):
     """Alerts as JSON lines (:meth:`Alert.to_json <state.alerts.Alert.to_json>` per line), appended exactly once.
 
     An alert is held when the file ends with an alert of a later version, or of the same version
@@ -427,7 +431,6 @@ class AlertLog(AuditOutput):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        self._file = _JsonLines(path)
         self._held_rules: set[str] = set()
 
     def open(self, table_id: str) -> int | None:
@@ -483,18 +486,6 @@ class AlertLog(AuditOutput):
             ):
                 continue
             self._file.append(orjson.dumps(alert.to_json()) + b"\n")
-
-    def flush(self) -> None:
-        """Flush and fsync.
-
-        Raises:
-            SinkError: if it cannot.
-        """
-        self._file.flush()
-
-    def close(self) -> None:
-        """Close the file."""
-        self._file.close()
 
 
 def open_audit_log(path: str) -> JsonlAuditLog | ParquetAuditLog:
