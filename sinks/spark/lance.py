@@ -31,7 +31,6 @@ stream's position, not when it has grown past it again.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -41,10 +40,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from sinks.spark.offsets import Key, Offset, plan_key
+from sinks.spark.offsets import Offset, plan_key
 from sinks.spark.options import SourceOptions
+from sinks.spark.plan_cache import PlanCache
 from sinks.spark.schema import arrow_target, check_schema_fits, conform, spark_schema
-from state.errors import DeltaTailError, StateError, VersionGapError, VersionNotFoundError
+from state.errors import StateError, VersionGapError, VersionNotFoundError
 from state.lance.manifest import Manifest
 from state.lance.planning import LancePlan, RowTask, plan_snapshot
 from tailer.lance.dataset import CLEANED_UP_HINT
@@ -55,8 +55,6 @@ from tailer.storage import Storage, storage_for
 
 log = logging.getLogger("deltatail")
 
-#: How often an idle stream lists ``_versions/`` to detect gaps and truncation (seconds).
-CHECK_SECONDS = 5.0
 #: What the stream's errors tell a user to do about a recreated dataset.
 RECREATED_HINT = "start a new query (a new checkpointLocation) to read the new dataset"
 #: How many row readers (one per dataset and storage options) an executor process keeps.
@@ -159,12 +157,18 @@ def read_lance_partition(
             yield conform(batch, target)
 
 
-class LanceStreamPlanner:
+class LanceStreamPlanner(PlanCache[LancePlan]):
     """The driver's planning state of one query on a Lance dataset (see the module docstring).
 
-    The same interface as :class:`sinks.spark.planner.StreamPlanner`: plans are cached in order
-    of their keys, the newest being that of the head (the newest planned version); a planning
-    error is sticky; ``jump`` is ``(position, offset)``, the start offsets the state serves.
+    The same interface as :class:`sinks.spark.planner.StreamPlanner`, the plans cached as
+    :class:`~sinks.spark.plan_cache.PlanCache` says; the head is the newest planned version's
+    manifest.
+
+    Planning a new version raises ``SchemaChangeError`` when its schema does not fit the stream's
+    or changes non-additively, ``VersionGapError``/``VersionNotFoundError`` when the dataset no
+    longer holds a needed version (``failOnDataLoss``), ``StateError`` when the dataset was
+    recreated, ``InvalidLogError`` when a manifest does not decode, ``MissingFileError`` when a
+    deletion file is missing.
 
     Args:
         options: the source's options.
@@ -173,27 +177,31 @@ class LanceStreamPlanner:
     """
 
     def __init__(self, options: SourceOptions, stream_schema: pa.Schema, storage: Storage | None = None) -> None:
-        self.options = options
-        self.stream_schema = stream_schema
+        super().__init__(options, stream_schema)
         self.feed = lance_feed(options, storage)
         self.dataset = self.feed.dataset
         self.table = self.feed.table
         self.table_id: str = lance_table_id(self.table)
-        self.target: int | None = None
-        self.rebuilds = 0
-        self.jump: tuple[tuple[int, int, int], Offset] | None = None
-        #: The least time between two listings of ``_versions/`` while idle.
-        self.check_seconds = CHECK_SECONDS
-        self._plans: dict[Key, LancePlan] = {}
         self._head: Manifest | None = None
         self._built = False
-        self._failure: DeltaTailError | None = None
-        self._last_check = -math.inf
 
     @property
     def head_version(self) -> int:
         """The newest planned version (0 before the first)."""
         return 0 if self._head is None else self._head.version
+
+    @property
+    def built(self) -> bool:
+        """Whether the state was built (:meth:`_rebuild`)."""
+        return self._built
+
+    def _owner(self) -> str | None:
+        return self.table_id
+
+    def _recreated(self, expected: str, found: str) -> StateError:
+        return StateError(
+            f"the stream's offsets belong to {expected}, not to {found}; {RECREATED_HINT}", table=self.table
+        )
 
     def latest_version(self) -> int:
         """The dataset's newest version now (one listing).
@@ -237,29 +245,6 @@ class LanceStreamPlanner:
         return start
 
     # -- (re)building --------------------------------------------------------------------------
-
-    def _covers(self, start: Offset) -> bool:
-        if not self._built:
-            return False
-        if start.key in self._plans:
-            return True
-        if self.jump is not None and self.jump[0] <= start.position <= self.jump[1].position:
-            return True
-        return not start.snapshot and start.version == self.head_version + 1
-
-    def ensure(self, start: Offset) -> None:
-        """Make the state serve ``start``: reuse it, or rebuild it from the dataset (a restart).
-
-        Raises:
-            StateError: if the offset belongs to another dataset.
-        """
-        if start.table_id and start.table_id != self.table_id:
-            raise StateError(
-                f"the stream's offsets belong to {start.table_id}, not to {self.table_id}; {RECREATED_HINT}",
-                table=self.table,
-            )
-        if not self._covers(start):
-            self._rebuild(start)
 
     def _rebuild(self, start: Offset) -> None:
         log.info("%s: building the stream's state for offset %s", self.table, start.to_json())
@@ -327,51 +312,15 @@ class LanceStreamPlanner:
 
     # -- planning ------------------------------------------------------------------------------
 
-    def plans_from(self, start: Offset, stop: Key | None = None) -> Iterator[LancePlan]:
-        """Plans from ``start``'s on, in order, planning new versions lazily; none at or after ``stop``.
-
-        Raises:
-            SchemaChangeError: when planning reaches a version whose schema does not fit the stream's,
-                or changes non-additively.
-            VersionGapError, VersionNotFoundError: when the dataset no longer holds a needed version
-                (``failOnDataLoss``).
-            StateError: if the dataset was deleted and recreated.
-            InvalidLogError: if a manifest does not decode (and the other errors of :meth:`LanceFeed.plan`).
-            MissingFileError: if a deletion file the version names is missing.
-        """
-        self.ensure(start)
-        for key, plan in list(self._plans.items()):
-            if key < start.key:
-                continue
-            if stop is not None and key >= stop:
-                return
-            yield plan
-        while True:
-            if stop is not None and (self.head_version + 1, 1) >= stop:
-                return
-            planned = self._plan_next()
-            if planned is None:
-                return
-            yield planned
-
-    def _plan_next(self) -> LancePlan | None:
-        if self._failure is not None:
-            raise self._failure
-        if self.target is not None and self.head_version >= self.target:
+    def _plan_new(self) -> LancePlan | None:
+        version = self._next()
+        if version is None:
             return None
-        try:
-            version = self._next()
-            if version is None:
-                return None
-            plan = self.feed.plan(self._head, version)
-            after = self.dataset.manifest(version)
-            check_schema_fits(
-                version_schema(self.feed.rows, version), self.stream_schema, table=self.table, version=version
-            )
-        except DeltaTailError as e:
-            self._failure = e
-            raise
-        self._plans[plan_key(plan)] = plan
+        plan = self.feed.plan(self._head, version)
+        after = self.dataset.manifest(version)
+        check_schema_fits(
+            version_schema(self.feed.rows, version), self.stream_schema, table=self.table, version=version
+        )
         self._head = after
         return plan
 
@@ -404,15 +353,3 @@ class LanceStreamPlanner:
         self._head = head
         self.jump = ((version, 1, 0), Offset(self.table_id, head.version + 1, 0))
         return head.version + 1 if self.dataset.exists(head.version + 1) else None
-
-    def forget_before(self, end: Offset) -> None:
-        """Drop the cached plans wholly before ``end`` (Spark committed them; it never asks for them again)."""
-        for key in [k for k in self._plans if k < end.key]:
-            del self._plans[key]
-        if self.jump is not None and end.position >= self.jump[1].position:
-            self.jump = None
-
-    @property
-    def cached(self) -> int:
-        """How many plans are cached."""
-        return len(self._plans)

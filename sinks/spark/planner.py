@@ -6,14 +6,14 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
 
 import pyarrow as pa
 
-from sinks.spark.offsets import Key, Offset, plan_key
+from sinks.spark.offsets import Offset, plan_key
 from sinks.spark.options import SourceOptions
+from sinks.spark.plan_cache import PlanCache
 from sinks.spark.schema import check_fits
-from state.errors import DeltaTailError, StateError, VersionGapError, VersionNotFoundError
+from state.errors import StateError, VersionGapError, VersionNotFoundError
 from state.planning import VersionPlan, plan_snapshot
 from state.snapshot import Snapshot
 from tailer.log.delta_log import DeltaLog
@@ -24,9 +24,6 @@ from tailer.storage import Storage
 
 log = logging.getLogger("deltatail")
 
-#: How often an idle stream lists the log to detect gaps and truncation (seconds).
-CHECK_SECONDS = 5.0
-
 #: What the stream's errors tell a user to do.
 SPARK_HINTS = Hints(
     gap="",  # a gap goes through failOnDataLoss, which says what to do
@@ -34,15 +31,15 @@ SPARK_HINTS = Hints(
 )
 
 
-class StreamPlanner:
-    """The driver's planning state of one query: a log follower and the plans not yet committed.
+class StreamPlanner(PlanCache[VersionPlan]):
+    """The driver's planning state of one query on a Delta table: a log follower and the plans not yet committed.
 
-    Plans are cached in order of their keys; the newest is always that of the
-    follower's head. Any planning error is sticky (the head may be half moved
-    on): it is raised again whenever planning reaches that version. ``jump`` is
-    ``(position, offset)``: the state serves any start offset from ``position``
-    to ``offset`` (the start it was built for, and everything a data-loss skip
-    jumped over).
+    The plans are cached as :class:`~sinks.spark.plan_cache.PlanCache` says; the head is the
+    follower's.
+
+    Planning a new version raises ``SchemaChangeError`` when a version's schema does not fit the
+    stream's, ``VersionGapError``/``VersionNotFoundError`` when the log no longer holds a needed
+    version (``failOnDataLoss``), and what :meth:`LogFollower.plan` raises.
 
     Args:
         options: the source's options.
@@ -51,21 +48,25 @@ class StreamPlanner:
     """
 
     def __init__(self, options: SourceOptions, stream_schema: pa.Schema, storage: Storage | None = None) -> None:
-        self.options = options
-        self.stream_schema = stream_schema
+        super().__init__(options, stream_schema)
         self.feed = ChangeFeed(options.path, storage or options.storage(), options=options.change_options())
         self.log: DeltaLog = self.feed.log
         self.table_id: str | None = None
-        self.target: int | None = None
-        self.rebuilds = 0
         self._follower: LogFollower | None = None
-        self.jump: tuple[tuple[int, int, int], Offset] | None = None
-        self._plans: dict[Key, VersionPlan] = {}
         self._pending: deque[int] = deque()
-        self._failure: DeltaTailError | None = None
-        #: The least time between two listings of the log (gap and truncation checks) while idle.
-        self.check_seconds = CHECK_SECONDS
-        self._last_check = -math.inf
+
+    @property
+    def head_version(self) -> int:
+        """The follower's head (the newest planned version)."""
+        return self._following().head.version
+
+    @property
+    def built(self) -> bool:
+        """Whether the follower exists."""
+        return self._follower is not None
+
+    def _owner(self) -> str | None:
+        return self.table_id
 
     def latest_version(self) -> int:
         """The table's newest version now (one listing of the log).
@@ -117,26 +118,6 @@ class StreamPlanner:
         if self._follower is None:
             raise RuntimeError("the stream's state is not built")  # a program error: ensure() builds it
         return self._follower
-
-    def _covers(self, start: Offset) -> bool:
-        if self._follower is None:
-            return False
-        if start.key in self._plans:
-            return True
-        if self.jump is not None and self.jump[0] <= start.position <= self.jump[1].position:
-            return True
-        return not start.snapshot and start.version == self._follower.head.version + 1
-
-    def ensure(self, start: Offset) -> None:
-        """Make the state serve ``start``: reuse it, or rebuild it from the log (a restart).
-
-        Raises:
-            StateError: if the offset belongs to another table (deleted and recreated).
-        """
-        if start.table_id and self.table_id and start.table_id != self.table_id:
-            raise self._recreated(start.table_id, self.table_id)
-        if not self._covers(start):
-            self._rebuild(start)
 
     def _rebuild(self, start: Offset) -> None:
         log.info("%s: building the stream's state for offset %s", self.log.table, start.to_json())
@@ -218,48 +199,13 @@ class StreamPlanner:
 
     # -- planning ------------------------------------------------------------------------------
 
-    def plans_from(self, start: Offset, stop: Key | None = None) -> Iterator[VersionPlan]:
-        """Plans from ``start``'s on, in order, planning new commits lazily; none at or after ``stop``.
-
-        Raises:
-            SchemaChangeError: when planning reaches a version whose schema does not fit the stream's.
-            VersionGapError, VersionNotFoundError: when the log no longer holds a needed version
-                (``failOnDataLoss``).
-            StateError: if the table was deleted and recreated.
-            InvalidLogError, UnsupportedFeatureError: as :meth:`LogFollower.plan`.
-        """
-        self.ensure(start)
-        for key, plan in list(self._plans.items()):
-            if key < start.key:
-                continue
-            if stop is not None and key >= stop:
-                return
-            yield plan
-        while True:
-            if stop is not None and (self._following().head.version + 1, 1) >= stop:
-                return
-            planned = self._plan_next()
-            if planned is None:
-                return
-            yield planned
-
-    def _plan_next(self) -> VersionPlan | None:
-        if self._failure is not None:
-            raise self._failure
-        follower = self._following()
-        if self.target is not None and follower.head.version >= self.target:
+    def _plan_new(self) -> VersionPlan | None:
+        if not self._pending:
+            self._pending.extend(self._discover())
+        if not self._pending:
             return None
-        try:
-            if not self._pending:
-                self._pending.extend(self._discover())
-            if not self._pending:
-                return None
-            plan = self._following().plan(self._pending.popleft()).plan
-            check_fits(plan, self.stream_schema)
-        except DeltaTailError as e:
-            self._failure = e
-            raise
-        self._plans[plan_key(plan)] = plan
+        plan = self._following().plan(self._pending.popleft()).plan
+        check_fits(plan, self.stream_schema)
         return plan
 
     def _discover(self) -> list[int]:
@@ -291,15 +237,3 @@ class StreamPlanner:
                 f"the table was deleted and recreated, or its log truncated; {SPARK_HINTS.recreated}",
                 table=self.log.table,
             )
-
-    def forget_before(self, end: Offset) -> None:
-        """Drop the cached plans wholly before ``end`` (Spark committed them; it never asks for them again)."""
-        for key in [k for k in self._plans if k < end.key]:
-            del self._plans[key]
-        if self.jump is not None and end.position >= self.jump[1].position:
-            self.jump = None
-
-    @property
-    def cached(self) -> int:
-        """How many plans are cached."""
-        return len(self._plans)
