@@ -64,7 +64,7 @@ from benchmarks.latency import CountingSink, TimedJsonLines
 from tailer.cli.process import tune_for_latency
 from tailer.follow.tailer import Tailer, TailerConfig
 from tailer.read.feed import ChangeFeed
-from tailer.storage import ObjectStoreStorage
+from tailer.storage.objectstore import ObjectStoreStorage
 
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT / "tests"))  # the test servers (tests/ is not a package); after the project's imports

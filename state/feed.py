@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from state.audit import AuditEvent
 from state.cursor import Position
 from state.schema import StructType
+
+if TYPE_CHECKING:  # only for the annotation: a reader process does not load the audit types
+    from state.audit import AuditEvent
 
 #: The column holding a row's change: ``insert``, ``delete``, ``update_preimage`` or ``update_postimage``
 #: (a cdc file carries it; deltatail adds it to the rows of add and remove files).

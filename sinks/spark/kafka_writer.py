@@ -68,7 +68,7 @@ from state.feed import ChangeBatch, TableInfo
 from tailer.collector import collector_paused
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
-from tailer.storage import storage_for
+from tailer.storage.factory import storage_for
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

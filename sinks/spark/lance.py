@@ -51,7 +51,8 @@ from tailer.lance.dataset import CLEANED_UP_HINT
 from tailer.lance.feed import LanceFeed
 from tailer.lance.follow import lance_table_id
 from tailer.lance.rows import LanceRows, change_schema_of
-from tailer.storage import Storage, storage_for
+from tailer.storage import Storage
+from tailer.storage.factory import storage_for
 
 log = logging.getLogger("deltatail")
 

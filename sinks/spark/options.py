@@ -17,7 +17,8 @@ from state.errors import ConfigError
 from tailer.lance.dataset import looks_like_lance
 from tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
-from tailer.storage import Storage, storage_for
+from tailer.storage import Storage
+from tailer.storage.factory import storage_for
 
 #: Options with this prefix are the table's storage options (``storage.aws_region``...).
 STORAGE_PREFIX = "storage."

@@ -56,7 +56,8 @@ from tailer.log.follower import GAP_CHECK_SECONDS, Hints, LogFollower
 from tailer.log.starts import snapshot_time, table_id, version_at_or_after
 from tailer.log.watch import LogWatcher, Watcher
 from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.storage import Storage, storage_for
+from tailer.storage import Storage
+from tailer.storage.factory import storage_for
 
 log = logging.getLogger("deltatail.audit")
 
@@ -137,7 +138,7 @@ class AuditFollower:
         config: the settings.
         outputs: where events go (not yet opened; closed by :meth:`run`).
         notifier: evaluates alert rules and delivers the alerts (closed by :meth:`run`), if any.
-        storage: the table's storage; by default :func:`~tailer.storage.storage_for` with
+        storage: the table's storage; by default :func:`~tailer.storage.factory.storage_for` with
             ``config.storage_options``.
         watcher: makes the watcher of ``_delta_log`` (the log directory, whether to watch).
         clock: monotonic seconds.

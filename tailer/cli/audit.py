@@ -41,7 +41,7 @@ from tailer.cli.settings import STORAGE, audit_config, merge
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
-from tailer.storage import storage_for
+from tailer.storage.factory import storage_for
 
 log = logging.getLogger("deltatail.audit")
 

@@ -12,7 +12,8 @@ from tailer.follow.tailer import TailerConfig
 from tailer.log.delta_log import DeltaLog
 from tailer.parse import parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
-from tailer.storage import Storage, storage_for
+from tailer.storage import Storage
+from tailer.storage.factory import storage_for
 
 #: The sink of ``deltatail run`` when none is given: JSON lines on stdout.
 DEFAULT_SINK = "jsonl:-"

@@ -28,7 +28,8 @@ from tailer.lance.dataset import LanceDataset, looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_table_id
 from tailer.parse import parse_timestamp_ms
-from tailer.storage import Storage, storage_for
+from tailer.storage import Storage
+from tailer.storage.factory import storage_for
 from tailer.storage.options import parse_option_pairs
 
 PREFIX = "lance://"

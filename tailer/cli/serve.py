@@ -71,7 +71,7 @@ from tailer.serve.discovery import find_tables, is_lance_dataset
 from tailer.serve.http import HealthServer
 from tailer.serve.service import Service, ServiceOptions, TableSource
 from tailer.serve.state_root import StateRoot
-from tailer.storage import storage_for
+from tailer.storage.factory import storage_for
 
 log = logging.getLogger("deltatail")
 

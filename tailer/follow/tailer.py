@@ -51,7 +51,8 @@ from tailer.log.follower import PREFETCH_COMMITS, AuditBuilder, Hints, LogFollow
 from tailer.log.starts import snapshot_time, table_id, version_at_or_after
 from tailer.log.watch import Watcher
 from tailer.read.feed import ChangeFeed
-from tailer.storage import FileInfo, storage_for
+from tailer.storage import FileInfo
+from tailer.storage.factory import storage_for
 
 __all__ = ["TAILER_HINTS", "Tailer", "TailerConfig", "table_name"]
 
@@ -72,7 +73,7 @@ class Tailer(FollowLoop):
         config: the settings.
         sink: where rows go (not yet opened).
         feed: plans and reads rows; by default a :class:`~tailer.read.feed.ChangeFeed` of
-            ``config.table`` (on its storage, :func:`~tailer.storage.storage_for`) with ``config.options``.
+            ``config.table`` (on its storage, :func:`~tailer.storage.factory.storage_for`) with ``config.options``.
         store: the state directory; by default ``StateStore(config.state_dir)``.
         watcher: makes the watcher of ``_delta_log`` (the log directory, whether to watch);
             by default :class:`~tailer.log.watch.LogWatcher`.

@@ -46,7 +46,8 @@ from state.lance.manifest import (
     transaction_bytes,
 )
 from state.lance.planning import VersionDiff
-from tailer.storage import FileInfo, Storage, storage_for
+from tailer.storage import FileInfo, Storage
+from tailer.storage.factory import storage_for
 
 VERSIONS_DIR = "_versions"
 #: What a user can do when the version a tailer or range needs was cleaned up.
@@ -105,7 +106,7 @@ class LanceDataset:
 
     Args:
         root: the dataset's root (a path or URI): the directory that holds ``_versions/``.
-        storage: where it is; by default :func:`~tailer.storage.storage_for` the root.
+        storage: where it is; by default :func:`~tailer.storage.factory.storage_for` the root.
         cache: how many decoded manifests to keep.
     """
 

@@ -26,7 +26,8 @@ from state.lance.manifest import Manifest
 from state.lance.planning import LancePlan, diff_versions, plan_snapshot, plan_version
 from tailer.lance.dataset import CLEANED_UP_HINT, LanceDataset
 from tailer.lance.rows import LanceRows
-from tailer.storage import Storage, storage_for
+from tailer.storage import Storage
+from tailer.storage.factory import storage_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ class LanceFeed:
 
     Args:
         root: the dataset's root (a path or URI).
-        storage: where it is; by default :func:`~tailer.storage.storage_for` the root.
+        storage: where it is; by default :func:`~tailer.storage.factory.storage_for` the root.
         options: how rows are produced.
         storage_options: object-store options for pylance (rows are read through pylance).
 

@@ -39,7 +39,7 @@ _SIGNATURE = re.compile(r"(?i)(x-amz-signature|x-amz-credential|x-amz-security-t
 def pylance_options(root: str, options: Mapping[str, str] | None) -> dict[str, str]:
     """The storage options pylance gets for the dataset at ``root``, from deltatail's ``options``.
 
-    A local ``root`` gets none (and takes none: :func:`~tailer.storage.storage_for` refuses them).
+    A local ``root`` gets none (and takes none: :func:`~tailer.storage.factory.storage_for` refuses them).
 
     Raises:
         ConfigError: for ``aws_profile``, or a malformed retry option.

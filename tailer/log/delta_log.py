@@ -41,7 +41,8 @@ from state.snapshot import AppliedCommit, Snapshot
 from tailer.log.checkpoint import load_checkpoint
 from tailer.log.files import LogFile, LogFileKind, classify, start_after_for
 from tailer.log.last_checkpoint import LastCheckpoint, parse_last_checkpoint
-from tailer.storage import FileInfo, Storage, storage_for, to_local_path
+from tailer.storage import FileInfo, Storage, to_local_path
+from tailer.storage.factory import storage_for
 
 log = logging.getLogger("deltatail")
 

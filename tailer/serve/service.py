@@ -47,7 +47,7 @@ from tailer.log.starts import table_id
 from tailer.log.watch_many import DirectoryWatcher
 from tailer.read.feed import ChangeFeed
 from tailer.serve.state_root import StateRoot, write_status
-from tailer.storage import storage_for
+from tailer.storage.factory import storage_for
 
 log = logging.getLogger("deltatail")
 

@@ -1,35 +1,11 @@
 """Storage: the seam between deltatail and the bytes of a table (see :mod:`tailer.storage.base`).
 
-:func:`storage_for` picks the implementation a table's location needs: the
-local file system for paths and ``file:`` URIs, an object store
-(:mod:`tailer.storage.objectstore`) for ``s3://``, ``s3a://``, ``az://``,
-``azure://``, ``abfs[s]://`` and ``gs://`` URIs.
+:func:`tailer.storage.factory.storage_for` picks the implementation a table's location needs:
+:class:`LocalStorage` here, or :class:`tailer.storage.objectstore.ObjectStoreStorage` for
+object-store URIs (imported only where it is needed: it loads the store client).
 """
 
-from collections.abc import Mapping
-
-from state.errors import ConfigError
 from tailer.storage.base import FileInfo, Storage
 from tailer.storage.local import LocalStorage, to_local_path
-from tailer.storage.objectstore import ObjectStoreStorage
-from tailer.storage.uris import is_object_uri
 
-
-def storage_for(location: str, options: Mapping[str, str] | None = None) -> Storage:
-    """The storage that serves ``location`` (a table root or any file of it).
-
-    Args:
-        location: a local path, a ``file:`` URI or an object-store URI.
-        options: storage options (:mod:`tailer.storage.options`); only object stores take any.
-
-    Raises:
-        ConfigError: if options are given for a local path, or a retry option is malformed.
-    """
-    if is_object_uri(location):
-        return ObjectStoreStorage(options)
-    if options:
-        raise ConfigError(f"storage options apply to object stores (s3://, az://, gs://...), not to {location}")
-    return LocalStorage()
-
-
-__all__ = ["FileInfo", "LocalStorage", "ObjectStoreStorage", "Storage", "storage_for", "to_local_path"]
+__all__ = ["FileInfo", "LocalStorage", "Storage", "to_local_path"]

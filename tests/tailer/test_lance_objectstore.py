@@ -39,7 +39,7 @@ from tailer.cli.main import main
 from tailer.lance.feed import LanceFeed
 from tailer.lance.rows import LanceRows
 from tailer.lance.store import pylance_options, scrub
-from tailer.storage import storage_for
+from tailer.storage.factory import storage_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: objectstores.py (not a package)
 from objectstores import Server, create_s3_bucket

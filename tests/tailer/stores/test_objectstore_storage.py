@@ -27,8 +27,9 @@ from tailer.log.delta_log import DeltaLog
 from tailer.log.follower import LogFollower
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.read.reader_pool import ReaderPool
-from tailer.storage import LocalStorage, ObjectStoreStorage, storage_for
-from tailer.storage.objectstore import RequestCounter
+from tailer.storage import LocalStorage
+from tailer.storage.factory import storage_for
+from tailer.storage.objectstore import ObjectStoreStorage, RequestCounter
 from tailer.storage.options import merge_options, parse_option_pairs, redacted, retry_config
 from tailer.storage.prefetch import UNKNOWN_SIZE, Prefetcher
 from tailer.storage.uris import ObjectUri, is_object_uri, parse_uri, root_of

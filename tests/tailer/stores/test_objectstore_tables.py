@@ -38,7 +38,7 @@ from state.errors import DeltaTailError
 from tailer.cli.main import main as deltatail
 from tailer.log.delta_log import DeltaLog
 from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.storage import ObjectStoreStorage
+from tailer.storage.objectstore import ObjectStoreStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tailer: cdf_helpers (tests/ is not a package)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py

@@ -1,0 +1,34 @@
+"""Which storage serves a table: :func:`storage_for`.
+
+The local file system for paths and ``file:`` URIs, an object store
+(:mod:`tailer.storage.objectstore`) for ``s3://``, ``s3a://``, ``az://``, ``azure://``,
+``abfs[s]://`` and ``gs://`` URIs. Kept apart from :mod:`tailer.storage` so that a process
+that only reads local files (a reader process) does not load the object-store client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from state.errors import ConfigError
+from tailer.storage.base import Storage
+from tailer.storage.local import LocalStorage
+from tailer.storage.objectstore import ObjectStoreStorage
+from tailer.storage.uris import is_object_uri
+
+
+def storage_for(location: str, options: Mapping[str, str] | None = None) -> Storage:
+    """The storage that serves ``location`` (a table root or any file of it).
+
+    Args:
+        location: a local path, a ``file:`` URI or an object-store URI.
+        options: storage options (:mod:`tailer.storage.options`); only object stores take any.
+
+    Raises:
+        ConfigError: if options are given for a local path, or a retry option is malformed.
+    """
+    if is_object_uri(location):
+        return ObjectStoreStorage(options)
+    if options:
+        raise ConfigError(f"storage options apply to object stores (s3://, az://, gs://...), not to {location}")
+    return LocalStorage()
