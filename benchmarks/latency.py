@@ -519,7 +519,7 @@ def report_profile(profiler: cProfile.Profile, *, leave_out: str = "") -> None:
     """Print the top functions by own time (skipping lines that mention ``leave_out``)."""
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(
-        int(__import__("os").environ.get("PROF_LINES", "14"))
+        int(os.environ.get("DELTATAIL_PROFILE_LINES", "14"))  # how many rows of the profile to print
     )
     lines = [line for line in out.getvalue().splitlines() if line.strip()]
     start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls"))
