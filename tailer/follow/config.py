@@ -28,5 +28,8 @@ class TailerConfig:
     parse_retry_delay: float = 0.05
     gap_check_seconds: float = GAP_CHECK_SECONDS
     options: ChangeOptions = field(default_factory=ChangeOptions)
+    #: Whether the tailer logs its own "following" status lines (``deltatail serve`` reports its
+    #: tables in ``table_status`` lines instead, so that 200 tables do not fill the log).
+    status_lines: bool = True
     #: Options of the table's object store (credentials, endpoint); never shown, logged or saved.
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)

@@ -354,7 +354,12 @@ class FollowLoop(ABC):
         return FollowStatus(self._table_id, version, version, self._seconds_behind())
 
     def _report_following(self) -> None:
-        """A status line when following: on a new version, else at most every ``STATUS_SECONDS``."""
+        """A status line when following: on a new version, else at most every ``STATUS_SECONDS``.
+
+        None when ``config.status_lines`` is off (a table of ``deltatail serve``).
+        """
+        if not self.config.status_lines:
+            return
         version, _ = self._head()
         now = self._clock()
         if version == self._status[0] and now - self._status[1] < STATUS_SECONDS:

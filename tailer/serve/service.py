@@ -271,7 +271,7 @@ class Service:
         feed = ChangeFeed(config.table, storage_for(config.table, config.storage_options or None), config.options)
         tid = table_id(feed.log)
         entry = self.state_root.register(tid, feed.log.table, table.source.name)
-        config = replace(config, state_dir=str(entry.directory))
+        config = replace(config, state_dir=str(entry.directory), status_lines=False)
         tailer = Tailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
         tailer.open()
         if config.watch and not feed.storage.remote:
@@ -288,7 +288,7 @@ class Service:
         )
         tid = lance_state_id(feed.table)
         entry = self.state_root.register(tid, feed.table, table.source.name)
-        config = replace(config, state_dir=str(entry.directory))
+        config = replace(config, state_dir=str(entry.directory), status_lines=False)
         table.stats.table_id = tid
         tailer = LanceTailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
         tailer.open()

@@ -210,7 +210,7 @@ def test_metrics_reflect_a_table_that_is_rows_behind(tmp_path: Path) -> None:
     DeltaTable(str(lake / "orders")).delete("id = 1")
     config = tmp_path / "serve.toml"
     config.write_text(
-        f'[service]\nstate_root = "{state}"\nlisten = "127.0.0.1:0"\n\n'
+        f'[service]\nstate_root = "{state}"\nlisten = "127.0.0.1:0"\nstatus_seconds = 1\n\n'
         f'[[tables]]\npath = "{lake / "orders"}"\nsink = "jsonl:{out}.jsonl"\n'
     )
     log = tmp_path / "serve.log"
@@ -227,6 +227,14 @@ def test_metrics_reflect_a_table_that_is_rows_behind(tmp_path: Path) -> None:
         assert metric(metrics, "deltatail_delivered_version", table="orders") == 1
         assert get(port, "/readyz")[0] == 200
         assert get(port, "/nope")[0] == 404
+        # The service reports its tables itself (every status_seconds); a table's tailer adds no
+        # "following" lines of its own, which with many tables would fill the log.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and b"orders: following, version 1" not in log.read_bytes():
+            time.sleep(0.1)
+        text = log.read_text()
+        assert "orders: following, version 1, 0 versions behind" in text, text
+        assert "following: at version" not in text, text
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
