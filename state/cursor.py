@@ -40,6 +40,11 @@ class Position:
         """Whether the row belongs to an initial snapshot."""
         return self.snapshot_rank == 0
 
+    @property
+    def base_version(self) -> int:
+        """The version whose snapshot this position reads on from: its own for snapshot rows, else the one before."""
+        return self.version if self.snapshot else self.version - 1
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: ``{"version", "index", "snapshot"}``."""
         return {"version": self.version, "index": self.index, "snapshot": self.snapshot}

@@ -193,7 +193,7 @@ class LanceStreamPlanner(PlanCache[LancePlan]):
 
     @property
     def built(self) -> bool:
-        """Whether the state was built (:meth:`_rebuild`)."""
+        """Whether the state was built (:meth:`build`)."""
         return self._built
 
     def _owner(self) -> str | None:
@@ -242,18 +242,14 @@ class LanceStreamPlanner(PlanCache[LancePlan]):
         if version == 0:  # Lance's version 0 is the empty dataset before version 1
             version, snapshot_first = 1, False
         start = Offset(self.table_id, version, 0, snapshot_first and version <= latest)
-        self._rebuild(start)
+        self.build(start)
         return start
 
     # -- (re)building --------------------------------------------------------------------------
 
     def _rebuild(self, start: Offset) -> None:
-        log.info("%s: building the stream's state for offset %s", self.table, start.to_json())
-        self.rebuilds += 1
-        self._plans.clear()
-        self._failure = None
         self._built = False
-        base = start.version if start.snapshot else start.version - 1
+        base = start.base_version
         head = self._load(base)
         if head is None or head.version == base:
             self.jump = (start.position, start)

@@ -29,6 +29,11 @@ class Offset:
     snapshot: bool = False
 
     @property
+    def base_version(self) -> int:
+        """The version whose snapshot the offset reads on from: its own for snapshot rows, else the one before."""
+        return self.version if self.snapshot else self.version - 1
+
+    @property
     def key(self) -> Key:
         """The ``(version, rank)`` of the plan this offset points into."""
         return (self.version, 0 if self.snapshot else 1)

@@ -9,6 +9,7 @@ log follower, a Lance manifest), behind :meth:`PlanCache._rebuild` and :meth:`Pl
 
 from __future__ import annotations
 
+import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from sinks.spark.options import SourceOptions
 from state.errors import DeltaTailError, StateError
 from state.lance.planning import LancePlan
 from state.planning import VersionPlan
+
+log = logging.getLogger("deltatail")
 
 #: How often an idle stream lists the log (or ``_versions/``) to detect gaps and truncation (seconds).
 CHECK_SECONDS = 5.0
@@ -66,7 +69,7 @@ class PlanCache(ABC, Generic[P]):
     @property
     @abstractmethod
     def built(self) -> bool:
-        """Whether the state has been built (by :meth:`_rebuild`)."""
+        """Whether the state has been built (by :meth:`build`)."""
 
     @abstractmethod
     def _owner(self) -> str | None:
@@ -78,7 +81,7 @@ class PlanCache(ABC, Generic[P]):
 
     @abstractmethod
     def _rebuild(self, start: Offset) -> None:
-        """Build the state for ``start`` from the table (dropping every cached plan)."""
+        """Build the planner's own state for ``start`` from the table (the cache is emptied already)."""
 
     @abstractmethod
     def _plan_new(self) -> P | None:
@@ -105,7 +108,15 @@ class PlanCache(ABC, Generic[P]):
         if start.table_id and owner and start.table_id != owner:
             raise self._recreated(start.table_id, owner)
         if not self._covers(start):
-            self._rebuild(start)
+            self.build(start)
+
+    def build(self, start: Offset) -> None:
+        """Build the state for ``start`` from the table, dropping every cached plan and a sticky failure."""
+        log.info("%s: building the stream's state for offset %s", self.options.path, start.to_json())
+        self.rebuilds += 1
+        self._plans.clear()
+        self._failure = None
+        self._rebuild(start)
 
     def plans_from(self, start: Offset, stop: Key | None = None) -> Iterator[P]:
         """Plans from ``start``'s on, in order, planning new versions lazily; none at or after ``stop``.

@@ -101,7 +101,7 @@ class StreamPlanner(PlanCache[VersionPlan]):
         else:
             version = latest if snapshot_first else 0
         start = Offset("", version, 0, snapshot_first and version <= latest)
-        self._rebuild(start)
+        self.build(start)
         if self.table_id is None:
             self.table_id = table_id(self.log)
         return Offset(self.table_id, start.version, 0, start.snapshot)
@@ -120,14 +120,10 @@ class StreamPlanner(PlanCache[VersionPlan]):
         return self._follower
 
     def _rebuild(self, start: Offset) -> None:
-        log.info("%s: building the stream's state for offset %s", self.log.table, start.to_json())
-        self.rebuilds += 1
-        self._plans.clear()
         self._pending.clear()
-        self._failure = None
         self.table_id = start.table_id or None
         self._follower = None
-        base = start.version if start.snapshot else start.version - 1
+        base = start.base_version
         snap = self._load(base)
         self._set_snapshot(snap)
         tid = self.table_id or ""

@@ -82,7 +82,7 @@ def describe(
         error = recorded.get("error") if state == recorded["state"] else None
     if saved is None:
         return TableState(name, table, str(directory), None, None, None, None, None, None, "not started", error)
-    delivered = saved.cursor.version - (0 if saved.cursor.snapshot else 1)
+    delivered = saved.cursor.base_version
     latest: int | None = None
     try:
         latest = DeltaLog(table, storage).latest_version()

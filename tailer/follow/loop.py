@@ -105,10 +105,6 @@ class FollowLoop(ABC):
         """Resume from the saved state or start new, and open the sink (:meth:`_open_sink`)."""
 
     @abstractmethod
-    def _initial_due(self) -> bool:
-        """Whether an initial snapshot is to be delivered before the first version."""
-
-    @abstractmethod
     def _deliver_initial_snapshot(self) -> None:
         """Deliver the snapshot at the cursor's version, then checkpoint."""
 
@@ -179,7 +175,7 @@ class FollowLoop(ABC):
         try:
             self._start()
             self._open = True
-            if self._initial_due():
+            if self._cursor.snapshot:  # an initial snapshot is due before the first version
                 self._deliver_initial_snapshot()
         except BaseException as e:
             if isinstance(e, DeltaTailError):
@@ -257,10 +253,10 @@ class FollowLoop(ABC):
 
     # -- delivering ----------------------------------------------------------------------------
 
-    def _open_sink(self, info: TableInfo, cursor: Position) -> None:
-        """Open the sink; rows up to the position it reports holding (beyond ``cursor``) are skipped."""
+    def _open_sink(self, info: TableInfo) -> None:
+        """Open the sink; rows up to the position it reports holding (beyond the cursor) are skipped."""
         held = self.sink.open(info)
-        if held is not None and held > cursor:
+        if held is not None and held > self._cursor:
             log.info("sink already holds rows up to %s; skipping them", held)
             self._resume = held
 

@@ -115,10 +115,10 @@ class Tailer(FollowLoop):
         else:
             self._start_new()
         self.stats.table_id = self._table_id
-        self.stats.delivered_version = self._cursor.version - (0 if self._cursor.snapshot else 1)
+        self.stats.delivered_version = self._cursor.base_version
         self.stats.newest_version = max(self.stats.newest_version, self.stats.delivered_version)
         self.feed.check_filter()  # fail fast on a column the table does not have
-        self._open_sink(TableInfo(self.log.table, self._table_id, table_name(self.log.table)), self._cursor)
+        self._open_sink(TableInfo(self.log.table, self._table_id, table_name(self.log.table)))
         if saved is None and self._cursor.snapshot:
             self._checkpoint()  # fix the snapshot's version now, so a restart resumes the same snapshot
 
@@ -175,7 +175,7 @@ class Tailer(FollowLoop):
         follower = self._new_follower(snap, saved.previous_timestamp_ms, saved.table_id)
         cursor = saved.cursor
         # Bring the snapshot to just before the cursor's version (commits already delivered).
-        target = cursor.version if cursor.snapshot else cursor.version - 1
+        target = cursor.base_version
         for v in range(snap.version + 1, target + 1):
             try:
                 snap, _ = snap.apply(follower.read_commit(v))
@@ -220,9 +220,6 @@ class Tailer(FollowLoop):
     @property
     def _remote(self) -> bool:
         return self.log.storage.remote
-
-    def _initial_due(self) -> bool:
-        return self._cursor.snapshot
 
     def _new_versions(self, limit: int | None = None) -> list[int]:
         # Nothing new by name: the log is listed to tell "nothing new" from a gap (always before exiting).

@@ -113,17 +113,19 @@ class LanceTailer(FollowLoop):
         self.feed = feed
         self.dataset = self.feed.dataset
         self.table = self.feed.table
-        self.table_id = self._table_id = lance_table_id(self.table)
+        self._table_id = lance_table_id(self.table)
         self._cursor = Position.change(1, 0)
         self._base: Manifest | None = None  # the manifest the next version is planned against
         self._since = 0
         self._last_checkpoint = clock()
         self._last_gap_check = -float("inf")
 
-    # -- start ---------------------------------------------------------------------------------
+    @property
+    def table_id(self) -> str:
+        """The dataset's id (:func:`lance_table_id`)."""
+        return self._table_id
 
-    def _base_version(self, cursor: Position) -> int:
-        return cursor.version if cursor.snapshot else cursor.version - 1
+    # -- start ---------------------------------------------------------------------------------
 
     def _load_base(self, version: int) -> Manifest | None:
         if version < 1:
@@ -148,7 +150,7 @@ class LanceTailer(FollowLoop):
                     file=self.config.state_dir,
                 )
             self._cursor = saved.cursor
-            self._base = self._load_base(self._base_version(saved.cursor))
+            self._base = self._load_base(saved.cursor.base_version)
             stamp = None if self._base is None else self._base.timestamp_us // 1000
             if stamp != saved.previous_timestamp_ms:
                 raise StateError(
@@ -163,11 +165,11 @@ class LanceTailer(FollowLoop):
             log.info("resuming %s at %s", self.table, saved.cursor)
         else:
             self._start_new()
-        self.stats.delivered_version = self._base_version(self._cursor)
+        self.stats.delivered_version = self._cursor.base_version
         self.stats.newest_version = max(self.stats.newest_version, self.stats.delivered_version)
         if self._base is not None:
             self.stats.delivered_commit_ms = self._base.timestamp_us // 1000
-        self._open_sink(TableInfo(self.table, self.table_id, table_name(self.table)), self._cursor)
+        self._open_sink(TableInfo(self.table, self.table_id, table_name(self.table)))
         if saved is None and self._cursor.snapshot:
             self._checkpoint()  # fix the snapshot's version now, so a restart resumes the same snapshot
 
@@ -181,7 +183,7 @@ class LanceTailer(FollowLoop):
             self._cursor = Position.in_snapshot(version, 0)
         else:
             self._cursor = Position.change(max(1, 1 if start is None else start), 0)
-        self._base = self._load_base(self._base_version(self._cursor))
+        self._base = self._load_base(self._cursor.base_version)
 
     # -- loop ----------------------------------------------------------------------------------
 
@@ -192,9 +194,6 @@ class LanceTailer(FollowLoop):
     @property
     def _remote(self) -> bool:
         return self.dataset.storage.remote
-
-    def _initial_due(self) -> bool:
-        return self._cursor.snapshot
 
     def _deliver_versions(self, versions: list[int]) -> None:
         for version in versions:
@@ -210,7 +209,7 @@ class LanceTailer(FollowLoop):
             VersionGapError: if the next version is gone while newer ones exist (cleaned up).
             StateError: if the dataset's newest version is older than the base (recreated or truncated).
         """
-        base = self._base_version(self._cursor)
+        base = self._cursor.base_version
         found: list[int] = []
         nxt = base + 1
         ahead = DISCOVER_AHEAD if limit is None else limit
@@ -288,7 +287,7 @@ class LanceTailer(FollowLoop):
         self.sink.flush()
         crash_point("after_flush")
         self._unflushed = False
-        base_version = self._base_version(self._cursor)
+        base_version = self._cursor.base_version
         stamp = None if self._base is None else self._base.timestamp_us // 1000
         self.store.save(SavedState(self.table, self.table_id, self._cursor, base_version, "", stamp))
         crash_point("after_save")

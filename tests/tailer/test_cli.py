@@ -87,6 +87,15 @@ def test_errors_exit_one_with_the_table_named(tmp_path: Path) -> None:
     assert future.returncode == 1 and "version 99 does not exist" in future.stderr
 
 
+def test_an_output_that_cannot_be_written_is_a_one_line_error(tmp_path: Path) -> None:
+    _table(tmp_path / "t")
+    (tmp_path / "taken.jsonl").mkdir()  # a directory where the file should go
+    result = _run("changes", str(tmp_path / "t"), "--output", str(tmp_path / "taken.jsonl"), check=False)
+    assert result.returncode == 1
+    assert result.stderr.startswith("deltatail: error: cannot open JSON lines output"), result.stderr
+    assert "Traceback" not in result.stderr and str(tmp_path / "taken.jsonl") in result.stderr
+
+
 def test_reader_processes_flag(tmp_path: Path) -> None:
     # 12 one-file commits: with the default (2 processes) they are read by the processes; with 0 in-process.
     for i in range(12):
