@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 from urllib.parse import unquote
 
 import orjson
@@ -37,6 +37,8 @@ def decode_path(raw: str) -> str:
     paths before reconciling, so ``file:/x``, ``file:///x`` and ``/x`` name one
     file; deltatail canonicalizes the ``file:`` forms to ``/x`` here.
     """
+    if "%" not in raw and not raw.startswith("file:"):
+        return raw  # most paths: nothing to decode
     path = unquote(raw)
     if path.startswith("file:///"):
         return path[len("file://") :]
@@ -416,21 +418,21 @@ class Metadata:
         return self.configuration.get("delta.columnMapping.mode", "none") or "none"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Add:
     """``add``: a logical file enters the table. ``stats`` is kept raw (a JSON string)."""
 
-    path: str
-    partition_values: dict[str, str | None]
-    size: int
-    modification_time: int
-    data_change: bool
-    stats: str | None = None
-    tags: dict[str, str | None] | None = None
-    deletion_vector: DeletionVector | None = None
-    base_row_id: int | None = None
-    default_row_commit_version: int | None = None
-    clustering_provider: str | None = None
+    path: Final[str]
+    partition_values: Final[dict[str, str | None]]
+    size: Final[int]
+    modification_time: Final[int]
+    data_change: Final[bool]
+    stats: Final[str | None] = None
+    tags: Final[dict[str, str | None] | None] = None
+    deletion_vector: Final[DeletionVector | None] = None
+    base_row_id: Final[int | None] = None
+    default_row_commit_version: Final[int | None] = None
+    clustering_provider: Final[str | None] = None
 
     @property
     def dv_id(self) -> str | None:
@@ -438,21 +440,21 @@ class Add:
         return None if self.deletion_vector is None else self.deletion_vector.unique_id
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Remove:
     """``remove``: a logical file leaves the table and becomes a tombstone."""
 
-    path: str
-    deletion_timestamp: int | None
-    data_change: bool
-    extended_file_metadata: bool | None = None
-    partition_values: dict[str, str | None] | None = None
-    size: int | None = None
-    stats: str | None = None
-    tags: dict[str, str | None] | None = None
-    deletion_vector: DeletionVector | None = None
-    base_row_id: int | None = None
-    default_row_commit_version: int | None = None
+    path: Final[str]
+    deletion_timestamp: Final[int | None]
+    data_change: Final[bool]
+    extended_file_metadata: Final[bool | None] = None
+    partition_values: Final[dict[str, str | None] | None] = None
+    size: Final[int | None] = None
+    stats: Final[str | None] = None
+    tags: Final[dict[str, str | None] | None] = None
+    deletion_vector: Final[DeletionVector | None] = None
+    base_row_id: Final[int | None] = None
+    default_row_commit_version: Final[int | None] = None
 
     @property
     def dv_id(self) -> str | None:
@@ -480,7 +482,7 @@ class Txn:
     last_updated: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class CommitInfo:
     """``commitInfo``: free-form provenance; a few fields are read, the rest kept in ``raw``.
 
@@ -489,7 +491,7 @@ class CommitInfo:
     not an integer is treated as absent.
     """
 
-    raw: dict[str, Any] = field(hash=False)
+    raw: Final[dict[str, Any]] = field(hash=False)
 
     @property
     def timestamp(self) -> int | None:
@@ -763,7 +765,11 @@ def _parse_checkpoint_metadata(c: dict[str, Any]) -> CheckpointMetadata:
 
 
 def _parse_commit_info(c: dict[str, Any]) -> CommitInfo:
-    return CommitInfo(raw=_validate("commitInfo", c, _COMMIT_INFO_SCHEMA))
+    if type(c) is dict:
+        ict = c.get("inCommitTimestamp")  # the one typed field (the schema's check, inline: once per commit)
+        if ict is None or (type(ict) is int and _MIN_LONG <= ict <= _MAX_LONG):
+            return CommitInfo(raw=c)
+    raise _invalid("commitInfo", c, _COMMIT_INFO_SCHEMA)
 
 
 _PARSERS: dict[str, Callable[[Any], Action]] = {
@@ -809,19 +815,22 @@ def parse_json_actions(data: bytes) -> list[Action]:
             the message gives the 1-based line number.
     """
     actions: list[Action] = []
+    parsers = _PARSERS
     for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as e:
+            if line.isspace() or not line:
+                continue
             raise InvalidLogError(f"line {number} is not valid JSON ({e})") from e
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             raise InvalidLogError(f"line {number} is not a JSON object")
         try:
-            action = parse_action(obj)
+            for key, body in obj.items():  # parse_action, inline: this loop runs once per action of a log
+                parser = parsers.get(key)
+                if parser is not None and body is not None:
+                    actions.append(parser(body))
+                    break
         except InvalidLogError as e:
             raise InvalidLogError(f"line {number}: {e.message}") from e
-        if action is not None:
-            actions.append(action)
     return actions

@@ -75,7 +75,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -141,24 +141,24 @@ class TransactionInfo:
     app_transactions: tuple[AppTransaction, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Counts:
     """Files, bytes and rows the commit moved. ``row_sources`` maps each row figure to its source."""
 
-    files_added: int = 0
-    files_removed: int = 0
-    data_files_added: int = 0
-    data_files_removed: int = 0
-    cdc_files: int = 0
-    bytes_added: int = 0
-    bytes_removed: int | None = 0
-    rows_inserted: int | None = None
-    rows_deleted: int | None = None
-    rows_updated: int | None = None
-    rows_copied: int | None = None
-    row_sources: Mapping[str, str] = field(default_factory=dict, hash=False)
-    table_rows_before: int | None = None
-    table_rows_after: int | None = None
+    files_added: Final[int] = 0
+    files_removed: Final[int] = 0
+    data_files_added: Final[int] = 0
+    data_files_removed: Final[int] = 0
+    cdc_files: Final[int] = 0
+    bytes_added: Final[int] = 0
+    bytes_removed: Final[int | None] = 0
+    rows_inserted: Final[int | None] = None
+    rows_deleted: Final[int | None] = None
+    rows_updated: Final[int | None] = None
+    rows_copied: Final[int | None] = None
+    row_sources: Final[Mapping[str, str]] = field(default_factory=dict, hash=False)
+    table_rows_before: Final[int | None] = None
+    table_rows_after: Final[int | None] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,32 +193,32 @@ class ProtocolChange:
     writer_features_removed: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class AuditEvent:
     """The audit record of one commit. Build with :func:`build_audit_event`; see the module docstring."""
 
-    table_path: str
-    table_id: str | None
-    version: int
-    timestamp_ms: int
-    commit_info_timestamp_ms: int | None
-    in_commit_timestamp_ms: int | None
-    operation: str | None
-    operation_parameters: Mapping[str, Any] = field(hash=False)
-    predicate: str | None
-    actor: Actor
-    transaction: TransactionInfo
-    operation_metrics: Mapping[str, Any] = field(hash=False)
-    counts: Counts
-    schema_change: SchemaDiff | None
-    protocol_change: ProtocolChange | None
-    property_changes: tuple[ValueChange, ...]
-    metadata_changes: tuple[ValueChange, ...]
-    domain_changes: tuple[ValueChange, ...]
-    table_created: bool
-    data_change: bool
-    no_op: bool
-    commit_info_extra: Mapping[str, Any] = field(hash=False)
+    table_path: Final[str]
+    table_id: Final[str | None]
+    version: Final[int]
+    timestamp_ms: Final[int]
+    commit_info_timestamp_ms: Final[int | None]
+    in_commit_timestamp_ms: Final[int | None]
+    operation: Final[str | None]
+    operation_parameters: Final[Mapping[str, Any]] = field(hash=False)
+    predicate: Final[str | None]
+    actor: Final[Actor]
+    transaction: Final[TransactionInfo]
+    operation_metrics: Final[Mapping[str, Any]] = field(hash=False)
+    counts: Final[Counts]
+    schema_change: Final[SchemaDiff | None]
+    protocol_change: Final[ProtocolChange | None]
+    property_changes: Final[tuple[ValueChange, ...]]
+    metadata_changes: Final[tuple[ValueChange, ...]]
+    domain_changes: Final[tuple[ValueChange, ...]]
+    table_created: Final[bool]
+    data_change: Final[bool]
+    no_op: Final[bool]
+    commit_info_extra: Final[Mapping[str, Any]] = field(hash=False)
 
     # -- views used by rules and reports ----------------------------------------------------------
 
@@ -573,19 +573,24 @@ def build_audit_event(
     operation = _str(raw.get("operation"))
     parameters = _dict(raw.get("operationParameters"))
     metrics = _dict(raw.get("operationMetrics"))
-    schema_change = _schema_change(before, commit.metadata, commit.version)
+    schema_change = _schema_change(before, commit.metadata, commit.version) if commit.metadata is not None else None
     protocol_change = _protocol_change(before.protocol, protocol) if commit.protocol is not None else None
     property_changes, metadata_changes = (
         _metadata_changes(before.metadata, commit.metadata) if commit.metadata is not None else ((), ())
     )
-    domain_changes = _domain_changes(before.domains, commit.domain_metadata)
-    data_adds = [a for a in commit.adds if a.data_change]
-    data_removes = [r for r in commit.removes if r.data_change]
+    domain_changes = _domain_changes(before.domains, commit.domain_metadata) if commit.domain_metadata else ()
+    data_adds = data_removes = 0
+    for a in commit.adds:
+        if a.data_change:
+            data_adds += 1
+    for r in commit.removes:
+        if r.data_change:
+            data_removes += 1
     has_changes = bool(data_adds or data_removes or commit.cdcs)
-    data_change = has_changes and not is_noop_merge(commit)
+    data_change = has_changes and not (operation == "MERGE" and is_noop_merge(commit))
     rows = _FileRows(commit, row_count)
     counts = _counts(
-        commit, before, operation, metrics, rows, (len(data_adds), len(data_removes)), has_changes, table_rows_before
+        commit, before, operation, metrics, rows, (data_adds, data_removes), has_changes, table_rows_before
     )
     if not data_change and has_changes:  # a MERGE whose metrics report no change: nothing else was moved either
         counts = _settle_unknown(counts)
@@ -621,7 +626,7 @@ def build_audit_event(
         table_created=before.metadata is None,
         data_change=data_change,
         no_op=no_op,
-        commit_info_extra={k: v for k, v in raw.items() if k not in _MAPPED_KEYS},
+        commit_info_extra={} if raw.keys() <= _MAPPED_KEYS else {k: v for k, v in raw.items() if k not in _MAPPED_KEYS},
     )
 
 
@@ -901,15 +906,17 @@ class _FileRows:
     def inserted(self) -> int | None:
         """Rows the added files bring (and rows a DV update restores)."""
         if not self._inserted_done:
-            restored = sum(max(0, old - new) for old, new in self._dv_pairs().values())
-            self._inserted, self._inserted_done = self._sum(self._commit.adds, restored), True
+            adds = self._commit.adds
+            restored = sum([max(0, old - new) for old, new in self._dv_pairs().values()]) if adds else 0
+            self._inserted, self._inserted_done = self._sum(adds, restored) if adds else 0, True
         return self._inserted
 
     def deleted(self) -> int | None:
         """Rows the removed files take away (and rows a DV update newly hides)."""
         if not self._deleted_done:
-            hidden = sum(max(0, new - old) for old, new in self._dv_pairs().values())
-            self._deleted, self._deleted_done = self._sum(self._commit.removes, hidden), True
+            removes = self._commit.removes
+            hidden = sum([max(0, new - old) for old, new in self._dv_pairs().values()]) if removes else 0
+            self._deleted, self._deleted_done = self._sum(removes, hidden) if removes else 0, True
         return self._deleted
 
 
@@ -953,7 +960,7 @@ def _counts(
         data_files_added=data_files[0],
         data_files_removed=data_files[1],
         cdc_files=len(commit.cdcs),
-        bytes_added=sum([a.size for a in commit.adds]),
+        bytes_added=sum([a.size for a in commit.adds]) if commit.adds else 0,
         bytes_removed=bytes_removed,
         rows_inserted=figures["inserted"],
         rows_deleted=figures["deleted"],
@@ -998,14 +1005,15 @@ def _row_figures(
         sources["inserted"] = sources["updated"] = "operation"
     else:
         wanted = _WRITE_METRICS
-    for figure, names in wanted:
-        for name in names:
-            raw_value = metrics.get(name)
-            value = None if raw_value is None else _int(raw_value)
-            if value is not None:
-                figures[figure] = value
-                sources[figure] = "metrics"
-                break
+    if metrics:
+        get = metrics.get
+        for figure, names in wanted:
+            for name in names:
+                raw_value = get(name)
+                if raw_value is not None and (value := _int(raw_value)) is not None:
+                    figures[figure] = value
+                    sources[figure] = "metrics"
+                    break
     if commit.cdcs or op == "MERGE" or op == "UPDATE":
         return figures, sources  # the file actions cannot tell these figures apart
     if op == "DELETE":

@@ -13,37 +13,36 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Final
 
 from state.actions import (
     Action,
     Add,
     AddCDCFile,
-    CheckpointMetadata,
     CommitInfo,
     DomainMetadata,
     Metadata,
     Protocol,
     Remove,
-    Sidecar,
     Txn,
     parse_json_actions,
 )
 from state.errors import DuplicateActionError, InvalidLogError
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Commit:
     """The actions of one table version (or of a compacted range ending at ``version``)."""
 
-    version: int
-    protocol: Protocol | None
-    metadata: Metadata | None
-    adds: tuple[Add, ...]
-    removes: tuple[Remove, ...]
-    cdcs: tuple[AddCDCFile, ...]
-    txns: tuple[Txn, ...]
-    domain_metadata: tuple[DomainMetadata, ...]
-    commit_info: CommitInfo | None
+    version: Final[int]
+    protocol: Final[Protocol | None]
+    metadata: Final[Metadata | None]
+    adds: Final[tuple[Add, ...]]
+    removes: Final[tuple[Remove, ...]]
+    cdcs: Final[tuple[AddCDCFile, ...]]
+    txns: Final[tuple[Txn, ...]]
+    domain_metadata: Final[tuple[DomainMetadata, ...]]
+    commit_info: Final[CommitInfo | None]
 
     @property
     def in_commit_timestamp(self) -> int | None:
@@ -91,33 +90,31 @@ class Commit:
         domains: list[DomainMetadata] = []
         commit_info: CommitInfo | None = None
         for action in actions:
-            match action:
-                case Add():
-                    adds.append(action)
-                case Remove():
-                    removes.append(action)
-                case AddCDCFile():
-                    cdcs.append(action)
-                case Protocol():
-                    if protocol is not None and check_duplicates:
-                        raise DuplicateActionError("commit holds more than one protocol action", version=version)
-                    protocol = action
-                case Metadata():
-                    if metadata is not None and check_duplicates:
-                        raise DuplicateActionError("commit holds more than one metaData action", version=version)
-                    metadata = action
-                case Txn():
-                    if action.app_id in txns and check_duplicates:
-                        raise DuplicateActionError(
-                            f"commit holds two txn actions for appId {action.app_id!r}", version=version
-                        )
-                    txns[action.app_id] = action
-                case DomainMetadata():
-                    domains.append(action)
-                case CommitInfo():
-                    commit_info = action
-                case Sidecar() | CheckpointMetadata():
-                    pass
+            if type(action) is Add:
+                adds.append(action)
+            elif type(action) is Remove:
+                removes.append(action)
+            elif type(action) is CommitInfo:
+                commit_info = action
+            elif type(action) is AddCDCFile:
+                cdcs.append(action)
+            elif type(action) is Protocol:
+                if protocol is not None and check_duplicates:
+                    raise DuplicateActionError("commit holds more than one protocol action", version=version)
+                protocol = action
+            elif type(action) is Metadata:
+                if metadata is not None and check_duplicates:
+                    raise DuplicateActionError("commit holds more than one metaData action", version=version)
+                metadata = action
+            elif type(action) is Txn:
+                if action.app_id in txns and check_duplicates:
+                    raise DuplicateActionError(
+                        f"commit holds two txn actions for appId {action.app_id!r}", version=version
+                    )
+                txns[action.app_id] = action
+            elif type(action) is DomainMetadata:
+                domains.append(action)
+            # sidecar and checkpointMetadata: checkpoint-only, ignored here
         if check_duplicates:  # (a check of one action or none is skipped: most commits hold one add)
             if len(adds) > 1:
                 _check_unique_paths("add", (a.path for a in adds), version)

@@ -105,7 +105,7 @@ class PartitionValuesPool:
         """The id of ``values`` (0 for ``None``)."""
         if values is None:
             return 0
-        key = tuple(sorted(values.items()))
+        key = tuple(values.items()) if len(values) < 2 else tuple(sorted(values.items()))
         found = self._ids.get(key)
         if found is None:
             found = len(self._values)

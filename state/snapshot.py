@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from state.actions import Add, DomainMetadata, Metadata, Protocol, Remove
 from state.commit import Commit
@@ -44,15 +45,15 @@ from state.files import FileEntry, FileKey, FileTable, PartitionValuesPool
 from state.schema import StructType
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class AppliedCommit:
     """What :meth:`Snapshot.apply` did: the commit and the file actions it applied."""
 
-    commit: Commit
-    removes: tuple[Remove, ...]
-    adds: tuple[Add, ...]
-    protocol_changed: bool
-    metadata_changed: bool
+    commit: Final[Commit]
+    removes: Final[tuple[Remove, ...]]
+    adds: Final[tuple[Add, ...]]
+    protocol_changed: Final[bool]
+    metadata_changed: Final[bool]
 
 
 class Snapshot:
