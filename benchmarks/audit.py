@@ -43,7 +43,8 @@ from state.alerts import evaluate, parse_alert_rules
 from state.audit import build_audit_event
 from state.commit import Commit
 from state.snapshot import Snapshot
-from tailer.audit.feed import AuditFeed, AuditTracker, read_local_commit
+from tailer.audit.commit_files import read_local_commit
+from tailer.audit.feed import AuditFeed, AuditTracker
 from tailer.log.delta_log import DeltaLog
 from tailer.log.follower import LogFollower
 

@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import queue
 import struct
-import threading
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -48,21 +45,20 @@ from state.errors import (
 )
 from state.planning import plan_commit
 from state.snapshot import Snapshot
+from tailer.audit.commit_files import CommitFiles, open_commit_files
 from tailer.collector import collector_paused
 from tailer.log.delta_log import DeltaLog, LogListing
 from tailer.log.starts import snapshot_time, version_at_or_after
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.read.rows import resolve_data_path
 from tailer.storage import FileInfo, LocalStorage, Storage
-from tailer.storage.local import to_local_path
 
 log = logging.getLogger("deltatail.audit")
 
 _MAGIC = b"PAR1"
 
-#: Commit files the range reader reads per run, and runs it reads ahead of the events.
-READ_RUN = 64
-READ_AHEAD_RUNS = 4
+#: Events built per pause of the cyclic garbage collector.
+EVENT_RUN = 64
 
 
 def parquet_row_count(storage: Storage, location: str) -> int:
@@ -174,96 +170,6 @@ class AuditTracker:
         return self.event(commit, before, file_mtime_ms=file.modification_time, previous_timestamp_ms=previous_ms)
 
 
-def read_local_commit(path: str) -> tuple[bytes, int]:
-    """A local commit file's bytes and modification time (epoch ms), from one open: no listing, no stat by name.
-
-    Raises:
-        MissingFileError: if the file does not exist.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError) as e:
-        raise MissingFileError("file does not exist", file=path) from e
-    try:
-        st = os.fstat(fd)
-        data = os.read(fd, st.st_size + 1)
-        if len(data) > st.st_size:  # grew since (never for a published commit): read to the end
-            rest = [data]
-            while chunk := os.read(fd, 1 << 16):
-                rest.append(chunk)
-            data = b"".join(rest)
-    finally:
-        os.close(fd)
-    return data, st.st_mtime_ns // 1_000_000
-
-
-#: A commit file's bytes and modification time, or the error reading it raised.
-_Read = tuple[bytes, int] | Exception
-
-
-class _CommitFiles:
-    """The bytes and times of commit files, read ahead on a thread in runs of :data:`READ_RUN` files.
-
-    Locally each file is opened once (:func:`read_local_commit`: its time comes with it, so the
-    log is not listed); on an object store the times come from a listing (``times``). Reading
-    releases the GIL, so on a second core the reads overlap the parsing and event building of the
-    commits before them; handing over a run at a time keeps the thread's cost per file small. At
-    most :data:`READ_AHEAD_RUNS` runs wait. A file that cannot be read (or a time of ``None``: not
-    listed) is handed over as its error, raised by :meth:`next` in its turn.
-    """
-
-    def __init__(self, storage: Storage, paths: list[str], times: list[int | None] | None) -> None:
-        self._runs: queue.Queue[list[_Read]] = queue.Queue(maxsize=READ_AHEAD_RUNS)
-        self._stop = threading.Event()
-        self._current: list[_Read] = []
-        self._index = 0
-        self._thread = threading.Thread(
-            target=self._read, args=(storage, paths, times), name="deltatail-audit-read", daemon=True
-        )
-        self._thread.start()
-
-    def _read(self, storage: Storage, paths: list[str], times: list[int | None] | None) -> None:
-        for start in range(0, len(paths), READ_RUN):
-            run: list[_Read] = []
-            for i in range(start, min(start + READ_RUN, len(paths))):
-                try:
-                    if times is None:
-                        run.append(read_local_commit(to_local_path(paths[i])))
-                    elif (mtime := times[i]) is None:
-                        run.append(MissingFileError("the listing does not hold this commit", file=paths[i]))
-                    else:
-                        run.append((storage.read(paths[i]), mtime))
-                except Exception as e:  # handed over: the consumer raises it in its turn
-                    run.append(e)
-            while not self._stop.is_set():
-                try:
-                    self._runs.put(run, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if self._stop.is_set():
-                return
-
-    def next(self) -> tuple[bytes, int]:
-        """The next file's bytes and modification time (epoch ms).
-
-        Raises:
-            MissingFileError: if the file is gone; any other error reading it raised, likewise.
-        """
-        if self._index >= len(self._current):
-            self._current = self._runs.get()
-            self._index = 0
-        item = self._current[self._index]
-        self._index += 1
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    def close(self) -> None:
-        """Stop reading ahead (the thread ends at its next run)."""
-        self._stop.set()
-
-
 class AuditFeed:
     """Audit events of a table for a range of versions.
 
@@ -350,12 +256,12 @@ class AuditFeed:
             infos = [listing.commits.get(v) for v in versions[:stop]]
             times = [None if info is None else info.modification_time for info in infos]
             paths = paths[:stop]  # the reads stop at a gap (read as missing), raised in its turn
-        files = _CommitFiles(self.storage, paths, times)
+        files = open_commit_files(self.storage, paths, times, first_version=starting_version)
         step = _Step(self, tracker, files, counted)
         try:
             v = starting_version
             while v <= end:
-                run_end = min(v + READ_RUN, end + 1)
+                run_end = min(v + EVENT_RUN, end + 1)
                 done: list[AuditEvent] = []
                 failure: DeltaTailError | None = None
                 with collector_paused():
@@ -382,7 +288,7 @@ class AuditFeed:
 class _Step:
     """One version of :meth:`AuditFeed.events`: read, parse, build the event, move the snapshot on."""
 
-    def __init__(self, feed: AuditFeed, tracker: AuditTracker, files: _CommitFiles, counted: bool) -> None:
+    def __init__(self, feed: AuditFeed, tracker: AuditTracker, files: CommitFiles, counted: bool) -> None:
         self.feed = feed
         self.tracker = tracker
         self.files = files
@@ -407,6 +313,8 @@ class _Step:
                 version=v,
                 file=log.commit_path(v),
             ) from None
+        except DeltaTailError as e:
+            raise e.at(table=log.table, version=v, file=log.commit_path(v)) from None
         try:
             commit = Commit.from_json(v, data)
             event = self.tracker.event(commit, before, file_mtime_ms=mtime, previous_timestamp_ms=previous)

@@ -26,7 +26,8 @@ from state.alerts import parse_alert_rules
 from state.audit import AuditEvent
 from state.errors import ConfigError, MissingFileError, SinkError
 from tailer.audit.alerts import AlertNotifier
-from tailer.audit.feed import AuditFeed, read_local_commit
+from tailer.audit.commit_files import read_local_commit
+from tailer.audit.feed import AuditFeed
 from tailer.audit.log import (
     AlertLog,
     JsonlAuditLog,
