@@ -617,18 +617,18 @@ def parse_add(a: dict[str, Any]) -> Add:
         and (clustering_provider is None or type(clustering_provider) is str)
     ):
         raise _invalid("add", a, _ADD_SCHEMA)
-    return Add(
-        path=decode_path(path),
-        partition_values=partition_values,
-        size=size,
-        modification_time=modification_time,
-        data_change=data_change,
-        stats=stats,
-        tags=tags,
-        deletion_vector=dv,
-        base_row_id=base_row_id,
-        default_row_commit_version=row_commit_version,
-        clustering_provider=clustering_provider,
+    return Add(  # positional, in field order: this runs once per add of a log
+        decode_path(path),
+        partition_values,
+        size,
+        modification_time,
+        data_change,
+        stats,
+        tags,
+        dv,
+        base_row_id,
+        row_commit_version,
+        clustering_provider,
     )
 
 
@@ -674,18 +674,18 @@ def parse_remove(r: dict[str, Any]) -> Remove:
         )
     ):
         raise _invalid("remove", r, _REMOVE_SCHEMA)
-    return Remove(
-        path=decode_path(path),
-        deletion_timestamp=deletion_timestamp,
-        data_change=data_change,
-        extended_file_metadata=extended,
-        partition_values=partition_values,
-        size=size,
-        stats=stats,
-        tags=tags,
-        deletion_vector=dv,
-        base_row_id=base_row_id,
-        default_row_commit_version=row_commit_version,
+    return Remove(  # positional, in field order: this runs once per remove of a log
+        decode_path(path),
+        deletion_timestamp,
+        data_change,
+        extended,
+        partition_values,
+        size,
+        stats,
+        tags,
+        dv,
+        base_row_id,
+        row_commit_version,
     )
 
 

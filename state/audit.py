@@ -699,28 +699,32 @@ def _transaction(raw: Mapping[str, Any], commit: Commit) -> TransactionInfo:
 
 #: Actors built lately, by their fields: a writer's commits share one value (at most this many kept).
 _ACTOR_CACHE_SIZE = 256
-_actors: dict[tuple[str | None, ...], Actor] = {}
+_actors: dict[tuple[Any, ...], Actor] = {}
 
 
 def _actor(raw: Mapping[str, Any]) -> Actor:
     """The commit's actor; an equal one built before is reused (a value: sharing it is safe)."""
     get = raw.get
-    job, notebook = get("job"), get("notebook")
-    if job is None and notebook is None:  # most writers: the key is the flat fields alone
+    if get("job") is None and get("notebook") is None:  # most writers: the key is the flat fields alone
         key = (
-            _str(get("userId")),
-            _str(get("userName")),
-            _str(get("engineInfo")),
-            _str(get("clientVersion")),
-            _str(get("clusterId")),
-            _str(get("userMetadata")),
+            get("userId"),
+            get("userName"),
+            get("engineInfo"),
+            get("clientVersion"),
+            get("clusterId"),
+            get("userMetadata"),
         )
-        actor = _actors.get(key)
+        try:
+            actor = _actors.get(key)  # only keys of strings are kept: no other value can equal one
+        except TypeError:  # a JSON structure among them: not a key
+            actor = None
         if actor is None:
-            actor = Actor(key[0], key[1], key[2], key[3], cluster_id=key[4], user_metadata=key[5])
-            if len(_actors) >= _ACTOR_CACHE_SIZE:
-                _actors.clear()
-            _actors[key] = actor
+            fields = [_str(v) for v in key]
+            actor = Actor(fields[0], fields[1], fields[2], fields[3], cluster_id=fields[4], user_metadata=fields[5])
+            if all(v is None or type(v) is str for v in key):
+                if len(_actors) >= _ACTOR_CACHE_SIZE:
+                    _actors.clear()
+                _actors[key] = actor
         return actor
     return _full_actor(raw)
 

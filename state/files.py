@@ -105,7 +105,10 @@ class PartitionValuesPool:
         """The id of ``values`` (0 for ``None``)."""
         if values is None:
             return 0
-        key = tuple(values.items()) if len(values) < 2 else tuple(sorted(values.items()))
+        if not values:  # an unpartitioned table: every file
+            key: tuple[tuple[str, str | None], ...] = ()
+        else:
+            key = tuple(values.items()) if len(values) == 1 else tuple(sorted(values.items()))
         found = self._ids.get(key)
         if found is None:
             found = len(self._values)

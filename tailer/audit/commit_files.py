@@ -27,6 +27,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from state.errors import DeltaTailError, MissingFileError
@@ -46,6 +47,7 @@ PIPE_HEAD = 256
 
 #: Frame header down the pipe: length (or ``_MISSING``/``_FAILED``) and modification time (ms).
 _HEADER = struct.Struct("<qq")
+_HEADER_SIZE = _HEADER.size
 _MISSING = -1
 _FAILED = -2  # the "time" field then holds the length of an error message that follows
 
@@ -132,30 +134,30 @@ def read_local_commit(path: str) -> tuple[bytes, int]:
 
 
 def open_commit_files(
-    storage: Storage, paths: list[str], times: list[int | None] | None, *, first_version: int
+    storage: Storage, commit_path: Callable[[int], str], first: int, last: int, times: list[int | None] | None
 ) -> CommitFiles:
-    """The reader for ``paths`` (the commit files of consecutive versions from ``first_version``).
+    """The reader of the commit files of versions ``first`` to ``last`` (inclusive).
 
     Args:
         storage: the table's storage.
-        paths: the commit files, in version order.
-        times: their modification times from a listing (object stores), or ``None`` for a local
-            table (each file's time is taken from the open file).
-        first_version: the version of ``paths[0]``.
+        commit_path: the path of a version's commit file (:meth:`~tailer.log.delta_log.DeltaLog.commit_path`).
+        first: the first version.
+        last: the last version.
+        times: the files' modification times from a listing (object stores), ``times[0]`` for
+            ``first``; or ``None`` for a local table (each file's time is taken from the open file).
 
     A local range of at least :data:`PIPE_MIN_FILES` files is read by a helper process; if it
     cannot be started, by a thread (logged at debug level).
     """
-    if times is None and len(paths) >= PIPE_MIN_FILES and paths:
-        local = [to_local_path(paths[0]), to_local_path(paths[-1])]
-        log_dir = os.path.dirname(local[0])
-        last = first_version + len(paths) - 1
-        if local == [os.path.join(log_dir, f"{v:020d}.json") for v in (first_version, last)]:
+    if times is None and last - first + 1 >= PIPE_MIN_FILES and last >= first:
+        ends = [to_local_path(commit_path(first)), to_local_path(commit_path(last))]
+        log_dir = os.path.dirname(ends[0])
+        if ends == [os.path.join(log_dir, f"{v:020d}.json") for v in (first, last)]:
             try:
-                return PipedCommitFiles(log_dir, first_version, last)
+                return PipedCommitFiles(log_dir, first, last)
             except OSError as e:
                 log.debug("cannot start the commit reader process (%s): reading on a thread", e)
-    return ThreadedCommitFiles(storage, paths, times)
+    return ThreadedCommitFiles(storage, commit_path, first, last, times)
 
 
 #: A commit file's bytes and modification time, or the error reading it raised.
@@ -171,27 +173,42 @@ class ThreadedCommitFiles:
     handed over as a :class:`~state.errors.MissingFileError`.
     """
 
-    def __init__(self, storage: Storage, paths: list[str], times: list[int | None] | None) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        commit_path: Callable[[int], str],
+        first: int,
+        last: int,
+        times: list[int | None] | None,
+    ) -> None:
         self._runs: queue.Queue[list[_Read]] = queue.Queue(maxsize=READ_AHEAD_RUNS)
         self._stop = threading.Event()
         self._current: list[_Read] = []
         self._index = 0
         self._thread = threading.Thread(
-            target=self._read, args=(storage, paths, times), name="deltatail-audit-read", daemon=True
+            target=self._read, args=(storage, commit_path, first, last, times), name="deltatail-audit-read", daemon=True
         )
         self._thread.start()
 
-    def _read(self, storage: Storage, paths: list[str], times: list[int | None] | None) -> None:
-        for start in range(0, len(paths), READ_RUN):
+    def _read(
+        self,
+        storage: Storage,
+        commit_path: Callable[[int], str],
+        first: int,
+        last: int,
+        times: list[int | None] | None,
+    ) -> None:
+        for start in range(first, last + 1, READ_RUN):
             run: list[_Read] = []
-            for i in range(start, min(start + READ_RUN, len(paths))):
+            for version in range(start, min(start + READ_RUN, last + 1)):
+                path = commit_path(version)
                 try:
                     if times is None:
-                        run.append(read_local_commit(to_local_path(paths[i])))
-                    elif (mtime := times[i]) is None:
-                        run.append(MissingFileError("the listing does not hold this commit", file=paths[i]))
+                        run.append(read_local_commit(to_local_path(path)))
+                    elif (mtime := times[version - first]) is None:
+                        run.append(MissingFileError("the listing does not hold this commit", file=path))
                     else:
-                        run.append((storage.read(paths[i]), mtime))
+                        run.append((storage.read(path), mtime))
                 except Exception as e:  # handed over: the consumer raises it in its turn
                     run.append(e)
             while not self._stop.is_set():
@@ -266,14 +283,19 @@ class PipedCommitFiles:
         self._next_version += 1
         if version < self._head_end:
             return read_local_commit(self._path(version))
-        self._fill(_HEADER.size, version)
-        length, mtime = _HEADER.unpack_from(self._buffer, self._pos)
-        self._pos += _HEADER.size
+        if len(self._buffer) - self._pos < _HEADER_SIZE:
+            self._fill(_HEADER_SIZE, version)
+        pos = self._pos
+        length, mtime = _HEADER.unpack_from(self._buffer, pos)
+        pos += _HEADER_SIZE
         if length >= 0:
-            self._fill(length, version)
-            data = self._buffer[self._pos : self._pos + length]
-            self._pos += length
-            return data, mtime
+            if len(self._buffer) - pos < length:
+                self._pos = pos
+                self._fill(length, version)
+                pos = self._pos
+            self._pos = pos + length
+            return self._buffer[pos : pos + length], mtime
+        self._pos = pos
         if length == _MISSING:
             raise MissingFileError("file does not exist", file=self._path(version))
         self._fill(mtime, version)

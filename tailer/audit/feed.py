@@ -247,16 +247,16 @@ class AuditFeed:
         if track_table_rows:
             rows = 0 if starting_version == 0 else table_row_count(before, self.storage)
         tracker = AuditTracker(self.table, self.storage, table_rows=rows)
-        versions = range(starting_version, end + 1)
-        paths = [self.log.commit_path(v) for v in versions]
+        last_read = end
         times: list[int | None] | None = None
         if listing is not None:
-            missing = next((v for v in versions if v not in listing.commits), None)
-            stop = len(paths) if missing is None else missing - starting_version + 1
-            infos = [listing.commits.get(v) for v in versions[:stop]]
+            commits = listing.commits
+            missing = next((v for v in range(starting_version, end + 1) if v not in commits), None)
+            if missing is not None:
+                last_read = missing  # the reads stop at a gap (read as missing), raised in its turn
+            infos = [commits.get(v) for v in range(starting_version, last_read + 1)]
             times = [None if info is None else info.modification_time for info in infos]
-            paths = paths[:stop]  # the reads stop at a gap (read as missing), raised in its turn
-        files = open_commit_files(self.storage, paths, times, first_version=starting_version)
+        files = open_commit_files(self.storage, self.log.commit_path, starting_version, last_read, times)
         step = _Step(self, tracker, files, counted)
         try:
             v = starting_version

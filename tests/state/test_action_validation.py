@@ -284,6 +284,22 @@ def test_parsed_values_are_the_json_values() -> None:
         default_row_commit_version=41,
         clustering_provider="liquid",
     )
+    distinct = {"deletionTimestamp": 7, "size": 11, "baseRowId": 4072, "defaultRowCommitVersion": 42}
+    body = dict(VALID["remove"], partitionValues={"a": "2"}, stats='{"numRecords":3}', tags={"T": "9"}, **distinct)
+    [remove] = parse_json_actions(_line("remove", body))
+    assert remove == Remove(
+        path="part-0.parquet",
+        deletion_timestamp=7,
+        data_change=True,
+        extended_file_metadata=True,
+        partition_values={"a": "2"},
+        size=11,
+        stats='{"numRecords":3}',
+        tags={"T": "9"},
+        deletion_vector=DeletionVector("u", "ab^-aqEH.-t@S}K{vb[*k^", 40, 6, 4),
+        base_row_id=4072,
+        default_row_commit_version=42,
+    )
     [metadata] = parse_json_actions(_line("metaData", VALID["metaData"]))
     assert isinstance(metadata, Metadata)
     assert (metadata.format.provider, metadata.format.options) == ("parquet", {"k": "v"})

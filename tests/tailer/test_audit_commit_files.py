@@ -129,24 +129,32 @@ def test_stopping_early_ends_the_helper(tmp_path: Path) -> None:
 
 def test_long_local_ranges_get_the_helper_others_a_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = write_log(tmp_path, range(0, 20))
-    paths = [str(log / f"{v:020d}.json") for v in range(0, 20)]
+
+    def path(version: int) -> str:
+        return str(log / f"{version:020d}.json")
+
     monkeypatch.setattr(commit_files, "PIPE_MIN_FILES", 10)
     monkeypatch.setattr(commit_files, "PIPE_HEAD", 2)
     storage = LocalStorage()
-    piped = open_commit_files(storage, paths, None, first_version=0)
+    piped = open_commit_files(storage, path, 0, 19, None)
     assert isinstance(piped, PipedCommitFiles)
     assert drain(piped, 20) == expected(log, range(0, 20))
-    short = open_commit_files(storage, paths[:5], None, first_version=0)
+    short = open_commit_files(storage, path, 3, 7, None)
     assert isinstance(short, ThreadedCommitFiles)
-    assert drain(short, 5) == expected(log, range(0, 5))
-    listed = open_commit_files(storage, paths, [1_700_000_000_000 + v for v in range(20)], first_version=0)
+    assert drain(short, 5) == expected(log, range(3, 8))
+    listed = open_commit_files(storage, path, 0, 19, [1_700_000_000_000 + v for v in range(20)])
     assert isinstance(listed, ThreadedCommitFiles)  # times from a listing: an object store's reader
     assert drain(listed, 20) == expected(log, range(0, 20))
+    unlisted = open_commit_files(storage, path, 0, 1, [1_700_000_000_000, None])
+    assert unlisted.next() == expected(log, range(0, 1))[0]
+    with pytest.raises(MissingFileError, match="the listing does not hold this commit"):
+        unlisted.next()
+    unlisted.close()
     # if the helper cannot start, the thread reads
     monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
     with pytest.raises(OSError):
         PipedCommitFiles(str(log), 0, 19, head=2)
-    fallback = open_commit_files(storage, paths, None, first_version=0)
+    fallback = open_commit_files(storage, path, 0, 19, None)
     assert isinstance(fallback, ThreadedCommitFiles)
     assert drain(fallback, 20) == expected(log, range(0, 20))
 
