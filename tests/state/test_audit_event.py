@@ -166,6 +166,16 @@ def test_user_id_stands_in_for_an_absent_user_name() -> None:
     assert event(commit(1, info(operation="WRITE")), before).user is None
 
 
+def test_user_ids_of_other_json_types_are_shown_as_written_and_never_mixed_up() -> None:
+    # 1, true and "1" hash alike in Python; each commit's actor must still show what it wrote.
+    before, _ = table_at_v0()
+    for _ in range(2):  # the second pass meets whatever the first one left behind
+        users = [event(commit(1, info(operation="WRITE", userId=u)), before).actor.user_id for u in ("1", 1, True)]
+        assert users == ["1", "1", "True"]
+    structured = event(commit(1, info(operation="WRITE", userId={"id": 1}, userName=["a"])), before).actor
+    assert (structured.user_id, structured.user_name) == ('{"id":1}', '["a"]')
+
+
 def test_merge_predicate_of_delta_rs_and_absent_commit_info() -> None:
     before, _ = table_at_v0()
     e = event(commit(1, info(operation="MERGE", operationParameters={"mergePredicate": "t.id = s.id"})), before)
