@@ -217,6 +217,7 @@ class AuditFeed:
             ConfigError: if ``ending_version`` is before the starting version.
             VersionGapError: if a commit inside the range is missing.
             InvalidLogError: if a commit is malformed.
+            DeltaTailError: if a commit file cannot be read (a directory, no permission); it names the file.
             MissingFileError: with ``counted``, if a data file the change rows need is gone (vacuumed).
         """
         if starting_timestamp_ms is not None:
