@@ -181,23 +181,20 @@ class ThreadedCommitFiles:
         last: int,
         times: list[int | None] | None,
     ) -> None:
+        self._storage = storage
+        self._commit_path = commit_path
+        self._range = range(first, last + 1)
+        self._times = times
         self._runs: queue.Queue[list[_Read]] = queue.Queue(maxsize=READ_AHEAD_RUNS)
         self._stop = threading.Event()
         self._current: list[_Read] = []
         self._index = 0
-        self._thread = threading.Thread(
-            target=self._read, args=(storage, commit_path, first, last, times), name="deltatail-audit-read", daemon=True
-        )
+        self._thread = threading.Thread(target=self._read, name="deltatail-audit-read", daemon=True)
         self._thread.start()
 
-    def _read(
-        self,
-        storage: Storage,
-        commit_path: Callable[[int], str],
-        first: int,
-        last: int,
-        times: list[int | None] | None,
-    ) -> None:
+    def _read(self) -> None:
+        storage, commit_path, times = self._storage, self._commit_path, self._times
+        first, last = self._range.start, self._range.stop - 1
         for start in range(first, last + 1, READ_RUN):
             run: list[_Read] = []
             for version in range(start, min(start + READ_RUN, last + 1)):
