@@ -240,10 +240,11 @@ class ThreadedCommitFiles:
 class PipedCommitFiles:
     """The commit files of versions ``first``..``last`` of a local log, read by a helper process.
 
-    The parent reads the first ``head`` files (default :data:`PIPE_HEAD`) itself while the helper starts; the helper
-    reads the rest and writes each down its standard output as a frame (a 16-byte header, then
-    the bytes). :meth:`close` (or reaching the end) ends the helper; a consumer that stops early
-    leaves no process behind.
+    The parent reads the first ``head`` files (default :data:`PIPE_HEAD`) itself while the helper
+    starts; the helper reads the rest and writes each down its standard output as a frame (a
+    16-byte header, then the bytes). :meth:`close` ends the helper; a consumer that stops early
+    leaves no process behind (:class:`~tailer.audit.feed.AuditFeed` closes its reader when its
+    events stop, early or not).
 
     Raises:
         OSError: if the helper process cannot be started.

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -195,8 +195,8 @@ class AuditFeed:
         starting_timestamp_ms: int | None = None,
         counted: bool = False,
         track_table_rows: bool = False,
-    ) -> Iterator[AuditEvent]:
-        """One event per version of the range, in order.
+    ) -> Generator[AuditEvent, None, None]:
+        """One event per version of the range, in order; ``close()`` the generator to stop early.
 
         Locally the log is not listed (the latest version comes from ``_last_checkpoint`` and the
         files after it; each commit's time from its open file); on an object store one listing

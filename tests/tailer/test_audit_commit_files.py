@@ -195,3 +195,25 @@ def test_the_feed_gives_the_same_events_from_either_reader(
     with pytest.raises(DeltaTailError, match="cannot read the commit file") as unreadable:
         list(AuditFeed(str(copy)).events(1, 9))
     assert unreadable.value.version == 6 and unreadable.value.table is not None
+
+
+def test_an_audit_stopped_early_leaves_no_helper(ops: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[PipedCommitFiles] = []
+
+    class Recorded(PipedCommitFiles):
+        def __init__(self, log_dir: str, first: int, last: int) -> None:
+            super().__init__(log_dir, first, last)
+            made.append(self)
+
+    monkeypatch.setattr(commit_files, "PipedCommitFiles", Recorded)
+    monkeypatch.setattr(commit_files, "PIPE_MIN_FILES", 2)
+    monkeypatch.setattr(commit_files, "PIPE_HEAD", 1)
+    events = AuditFeed(str(ops)).events()
+    assert next(events).version == 0
+    assert next(events).version == 1  # read from the helper's pipe
+    [reader] = made
+    pid = reader.pid
+    assert pid is not None
+    assert Path(f"/proc/{pid}").exists()  # running, or done with its 9 files but not yet reaped
+    events.close()
+    assert not Path(f"/proc/{pid}").exists()  # ended and reaped: no zombie either
