@@ -3,8 +3,8 @@
 The values never change once built. Most are frozen dataclasses; the three built once per action
 of a log (``Add``, ``Remove``, ``CommitInfo``), like ``Commit`` and the audit event's records,
 declare every field ``Final`` instead: strict mypy refuses an assignment, and construction costs
-a plain dataclass's (``frozen=True`` sets each field through ``object.__setattr__``: 8x dearer,
-a sixth of a whole-history audit).
+a plain dataclass's (``frozen=True`` sets each field through ``object.__setattr__``, several times
+dearer on the path every action of a log takes).
 
 Protocol, "Actions": a commit file is newline-delimited JSON, one action per
 line, each an object with a single key naming the action. The newer revision
@@ -821,7 +821,6 @@ def parse_json_actions(data: bytes) -> list[Action]:
             the message gives the 1-based line number.
     """
     actions: list[Action] = []
-    parsers = _PARSERS
     for number, line in enumerate(data.splitlines(), start=1):
         try:
             obj = orjson.loads(line)
@@ -832,11 +831,9 @@ def parse_json_actions(data: bytes) -> list[Action]:
         if type(obj) is not dict:
             raise InvalidLogError(f"line {number} is not a JSON object")
         try:
-            for key, body in obj.items():  # parse_action, inline: this loop runs once per action of a log
-                parser = parsers.get(key)
-                if parser is not None and body is not None:
-                    actions.append(parser(body))
-                    break
+            action = parse_action(obj)
         except InvalidLogError as e:
             raise InvalidLogError(f"line {number}: {e.message}") from e
+        if action is not None:
+            actions.append(action)
     return actions

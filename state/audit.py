@@ -573,7 +573,7 @@ def build_audit_event(
     operation = _str(raw.get("operation"))
     parameters = _dict(raw.get("operationParameters"))
     metrics = _dict(raw.get("operationMetrics"))
-    schema_change = _schema_change(before, commit.metadata, commit.version) if commit.metadata is not None else None
+    schema_change = _schema_change(before, commit.metadata, commit.version)
     protocol_change = _protocol_change(before.protocol, protocol) if commit.protocol is not None else None
     property_changes, metadata_changes = (
         _metadata_changes(before.metadata, commit.metadata) if commit.metadata is not None else ((), ())
@@ -587,7 +587,7 @@ def build_audit_event(
         if r.data_change:
             data_removes += 1
     has_changes = bool(data_adds or data_removes or commit.cdcs)
-    data_change = has_changes and not (operation == "MERGE" and is_noop_merge(commit))
+    data_change = has_changes and not is_noop_merge(commit)
     rows = _FileRows(commit, row_count)
     counts = _counts(
         commit, before, operation, metrics, rows, (data_adds, data_removes), has_changes, table_rows_before
@@ -910,17 +910,17 @@ class _FileRows:
     def inserted(self) -> int | None:
         """Rows the added files bring (and rows a DV update restores)."""
         if not self._inserted_done:
-            adds = self._commit.adds
+            adds = self._commit.adds  # (no adds: no DV pairs either, and nothing inserted)
             restored = sum([max(0, old - new) for old, new in self._dv_pairs().values()]) if adds else 0
-            self._inserted, self._inserted_done = self._sum(adds, restored) if adds else 0, True
+            self._inserted, self._inserted_done = self._sum(adds, restored), True
         return self._inserted
 
     def deleted(self) -> int | None:
         """Rows the removed files take away (and rows a DV update newly hides)."""
         if not self._deleted_done:
-            removes = self._commit.removes
+            removes = self._commit.removes  # (no removes: no DV pairs either, and nothing deleted)
             hidden = sum([max(0, new - old) for old, new in self._dv_pairs().values()]) if removes else 0
-            self._deleted, self._deleted_done = self._sum(removes, hidden) if removes else 0, True
+            self._deleted, self._deleted_done = self._sum(removes, hidden), True
         return self._deleted
 
 

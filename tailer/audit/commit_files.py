@@ -5,8 +5,8 @@ files must not be on that thread's path. Two readers hand the files over in orde
 ``(bytes, modification time in epoch ms)``, through :meth:`CommitFiles.next`:
 
 - :class:`PipedCommitFiles`, for a long range of a local table: a helper process (the same
-  Python, started with ``-I -S``, importing only ``os``, ``struct`` and ``sys``) opens, stats and
-  reads each file and writes it down a pipe; the parent takes them from the pipe, tens of files
+  Python running :mod:`tailer.audit.commit_reader` with ``-I -S``: standard library only) opens,
+  stats and reads each file and writes it down a pipe; the parent takes them from the pipe, tens of files
   per read. The reading runs on another core and costs the parent about a microsecond a file,
   where reading it itself costs four system calls (open, fstat, read, close). The parent reads
   the first :data:`PIPE_HEAD` files itself while the helper starts (about 10 ms).
@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import struct
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from state.errors import DeltaTailError, MissingFileError
+from tailer.audit import commit_reader
 from tailer.storage import Storage
 from tailer.storage.local import to_local_path
 
@@ -45,49 +45,8 @@ PIPE_MIN_FILES = 1024
 #: Files the parent reads itself at the start of a piped range, while the helper starts.
 PIPE_HEAD = 256
 
-#: Frame header down the pipe: length (or ``_MISSING``/``_FAILED``) and modification time (ms).
-_HEADER = struct.Struct("<qq")
+_HEADER, _MISSING = commit_reader.HEADER, commit_reader.MISSING
 _HEADER_SIZE = _HEADER.size
-_MISSING = -1
-_FAILED = -2  # the "time" field then holds the length of an error message that follows
-
-#: The helper process: argv is the log directory, the first and the last version.
-_HELPER = r"""
-import os, struct, sys
-head = struct.Struct("<qq")
-log_dir, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-out, frames, size = sys.stdout.buffer, [], 0
-try:
-    for version in range(first, last + 1):
-        try:
-            fd = os.open(os.path.join(log_dir, "%020d.json" % version), os.O_RDONLY)
-            try:
-                st = os.fstat(fd)
-                chunks = [os.read(fd, st.st_size + 1)]
-                if len(chunks[0]) > st.st_size:
-                    while chunk := os.read(fd, 1 << 16):
-                        chunks.append(chunk)
-            finally:
-                os.close(fd)
-        except (FileNotFoundError, NotADirectoryError):
-            frames.append(head.pack(-1, 0))
-            continue
-        except OSError as e:
-            message = (e.strerror or str(e)).encode("utf-8", "replace")
-            frames.append(head.pack(-2, len(message)) + message)
-            continue
-        data = b"".join(chunks)
-        frames.append(head.pack(len(data), st.st_mtime_ns // 1000000))
-        frames.append(data)
-        size += len(data) + 16
-        if size >= 1 << 16:
-            out.write(b"".join(frames))
-            frames, size = [], 0
-    out.write(b"".join(frames))
-    out.flush()
-except BrokenPipeError:
-    os._exit(0)
-"""
 
 
 class CommitFiles(Protocol):
@@ -115,22 +74,11 @@ def read_local_commit(path: str) -> tuple[bytes, int]:
         DeltaTailError: if it cannot be read (a directory, no permission); the message says why.
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            st = os.fstat(fd)
-            data = os.read(fd, st.st_size + 1)
-            if len(data) > st.st_size:  # grew since (never for a published commit): read to the end
-                rest = [data]
-                while chunk := os.read(fd, 1 << 16):
-                    rest.append(chunk)
-                data = b"".join(rest)
-        finally:
-            os.close(fd)
+        return commit_reader.read_file(path)
     except (FileNotFoundError, NotADirectoryError) as e:
         raise MissingFileError("file does not exist", file=path) from e
     except OSError as e:
         raise DeltaTailError(f"cannot read the commit file: {e.strerror or e}", file=path) from e
-    return data, st.st_mtime_ns // 1_000_000
 
 
 def open_commit_files(
@@ -149,10 +97,10 @@ def open_commit_files(
     A local range of at least :data:`PIPE_MIN_FILES` files is read by a helper process; if it
     cannot be started, by a thread (logged at debug level).
     """
-    if times is None and last - first + 1 >= PIPE_MIN_FILES and last >= first:
+    if times is None and last - first + 1 >= PIPE_MIN_FILES:
         ends = [to_local_path(commit_path(first)), to_local_path(commit_path(last))]
         log_dir = os.path.dirname(ends[0])
-        if ends == [os.path.join(log_dir, f"{v:020d}.json") for v in (first, last)]:
+        if ends == [commit_reader.commit_file(log_dir, v) for v in (first, last)]:  # the helper's names
             try:
                 return PipedCommitFiles(log_dir, first, last)
             except OSError as e:
@@ -183,7 +131,7 @@ class ThreadedCommitFiles:
     ) -> None:
         self._storage = storage
         self._commit_path = commit_path
-        self._range = range(first, last + 1)
+        self._first, self._last = first, last
         self._times = times
         self._runs: queue.Queue[list[_Read]] = queue.Queue(maxsize=READ_AHEAD_RUNS)
         self._stop = threading.Event()
@@ -194,7 +142,7 @@ class ThreadedCommitFiles:
 
     def _read(self) -> None:
         storage, commit_path, times = self._storage, self._commit_path, self._times
-        first, last = self._range.start, self._range.stop - 1
+        first, last = self._first, self._last
         for start in range(first, last + 1, READ_RUN):
             run: list[_Read] = []
             for version in range(start, min(start + READ_RUN, last + 1)):
@@ -257,7 +205,7 @@ class PipedCommitFiles:
         self._proc: subprocess.Popen[bytes] | None = None
         if self._head_end <= last:
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _HELPER, log_dir, str(self._head_end), str(last)],
+                [sys.executable, "-I", "-S", commit_reader.__file__, log_dir, str(self._head_end), str(last)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -302,7 +250,7 @@ class PipedCommitFiles:
         raise DeltaTailError(f"cannot read the commit file: {message}", version=version, file=self._path(version))
 
     def _path(self, version: int) -> str:
-        return os.path.join(self._log_dir, f"{version:020d}.json")
+        return commit_reader.commit_file(self._log_dir, version)
 
     def _fill(self, n: int, version: int) -> None:
         """Have at least ``n`` unread bytes in the buffer, reading the pipe as needed."""
