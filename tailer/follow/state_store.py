@@ -49,6 +49,10 @@ class SavedState:
     snapshot_version: int
     snapshot_file: str
     previous_timestamp_ms: int | None
+    #: The position just after the last row delivered before ``cursor`` (``None``: no row yet, or
+    #: unknown - a cursor saved by an older deltatail or set by ``deltatail seek``). A sink that
+    #: reports holding less than this lost rows (see :meth:`tailer.follow.loop.FollowLoop._open_sink`).
+    rows_end: Position | None = None
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -178,6 +182,7 @@ class StateStore:
                 snapshot_version=int(body["snapshot_version"]),
                 snapshot_file=str(body["snapshot_file"]),
                 previous_timestamp_ms=body.get("previous_timestamp_ms"),
+                rows_end=None if body.get("rows_end") is None else Position.from_json(body["rows_end"]),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, StateError) as e:
             raise StateError(f"cannot read the tailer's cursor ({e}); {hint}", file=str(path)) from e
@@ -196,6 +201,8 @@ class StateStore:
             "snapshot_file": saved.snapshot_file,
             "previous_timestamp_ms": saved.previous_timestamp_ms,
         }
+        if saved.rows_end is not None:
+            body["rows_end"] = saved.rows_end.to_json()
         crc = zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
         atomic_write(self.dir / CURSOR_FILE, orjson.dumps({"state": body, "crc32": crc}, option=orjson.OPT_INDENT_2))
         for old in self.dir.glob("snapshot-*.parquet"):
