@@ -1,4 +1,4 @@
-"""What a file sink reports holding is the holdings of that table and that sink, and rows lost from it are not passed over.
+"""A file sink reports the holdings of its own table only, and rows lost from it are not passed over.
 
 Tables are written by deltalake in ``tmp_path``; the tailer runs in-process (``Tailer``) or as
 ``deltatail run`` in a subprocess; sinks are real files and directories.
