@@ -176,6 +176,10 @@ def test_a_jsonl_file_that_lost_rows_is_refused(tmp_path: Path, damage: str) -> 
     assert f"deltatail seek {state} --to-version {1 if damage == 'truncated' else 0}" in text, text
     assert "on_sink_gap" in text
     assert jsonl_ids(out) == (list(range(14)) if damage == "truncated" else [])  # nothing written past the gap
+    seek = cli("seek", str(state), "--to-version", "1" if damage == "truncated" else "0")  # the way out it names
+    assert seek.returncode == 0, seek.stderr
+    run(root, state, JsonLinesSink(str(out)))
+    assert jsonl_ids(out) == list(range(35))  # the missing rows again, once; the held ones not repeated
 
 
 def test_a_gap_accepted_is_warned_counted_and_passed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
