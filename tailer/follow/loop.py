@@ -298,7 +298,8 @@ class FollowLoop(ABC):
             return
         raise SinkError(
             f"{what}. To deliver them again, run `deltatail seek {self.config.state_dir} "
-            f"--to-version {first.version}` (rows the sink still holds are skipped); to go on without them, "
+            f"--to-version {first.version}`{'' if held is not None else ' (or from the version it started at)'} "
+            "(rows the sink still holds are skipped); to go on without them, "
             "set on_sink_gap = accept (--on-sink-gap accept)",
             table=info.path,
             file=self.sink.location,
