@@ -8,13 +8,23 @@
     position as ``"_position": [version, index, snapshot]``. On ``open`` the
     sink drops a torn last line (a crash mid-write; it was never flushed, so
     never acknowledged) and reports the position after the last complete line,
-    so a restart repeats nothing.
+    so a restart repeats nothing. Which table the rows belong to is recorded
+    beside the file, in ``.<name>.deltatail.json`` (written atomically when the
+    sink is opened for a new table; the rows themselves are unchanged).
 ``parquet:DIR``
     One Parquet file per flush, named by the positions it holds
     (``<first>_<end>.parquet``, positions as ``v<version>-<s|c><index>``),
     written to a temporary name, fsynced and renamed. On ``open`` leftover
     temporary files are removed and the sink reports the largest end position,
-    so a restart leaves no duplicates and no half files.
+    so a restart leaves no duplicates and no half files. Each file records its
+    table in its Parquet key-value metadata (``deltatail.table_id``,
+    ``deltatail.table``).
+
+Holdings are per table: a sink whose rows belong to another table id is refused
+(:class:`SinkError` naming both tables and the file) instead of reporting their
+positions, which would make the tailer skip that many rows of its own table. A
+file or directory written by a deltatail without these records holds rows of no
+known table: the first table to open it adopts it, with a warning.
 
 Rows are written with the table's columns and the three change columns; JSON
 values follow :func:`sinks.encoding.json_values` (decimals as strings,
@@ -23,6 +33,7 @@ timestamps as ISO-8601 UTC, binary as base64).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -39,8 +50,33 @@ from state.cursor import Position
 from state.errors import SinkError
 from state.feed import ChangeBatch, TableInfo
 from tailer.follow.sink import Sink
+from tailer.follow.state_store import atomic_write
+
+log = logging.getLogger("deltatail")
 
 _POSITION = "_position"
+#: Parquet key-value metadata (and marker file keys) naming the table the rows belong to.
+TABLE_ID_KEY = "deltatail.table_id"
+TABLE_KEY = "deltatail.table"
+
+
+def _not_ours(sink_file: str, table: TableInfo, other_id: str, other_table: str) -> SinkError:
+    return SinkError(
+        f"{sink_file} holds rows of table {other_table} (id {other_id}), not of {table.path} (id {table.table_id}); "
+        "its positions are not this table's, so it cannot be resumed: give each table its own sink",
+        table=table.path,
+        file=sink_file,
+    )
+
+
+def _adopting(sink_file: str, table: TableInfo) -> None:
+    log.warning(
+        "%s holds rows but does not record their table (written by an older deltatail); "
+        "assuming they are rows of %s (id %s)",
+        sink_file,
+        table.path,
+        table.table_id,
+    )
 
 
 def encode_jsonl(batch: ChangeBatch) -> bytes:
@@ -76,22 +112,70 @@ class JsonLinesSink(Sink):
         self.path = path
         self._fh: BinaryIO | None = None
 
+    @property
+    def location(self) -> str | None:
+        """The file (``None`` for stdout)."""
+        return self.path
+
+    @property
+    def reports_holdings(self) -> bool:
+        """A file tells what it holds; stdout cannot."""
+        return self.path is not None
+
+    @property
+    def marker(self) -> Path | None:
+        """The file recording which table the rows belong to (``.<name>.deltatail.json`` beside the output)."""
+        if self.path is None:
+            return None
+        out = Path(self.path)
+        return out.with_name(f".{out.name}.deltatail.json")
+
     def open(self, table: TableInfo) -> Position | None:
         """Open the output; for a file, repair a torn tail and report the position after its last line.
 
         Raises:
-            SinkError: if the file cannot be opened or its last line is not a deltatail row.
+            SinkError: if the file cannot be opened, its last line is not a deltatail row, or it
+                holds rows of another table (recorded beside it, see the module docstring).
         """
         if self.path is None:
             self._fh = sys.stdout.buffer
             return None
         try:
             fh = open(self.path, "a+b")  # noqa: SIM115 - held open until close()
-            resume = _repair_tail(fh, self.path)
         except OSError as e:
             raise SinkError(f"cannot open JSON lines output: {e}", table=table.path, file=self.path) from e
+        try:
+            resume = _repair_tail(fh, self.path)
+            self._claim(table, holds_rows=resume is not None)
+        except OSError as e:
+            fh.close()
+            raise SinkError(f"cannot open JSON lines output: {e}", table=table.path, file=self.path) from e
+        except BaseException:
+            fh.close()
+            raise
         self._fh = fh
         return resume
+
+    def _claim(self, table: TableInfo, *, holds_rows: bool) -> None:
+        """Check that the rows held are ``table``'s; record ``table`` as the file's table if it is new to it."""
+        marker, path = self.marker, self.path
+        if marker is None or path is None:
+            return
+        recorded: dict[str, str] | None = None
+        if marker.exists():
+            try:
+                raw = orjson.loads(marker.read_bytes())
+                recorded = {"id": str(raw[TABLE_ID_KEY]), "table": str(raw[TABLE_KEY])}
+            except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+                raise SinkError(
+                    f"cannot read which table {path} holds rows of ({e})", table=table.path, file=str(marker)
+                ) from e
+        if holds_rows and recorded is not None and recorded["id"] != table.table_id:
+            raise _not_ours(path, table, recorded["id"], recorded["table"])
+        if holds_rows and recorded is None:
+            _adopting(path, table)
+        if recorded is None or recorded["id"] != table.table_id:  # new, or empty and now this table's
+            atomic_write(marker, orjson.dumps({TABLE_ID_KEY: table.table_id, TABLE_KEY: table.path}))
 
     def write(self, batch: ChangeBatch) -> None:
         """Append the batch's lines (buffered until :meth:`flush`)."""
@@ -158,13 +242,30 @@ class ParquetDirSink(Sink):
     def __init__(self, directory: str) -> None:
         self.dir = Path(directory)
         self._pending: list[ChangeBatch] = []
+        self._metadata: dict[bytes, bytes] = {}
+
+    @property
+    def location(self) -> str:
+        """The directory."""
+        return str(self.dir)
+
+    @property
+    def reports_holdings(self) -> bool:
+        """A directory tells what it holds (its files' names)."""
+        return True
 
     def open(self, table: TableInfo) -> Position | None:
         """Create the directory, remove temporary leftovers, report the largest end position held.
 
+        The newest file (the one the position comes from) must be ``table``'s (its key-value
+        metadata, see the module docstring).
+
         Raises:
-            SinkError: if the directory cannot be created or read.
+            SinkError: if the directory cannot be created or read, or its newest file holds rows
+                of another table or cannot be read.
         """
+        self._metadata = {TABLE_ID_KEY.encode(): table.table_id.encode(), TABLE_KEY.encode(): table.path.encode()}
+        newest: Path | None = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             resume: Position | None = None
@@ -175,10 +276,27 @@ class ParquetDirSink(Sink):
                 m = _NAME.match(entry.name)
                 if m:
                     end = Position(int(m.group(4)), 0 if m.group(5) == "s" else 1, int(m.group(6)))
-                    resume = end if resume is None else max(resume, end)
+                    if resume is None or end > resume:
+                        resume, newest = end, entry
         except OSError as e:
             raise SinkError(f"cannot use Parquet output directory: {e}", table=table.path, file=str(self.dir)) from e
+        if newest is not None:
+            self._check_owner(newest, table)
         return resume
+
+    def _check_owner(self, newest: Path, table: TableInfo) -> None:
+        try:
+            recorded = pq.read_metadata(newest).metadata or {}
+        except (OSError, pa.ArrowException) as e:
+            raise SinkError(
+                f"cannot read the newest Parquet output file ({e})", table=table.path, file=str(newest)
+            ) from e
+        other = recorded.get(TABLE_ID_KEY.encode())
+        if other is None:
+            _adopting(str(newest), table)
+        elif other.decode(errors="replace") != table.table_id:
+            where = recorded.get(TABLE_KEY.encode(), b"?").decode(errors="replace")
+            raise _not_ours(str(newest), table, other.decode(errors="replace"), where)
 
     def write(self, batch: ChangeBatch) -> None:
         """Hold the batch until :meth:`flush`."""
@@ -201,7 +319,8 @@ class ParquetDirSink(Sink):
         name = f"{_pos_name(group[0].start)}_{_pos_name(group[-1].end)}.parquet"
         tmp = self.dir / f".{name}.tmp"
         try:
-            pq.write_table(pa.Table.from_batches([b.rows for b in group]), tmp)
+            rows = pa.Table.from_batches([b.rows for b in group])
+            pq.write_table(rows.replace_schema_metadata({**(rows.schema.metadata or {}), **self._metadata}), tmp)
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, self.dir / name)

@@ -285,6 +285,22 @@ class KafkaSink(Sink):
         self._last_commit_version = -1
         self._operation: tuple[int, str | None] = (-1, None)
         self._last_heartbeat: float | None = None
+        self._held = 0
+
+    @property
+    def rows_held(self) -> int:
+        """Rows given to :meth:`write` since :meth:`open` whose messages every partition already held (skipped).
+
+        Only ``exactly_once`` skips; a row without a message of its own (the earlier image of an
+        update sent as one event) goes with the row of the next message.
+        """
+        return self._held
+
+    @property
+    def location(self) -> str | None:
+        """``topic TOPIC`` once open."""
+        topic = getattr(self, "topic", None)
+        return None if topic is None else f"topic {topic}"
 
     # -- life cycle --------------------------------------------------------
 
@@ -557,6 +573,8 @@ class KafkaSink(Sink):
             )
             partitions.append(partition)
             rows.append(row)
+        if len(rows) < len(encoded.rows):
+            self._held += _held_rows(len(batch), encoded.rows, rows)
         return Outgoing(self.topic, keys, values, headers, partitions, version, rank, base, rows)
 
     @property
@@ -725,6 +743,23 @@ class KafkaSink(Sink):
             message = f"Kafka did not acknowledge the message for {_describe(stamp)}: {why}"
             self._fail(message, stamp, unavailable=True)  # stops the sink unless an earlier failure already did
             raise SinkUnavailableError(message, table=self.table.path, version=stamp[0])  # first in send order
+
+
+def _held_rows(count: int, message_rows: list[int], sent_rows: list[int]) -> int:
+    """Rows of a batch of ``count`` rows none of whose messages were sent.
+
+    A row without a message of its own goes with the next row that has one (the later image of a
+    paired update carries both); rows after the last message go with it.
+    """
+    sent = set(sent_rows)
+    held, previous = 0, -1
+    for row in sorted(set(message_rows)):
+        if row not in sent:
+            held += row - previous
+        previous = row
+    if previous not in sent:
+        held += count - 1 - previous
+    return held
 
 
 def _describe(stamp: Stamp) -> str:

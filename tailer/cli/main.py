@@ -35,7 +35,7 @@ from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.serve import serve
-from tailer.cli.settings import STORAGE, merge
+from tailer.cli.settings import SINK_GAP_CHOICES, STORAGE, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
 from tailer.follow.stats import TableStats
@@ -135,7 +135,12 @@ def _run(args: argparse.Namespace) -> int:
     stop_on_signals(service.stop)
     with ServiceProgress(lambda: [service.stats]):
         progress = service.run()
-    logging.getLogger("deltatail").info("stopped: %d versions, %d rows delivered", progress.versions, progress.rows)
+    logging.getLogger("deltatail").info(
+        "stopped: %d versions, %d rows delivered, %d already held by the sink",
+        progress.versions,
+        progress.rows,
+        progress.held,
+    )
     return 0
 
 
@@ -247,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="restarts from the saved cursor while the sink is unavailable (default -1: keep retrying)",
+    )
+    run.add_argument(
+        "--on-sink-gap",
+        choices=SINK_GAP_CHOICES,
+        default=None,
+        help="the sink holds fewer rows than were delivered to it (file truncated, deleted, rotated): "
+        "fail (default) or accept (warn and go on)",
     )
     run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     _storage_option(run)

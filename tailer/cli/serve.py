@@ -235,14 +235,74 @@ def _storage(raw: Any, where: str, path: str) -> dict[str, str]:
 # ---------------------------------------------------------------- tables --
 
 
-def _sink_factory(uri: str, name: str) -> Any:
-    def make(tid: str) -> Sink:
-        filled = uri.replace("{table_name}", name)
-        if not filled.startswith("kafka://"):  # the Kafka sink fills its topic's {table_id} itself
-            filled = filled.replace("{table_id}", tid)
-        return open_sink(filled)
+@dataclass(frozen=True)
+class SinkFactory:
+    """Makes a table's sink from the service's sink URI, filled for the table (a :attr:`TableSource.make_sink`)."""
 
-    return make
+    uri: str
+    name: str
+
+    def filled(self, tid: str) -> str:
+        """The URI for the table of id ``tid`` (Kafka fills its topic's ``{table_id}`` itself)."""
+        filled = self.uri.replace("{table_name}", self.name)
+        if not filled.startswith("kafka://"):
+            filled = filled.replace("{table_id}", tid)
+        return filled
+
+    def __call__(self, tid: str) -> Sink:
+        """A new, unopened sink for the table of id ``tid``."""
+        return open_sink(self.filled(tid))
+
+
+def _sink_file(uri: str) -> Path | None:
+    """The file or directory a ``jsonl:PATH`` or ``parquet:DIR`` URI writes to (resolved); ``None`` for others."""
+    for prefix in ("jsonl:", "parquet:"):
+        if uri.startswith(prefix) and uri not in ("jsonl:-", "jsonl:"):
+            return Path(uri[len(prefix) :]).resolve()
+    return None
+
+
+def check_distinct_sinks(sources: list[TableSource], ids: Mapping[str, str]) -> None:
+    """Refuse two tables whose filled sink URIs write to the same file or directory.
+
+    A sink's file records one table's rows (:mod:`sinks.embedded`), so a second table there is
+    refused at start-up instead of when its tailer opens the sink (``jsonl:-`` and Kafka are
+    not files: several tables may share them).
+
+    Args:
+        sources: the configured tables.
+        ids: each table's id, by name (:func:`check_tables`).
+
+    Raises:
+        ConfigError: naming both tables and the file, or the default sink shared by discovered tables.
+    """
+    seen: dict[Path, str] = {}
+    for s in sources:
+        make = s.make_sink
+        target = _sink_file(make.filled(ids[s.name])) if isinstance(make, SinkFactory) else None
+        if target is None:
+            continue
+        if target in seen:
+            raise ConfigError(
+                f"tables {seen[target]!r} and {s.name!r} have the same sink {target}: a sink file holds the rows of "
+                "one table; give each its own (e.g. with {table_name} in the sink URI)"
+            )
+        seen[target] = s.name
+
+
+def check_discovered_sink(defaults: Mapping[str, Any]) -> None:
+    """Refuse a default file sink that would be shared by every discovered table (see :func:`check_distinct_sinks`).
+
+    Raises:
+        ConfigError: if the ``[defaults]`` sink is a ``jsonl:PATH`` or ``parquet:DIR`` without ``{table_name}``
+            or ``{table_id}``.
+    """
+    uri = str(defaults.get("sink", DEFAULT_SINK))
+    if _sink_file(uri) is not None and "{table_name}" not in uri and "{table_id}" not in uri:
+        raise ConfigError(
+            f"[defaults] sink {uri!r} would be the sink of every discovered table: a sink file holds the rows of "
+            "one table; put {table_name} or {table_id} in it"
+        )
 
 
 def source(name: str, settings: Mapping[str, Any]) -> TableSource:
@@ -260,7 +320,7 @@ def source(name: str, settings: Mapping[str, Any]) -> TableSource:
         table, fmt = table[len(LANCE_PREFIX) :], "lance"
     if fmt is None:
         fmt = "lance" if looks_like_lance(table, storage_for(table, settings.get(STORAGE) or None)) else "delta"
-    sink = _sink_factory(str(settings.get("sink", DEFAULT_SINK)), name)
+    sink = SinkFactory(str(settings.get("sink", DEFAULT_SINK)), name)
     if fmt == "lance":
         refused = [k for k in DELTA_ONLY if settings.get(k)]
         if refused:
@@ -269,8 +329,8 @@ def source(name: str, settings: Mapping[str, Any]) -> TableSource:
     return TableSource(name, tailer_config(table, "", settings), sink)
 
 
-def check_tables(sources: list[TableSource]) -> None:
-    """Check every configured table before anything starts.
+def check_tables(sources: list[TableSource]) -> dict[str, str]:
+    """Check every configured table before anything starts; returns each table's id by name.
 
     Raises:
         DeltaTailError: naming the table: a path with no Delta table, a filter naming a column the
@@ -300,6 +360,7 @@ def check_tables(sources: list[TableSource]) -> None:
         if tid in ids:
             raise ConfigError(f"tables {ids[tid]!r} and {s.name!r} are the same table (id {tid}): follow it once")
         ids[tid] = s.name
+    return {name: tid for tid, name in ids.items()}
 
 
 def _discovered(config: ServeConfig, known_paths: set[str]) -> list[TableSource]:
@@ -337,7 +398,9 @@ def serve(config_path: str) -> int:
     """
     config = load_serve_config(config_path)
     sources = [source(name, settings) for name, settings in config.tables]
-    check_tables(sources)
+    check_distinct_sinks(sources, check_tables(sources))
+    if config.discover:
+        check_discovered_sink(config.defaults)
     for spec in config.discover:
         find_tables(str(spec["root"]), max_depth=0)  # the root exists and is local
     explicit = {_normalized(s) for s in sources}

@@ -32,6 +32,17 @@ def version_value(value: Any) -> int | str:
     return int(value)
 
 
+#: The values of ``on_sink_gap`` (see :meth:`tailer.follow.loop.FollowLoop._open_sink`).
+SINK_GAP_CHOICES = ("fail", "accept")
+
+
+def sink_gap_value(value: Any) -> str:
+    """An ``on_sink_gap`` setting: ``fail`` or ``accept``."""
+    if value not in SINK_GAP_CHOICES:
+        raise ValueError(f"expected one of {', '.join(SINK_GAP_CHOICES)}, got {value!r}")
+    return str(value)
+
+
 def names(value: Any) -> tuple[str, ...]:
     """A list setting: ``a,b`` (flags, environment) or a TOML list of strings.
 
@@ -72,6 +83,7 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "change_types": names,
     "skip_operations": names,
     "sink_retries": int,
+    "on_sink_gap": sink_gap_value,
     "reader_processes": int,
 }
 

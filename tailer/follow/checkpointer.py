@@ -104,8 +104,10 @@ class Checkpointer:
             due = first + max(self.checkpoint_commits - self.since, 1) - 1
         return due
 
-    def take(self, snap: Snapshot, cursor: Position, previous_ms: int | None) -> None:
+    def take(self, snap: Snapshot, cursor: Position, previous_ms: int | None, rows_end: Position | None = None) -> None:
         """Steps 1 to 3 for ``cursor``, the position of the next row, with ``snap`` the delivered snapshot.
+
+        ``rows_end`` (the position after the last row delivered) is saved with the cursor.
 
         The snapshot in hand is consistent with the cursor only at a version
         boundary (cursor at the first row of the next version, or inside the
@@ -133,7 +135,7 @@ class Checkpointer:
             self.saved_snapshot = saved
         if saved is None or (not at_boundary and saved[0] >= cursor.version):
             return  # nothing consistent to resume from yet; a restart redoes this from the start
-        self.store.save(SavedState(self.table, self.table_id, cursor, saved[0], saved[1], previous_ms))  # 3
+        self.store.save(SavedState(self.table, self.table_id, cursor, saved[0], saved[1], previous_ms, rows_end))  # 3
         crash_point("after_save")
         self.since = 0
         self.last = self._clock()

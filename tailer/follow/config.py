@@ -31,5 +31,8 @@ class TailerConfig:
     #: Whether the tailer logs its own "following" status lines (``deltatail serve`` reports its
     #: tables in ``table_status`` lines instead, so that 200 tables do not fill the log).
     status_lines: bool = True
+    #: What to do when the sink holds fewer rows than were delivered to it (a file truncated,
+    #: deleted or rotated away): ``"fail"`` (refuse, naming the gap) or ``"accept"`` (warn, go on).
+    on_sink_gap: str = "fail"
     #: Options of the table's object store (credentials, endpoint); never shown, logged or saved.
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)

@@ -22,8 +22,10 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 
+import pyarrow as pa
+
 from state.cursor import Position
-from state.errors import DeltaTailError
+from state.errors import DeltaTailError, SinkError
 from state.feed import ChangeBatch, FollowStatus, TableInfo
 from tailer.follow.config import TailerConfig
 from tailer.follow.faults import crash_point
@@ -83,6 +85,10 @@ class FollowLoop(ABC):
         self._cursor = Position.change(0, 0)
         self._table_id = ""
         self._resume: Position | None = None
+        #: The position after the last row delivered (set from the saved state on resume).
+        self._rows_end: Position | None = None
+        #: The cursor when the sink was opened: rows skipped after it are rows the sink held.
+        self._opened_at = self._cursor
         self._unflushed = False
         self._idle_polls = 0
         self._open = False
@@ -254,11 +260,50 @@ class FollowLoop(ABC):
     # -- delivering ----------------------------------------------------------------------------
 
     def _open_sink(self, info: TableInfo) -> None:
-        """Open the sink; rows up to the position it reports holding (beyond the cursor) are skipped."""
+        """Open the sink; rows up to the position it reports holding (beyond the cursor) are skipped.
+
+        A sink that :attr:`~tailer.follow.sink.Sink.reports_holdings` and holds less than the
+        saved state says was delivered to it (the position after the last delivered row), or
+        nothing at all, lost rows: a file truncated, deleted or moved away (logrotate). With
+        ``on_sink_gap = "fail"`` (the default) that is a :class:`SinkError` naming the gap and the
+        ways out; with ``"accept"`` a warning, counted in :attr:`TableStats.sink_gaps`, and the
+        tailer goes on at its cursor.
+
+        Raises:
+            SinkError: what the sink's ``open`` raises, or a gap with ``on_sink_gap = "fail"``.
+        """
+        self._opened_at = self._cursor
         held = self.sink.open(info)
+        end = self._rows_end
+        if self.sink.reports_holdings and end is not None and (held is None or held < end):
+            self._sink_gap(info, held, end)
         if held is not None and held > self._cursor:
             log.info("sink already holds rows up to %s; skipping them", held)
             self._resume = held
+
+    def _sink_gap(self, info: TableInfo, held: Position | None, end: Position) -> None:
+        """Report rows delivered to the sink that it no longer holds (see :meth:`_open_sink`)."""
+        self.stats.sink_gaps += 1
+        where = self.sink.location or "the sink"
+        has = "no row" if held is None else f"rows only up to {_row(_before(held))}"
+        first = Position(0, 0, 0) if held is None else held
+        what = (
+            f"{where} holds {has} of {info.path}, but rows up to {_row(_before(end))} (version:index) were "
+            f"delivered to it: rows {'from the start' if held is None else 'from ' + _row(first)} to "
+            f"{_row(_before(end))} are missing from it (truncated, deleted or moved away?)"
+        )
+        if self.config.on_sink_gap == "accept":
+            log.warning("%s; going on at %s (on_sink_gap = accept)", what, _row(self._cursor))
+            self._rows_end = held  # accepted: the next checkpoint records what the sink really holds
+            return
+        raise SinkError(
+            f"{what}. To deliver them again, run `deltatail seek {self.config.state_dir} "
+            f"--to-version {first.version}`{'' if held is not None else ' (or from the version it started at)'} "
+            "(rows the sink still holds are skipped); to go on without them, "
+            "set on_sink_gap = accept (--on-sink-gap accept)",
+            table=info.path,
+            file=self.sink.location,
+        )
 
     def _write_batches(self, batches: Iterable[ChangeBatch], counts: dict[str, int]) -> bool:
         """Write batches, skipping rows already delivered; ``False`` if stopped inside them.
@@ -266,14 +311,23 @@ class FollowLoop(ABC):
         Each written batch is counted into ``counts`` by change type, and the cursor moves to its
         end (the next row) as soon as it is written.
         """
-        for batch in batches:
-            batch = self._skip_delivered(batch)
+        for given in batches:
+            batch = self._skip_delivered(given)
+            held = self._held_in(given, batch)
             if len(batch):
+                before = self.sink.rows_held
                 self.sink.write(batch)
                 self._unflushed = True
                 crash_point("after_write")
-                self.progress.rows += len(batch)
-                self._account(batch, counts)
+                skipped = self.sink.rows_held - before  # rows the sink itself found it held
+                held += skipped
+                self.progress.rows += len(batch) - skipped
+                self._account(batch.rows.slice(skipped), counts)
+            if len(given):
+                self._rows_end = given.end
+            if held:
+                self.progress.held += held
+                self.stats.rows_held += held
             self._cursor = batch.end
             if self._stop.is_set():
                 return False
@@ -291,24 +345,32 @@ class FollowLoop(ABC):
             status(
                 "catching_up",
                 f"{self.stats.name}: catching up: version {version}, {remaining} versions remaining, "
-                f"{self.progress.versions} versions and {self.progress.rows} rows done, {rate:,.0f} rows/s",
+                f"{self.progress.versions} versions and {self.progress.rows} rows done"
+                f"{self.progress.held_text()}, {rate:,.0f} rows/s",
                 table=self.stats.name,
                 version=version,
                 versions_remaining=remaining,
                 versions_done=self.progress.versions,
                 rows_done=self.progress.rows,
+                rows_already_held=self.progress.held,
                 rows_per_second=round(rate),
             )
 
-    def _account(self, batch: ChangeBatch, counts: dict[str, int]) -> None:
-        """Count a written batch's rows (and bytes, shared out by rows) by change type."""
+    def _account(self, rows: pa.RecordBatch, counts: dict[str, int]) -> None:
+        """Count delivered rows (and bytes, shared out by rows) by change type.
+
+        Of a batch the sink partly held (:attr:`~tailer.follow.sink.Sink.rows_held`), its last
+        rows count as delivered: exact in number, by change type as near as the sink tells.
+        """
+        if not rows.num_rows:
+            return
         here: dict[str, int] = {}
-        count_change_types(batch.rows.column("_change_type"), here)
-        size = batch.rows.nbytes
+        count_change_types(rows.column("_change_type"), here)
+        size = rows.nbytes
         for kind, n in here.items():
             counts[kind] = counts.get(kind, 0) + n
             self.stats.rows[kind] += n
-            self.stats.bytes[kind] += size * n // len(batch)
+            self.stats.bytes[kind] += size * n // rows.num_rows
 
     def _skip_delivered(self, batch: ChangeBatch) -> ChangeBatch:
         """The part of ``batch`` after the position the sink holds (all of it once that is passed)."""
@@ -319,6 +381,11 @@ class FollowLoop(ABC):
         out = batch.slice_from(self._resume)
         self._resume = None
         return out
+
+    def _held_in(self, given: ChangeBatch, kept: ChangeBatch) -> int:
+        """Rows of ``given`` not in ``kept`` because the sink held them (not because they were before the cursor)."""
+        first = max(given.start, self._opened_at)
+        return kept.start.index - first.index if first < kept.start else 0
 
     def _failed(self, e: DeltaTailError) -> None:
         self.stats.errors[type(e).__name__] += 1
@@ -371,6 +438,16 @@ class FollowLoop(ABC):
             versions_behind=0,
             seconds_behind=round(behind, 3),
         )
+
+
+def _before(p: Position) -> Position:
+    """The position of the row before ``p`` in the same version (``p`` follows at least one row)."""
+    return Position(p.version, p.snapshot_rank, max(p.index - 1, 0))
+
+
+def _row(p: Position) -> str:
+    """A row's position as users write it: ``version:index`` (``snapshot version:index`` for snapshot rows)."""
+    return f"{'snapshot ' if p.snapshot else ''}{p.version}:{p.index}"
 
 
 def _watcher(directory: str, watch: bool) -> Watcher:

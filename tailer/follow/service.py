@@ -94,6 +94,7 @@ class TailerService:
                 done = tailer.run()
                 total.versions += done.versions
                 total.rows += done.rows
+                total.held += done.held
                 return total
             except (SinkUnavailableError, StorageError) as e:
                 if isinstance(e, StorageError) and not e.transient:
@@ -101,6 +102,7 @@ class TailerService:
                 delivered = tailer.progress.versions if tailer is not None else 0
                 total.versions += delivered
                 total.rows += tailer.progress.rows if tailer is not None else 0
+                total.held += tailer.progress.held if tailer is not None else 0
                 failures = 1 if delivered else failures + 1
                 if self.retries is not None and failures > self.retries:
                     raise

@@ -36,8 +36,33 @@ class Sink(ABC):
             cannot tell and relies on the tailer's cursor.
 
         Raises:
-            SinkError: if the sink cannot be opened or holds rows of another table.
+            SinkError: if the sink cannot be opened or holds rows of another table (the error
+                names both tables and the sink's file).
         """
+
+    @property
+    def location(self) -> str | None:
+        """The file, directory or topic the rows go to, for messages (``None``: not one place)."""
+        return None
+
+    @property
+    def reports_holdings(self) -> bool:
+        """Whether :meth:`open`'s ``None`` means "holds no row of this table" (not "cannot tell"); default no.
+
+        For such a sink the tailer compares what it holds with what its saved cursor says was
+        delivered, and treats rows delivered but no longer held as a gap (see
+        :meth:`tailer.follow.loop.FollowLoop._open_sink`).
+        """
+        return False
+
+    @property
+    def rows_held(self) -> int:
+        """Rows given to :meth:`write` since :meth:`open` that the sink already held and did not write again.
+
+        A sink that skips rows itself (Kafka with ``exactly_once``) counts them here, so that the
+        tailer reports them as already held, not as delivered. Default 0.
+        """
+        return 0
 
     @abstractmethod
     def write(self, batch: ChangeBatch) -> None:

@@ -2,7 +2,7 @@
 
 Layout of ``--state-dir``::
 
-    LOCK                      flock()ed by the running tailer
+    LOCK                      the running tailer's pid (the lock is an flock() on the directory)
     cursor.json               the cursor, the table id, the saved snapshot's version; CRC-checked
     snapshot-<version>.parquet the snapshot at that version, in Delta's checkpoint format
 
@@ -49,6 +49,10 @@ class SavedState:
     snapshot_version: int
     snapshot_file: str
     previous_timestamp_ms: int | None
+    #: The position just after the last row delivered before ``cursor`` (``None``: no row yet, or
+    #: unknown - a cursor saved by an older deltatail or set by ``deltatail seek``). A sink that
+    #: reports holding less than this lost rows (see :meth:`tailer.follow.loop.FollowLoop._open_sink`).
+    rows_end: Position | None = None
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -88,36 +92,53 @@ class StateStore:
     def lock(self) -> None:
         """Take the directory's exclusive lock.
 
+        The lock is an ``flock`` on the state directory itself, not on ``LOCK``: a file can be
+        unlinked while a tailer holds it (and a second tailer would then lock a new file of the
+        same name), a directory that holds files cannot be removed. ``LOCK`` only records the
+        holder's pid, for messages.
+
         Raises:
             StateError: if another process holds it.
         """
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+            os.close(dir_fd)
             raise StateError(
-                f"another tailer (pid {holder}) is running with this state directory; stop it first",
+                f"another tailer (pid {self._holder_pid()}) is running with this state directory; stop it first",
                 file=str(self.dir / "LOCK"),
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._lock_fd = fd
+        try:
+            fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+        except BaseException:
+            os.close(dir_fd)  # closing the descriptor releases the lock
+            raise
+        self._lock_fd = dir_fd
         for leftover in self.dir.glob(".*.tmp-*"):
             leftover.unlink(missing_ok=True)  # a write cut short by a crash; the rename never happened
 
+    def _holder_pid(self) -> str:
+        """The pid ``LOCK`` names (``unknown`` if it is gone or empty)."""
+        try:
+            return (self.dir / "LOCK").read_bytes()[:64].decode(errors="replace").strip() or "unknown"
+        except OSError:
+            return "unknown"
+
     def locked_by(self) -> str | None:
         """The pid holding the lock, or ``None`` if no process does (a tailer following the table holds it)."""
-        path = self.dir / "LOCK"
-        if not path.exists() or self._lock_fd is not None:
+        if not self.dir.is_dir() or self._lock_fd is not None:
             return None
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            return self._holder_pid()
         else:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None
@@ -161,6 +182,7 @@ class StateStore:
                 snapshot_version=int(body["snapshot_version"]),
                 snapshot_file=str(body["snapshot_file"]),
                 previous_timestamp_ms=body.get("previous_timestamp_ms"),
+                rows_end=None if body.get("rows_end") is None else Position.from_json(body["rows_end"]),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, StateError) as e:
             raise StateError(f"cannot read the tailer's cursor ({e}); {hint}", file=str(path)) from e
@@ -179,6 +201,8 @@ class StateStore:
             "snapshot_file": saved.snapshot_file,
             "previous_timestamp_ms": saved.previous_timestamp_ms,
         }
+        if saved.rows_end is not None:
+            body["rows_end"] = saved.rows_end.to_json()
         crc = zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
         atomic_write(self.dir / CURSOR_FILE, orjson.dumps({"state": body, "crc32": crc}, option=orjson.OPT_INDENT_2))
         for old in self.dir.glob("snapshot-*.parquet"):

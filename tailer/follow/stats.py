@@ -38,6 +38,10 @@ class TableStats:
     rows: Counter[str] = field(default_factory=Counter)
     bytes: Counter[str] = field(default_factory=Counter)
     commits: int = 0
+    #: Rows the sink already held and were skipped (not delivered again).
+    rows_held: int = 0
+    #: Times the sink was found holding fewer rows than were delivered to it (rows lost outside deltatail).
+    sink_gaps: int = 0
     last_checkpoint: float | None = None
     errors: Counter[str] = field(default_factory=Counter)
     retries: int = 0

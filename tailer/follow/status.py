@@ -27,8 +27,15 @@ class Progress:
     """Counters for logs and the status line."""
 
     versions: int = 0
+    #: Rows written to the sink by this run.
     rows: int = 0
+    #: Rows the sink already held (written before, by an earlier run), skipped.
+    held: int = 0
     started: float = field(default_factory=time.monotonic)
+
+    def held_text(self) -> str:
+        """``", N already held by the sink"`` when rows were skipped as held, else ``""`` (for status lines)."""
+        return f", {self.held} already held by the sink" if self.held else ""
 
 
 def count_change_types(column: pa.Array, counts: dict[str, int]) -> None:

@@ -187,6 +187,7 @@ class Tailer(FollowLoop):
         self._prev_ts = saved.previous_timestamp_ms
         self._cursor = cursor
         self._resume = cursor
+        self._rows_end = saved.rows_end
         self._checkpoints = self._checkpointer()
         self._checkpoints.saved_snapshot = (saved.snapshot_version, saved.snapshot_file)
         log.info("resuming %s at %s (saved snapshot version %d)", self.log.table, cursor, saved.snapshot_version)
@@ -376,7 +377,7 @@ class Tailer(FollowLoop):
         if self._snap is None or self._checkpoints is None:
             return
         self._unflushed = False
-        self._checkpoints.take(self._snap, self._cursor, self._prev_ts)
+        self._checkpoints.take(self._snap, self._cursor, self._prev_ts, self._rows_end)
         self.stats.last_checkpoint = self._wall_clock()
 
     def _head(self) -> tuple[int, float | None]:

@@ -162,6 +162,7 @@ class LanceTailer(FollowLoop):
                     file=self.config.state_dir,
                 )
             self._resume = saved.cursor
+            self._rows_end = saved.rows_end
             log.info("resuming %s at %s", self.table, saved.cursor)
         else:
             self._start_new()
@@ -289,7 +290,7 @@ class LanceTailer(FollowLoop):
         self._unflushed = False
         base_version = self._cursor.base_version
         stamp = None if self._base is None else self._base.timestamp_us // 1000
-        self.store.save(SavedState(self.table, self.table_id, self._cursor, base_version, "", stamp))
+        self.store.save(SavedState(self.table, self.table_id, self._cursor, base_version, "", stamp, self._rows_end))
         crash_point("after_save")
         self._since = 0
         self._last_checkpoint = self._clock()

@@ -134,3 +134,40 @@ def test_bad_settings_are_config_errors(tmp_path: Path) -> None:
         load_toml(str(wrong))
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_toml(str(tmp_path / "absent.toml"))
+
+
+OTHER = TableInfo("/data/u", "other-id", "u")
+
+
+def test_jsonl_file_of_another_table_is_refused_and_a_broken_record_named(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    sink = JsonLinesSink(str(path))
+    sink.open(TABLE)
+    sink.write(_batch(0, 0, [1]))
+    sink.flush()
+    sink.close()
+    with pytest.raises(SinkError, match="holds rows of table /data/t \\(id table-id\\), not of /data/u") as e:
+        JsonLinesSink(str(path)).open(OTHER)
+    assert e.value.file == str(path)
+    marker = tmp_path / ".out.jsonl.deltatail.json"
+    marker.write_text("{not json")
+    with pytest.raises(SinkError, match="cannot read which table") as e:
+        JsonLinesSink(str(path)).open(TABLE)
+    assert e.value.file == str(marker)
+
+
+def test_parquet_directory_of_another_table_or_an_unreadable_newest_file_is_refused(tmp_path: Path) -> None:
+    sink = ParquetDirSink(str(tmp_path))
+    sink.open(TABLE)
+    sink.write(_batch(0, 0, [1, 2]))
+    sink.flush()
+    sink.close()
+    with pytest.raises(SinkError, match="holds rows of table /data/t \\(id table-id\\), not of /data/u"):
+        ParquetDirSink(str(tmp_path)).open(OTHER)
+    (only,) = tmp_path.glob("v*.parquet")
+    assert pq.read_table(only).column("id").to_pylist() == [1, 2]  # the rows users read are unchanged
+    broken = tmp_path / f"v{1:020d}-c{0:012d}_v{1:020d}-c{1:012d}.parquet"  # the newest by its name
+    broken.write_bytes(b"not parquet")
+    with pytest.raises(SinkError, match="cannot read the newest Parquet output file") as e:
+        ParquetDirSink(str(tmp_path)).open(TABLE)
+    assert e.value.file == str(broken)

@@ -29,7 +29,7 @@ import orjson
 import pytest
 from lance_datasets import rows
 
-from state.errors import SchemaChangeError, StateError, VersionGapError
+from state.errors import SchemaChangeError, SinkError, StateError, VersionGapError
 from tailer.follow.state_store import StateStore
 from tailer.follow.tailer import TailerConfig
 from tailer.lance.feed import LanceFeed
@@ -295,3 +295,16 @@ def test_a_non_additive_change_mid_stream_stops_after_checkpointing_what_came_be
     config.options = ChangeOptions(allow_non_additive=True)
     LanceTailer(config, JsonLinesSink(str(out))).run()
     assert jsonl(out)[-1]["id"] == 2 and "label" in jsonl(out)[-1]
+
+
+def test_rows_lost_from_the_sink_are_refused(tmp_path: Path) -> None:
+    """The Lance tailer shares the sink-gap check: a file truncated by hand is a SinkError naming the gap."""
+    root, state, out = tmp_path / "ds", tmp_path / "state", tmp_path / "out.jsonl"
+    lance.write_dataset(rows(range(10)), str(root))
+    lance.write_dataset(rows(range(10, 15)), str(root), mode="append")
+    _run_once(root, state, out)
+    assert [line["id"] for line in jsonl(out)] == list(range(15))
+    out.write_bytes(b"".join(out.read_bytes().splitlines(keepends=True)[:3]))
+    with pytest.raises(SinkError, match="missing") as e:
+        _run_once(root, state, out)
+    assert "from 1:3 to 2:4" in str(e.value) and e.value.file == str(out)

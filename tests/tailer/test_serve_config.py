@@ -12,7 +12,7 @@ import pytest
 from deltalake import write_deltalake
 
 from state.errors import ConfigError, DeltaTailError, TableNotFoundError
-from tailer.cli.serve import check_tables, load_serve_config, source
+from tailer.cli.serve import check_discovered_sink, check_distinct_sinks, check_tables, load_serve_config, source
 from tailer.follow.stats import TableState, TableStats
 from tailer.serve.discovery import find_tables
 from tailer.serve.http import HealthServer, readiness
@@ -113,3 +113,58 @@ def test_readiness_says_which_tables_are_not_ready() -> None:
     problems = readiness([ok, close, far, failed], 60.0, 1000.0)
     assert [p.split(":")[0] for p in problems] == ["c", "d"] and "boom" in problems[1]
     assert readiness([ok, close], 60.0, 1000.0) == []
+
+
+def test_two_tables_with_one_sink_file_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Two tables whose filled sink URIs name one file (or directory): ConfigError naming both, nothing written."""
+    a, b = table(tmp_path / "a"), table(tmp_path / "b")
+    out = tmp_path / "out.jsonl"
+    config = write(
+        tmp_path,
+        f'listen = "off"\n[defaults]\nsink = "jsonl:{out}"\n[[tables]]\npath = "{a}"\n[[tables]]\npath = "{b}"\n',
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "tables 'a' and 'b' have the same sink" in done.stderr and str(out) in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists() and not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("parquet:{d}/out", "parquet:{d}/./sub/../out"),  # one directory, written two ways
+        ("jsonl:{d}/{{table_id}}.jsonl", "jsonl:{d}/{tid_a}.jsonl"),  # filled: the same file
+    ],
+)
+def test_filled_sink_uris_naming_one_place_are_refused(tmp_path: Path, first: str, second: str) -> None:
+    a, b = table(tmp_path / "a"), table(tmp_path / "b")
+    probe = [source("a", {"path": str(a)}), source("b", {"path": str(b)})]
+    ids = check_tables(probe)
+    fill = {"d": tmp_path, "tid_a": ids["a"]}
+    sources = [
+        source("a", {"path": str(a), "sink": first.format(**fill)}),
+        source("b", {"path": str(b), "sink": second.format(**fill)}),
+    ]
+    with pytest.raises(ConfigError, match="tables 'a' and 'b' have the same sink"):
+        check_distinct_sinks(sources, check_tables(sources))
+
+
+def test_distinct_sinks_stdout_and_kafka_may_be_shared(tmp_path: Path) -> None:
+    a, b = table(tmp_path / "a"), table(tmp_path / "b")
+    for uri in ("jsonl:-", f"jsonl:{tmp_path}/{{table_name}}.jsonl", f"parquet:{tmp_path}/{{table_id}}"):
+        sources = [source("a", {"path": str(a), "sink": uri}), source("b", {"path": str(b), "sink": uri})]
+        check_distinct_sinks(sources, check_tables(sources))
+
+
+def test_discovery_with_one_default_sink_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="every discovered table"):
+        check_discovered_sink({"sink": f"jsonl:{tmp_path}/all.jsonl"})
+    check_discovered_sink({"sink": f"jsonl:{tmp_path}/{{table_name}}.jsonl"})
+    check_discovered_sink({})  # jsonl:- by default

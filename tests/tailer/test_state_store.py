@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,3 +63,50 @@ def test_saved_snapshot_loads_back_to_the_same_state(table: str, tmp_path: Path)
     assert loaded.metadata == snap.metadata
     assert loaded.txns == snap.txns
     assert loaded.domains == snap.domains
+
+
+_HOLD = """
+import subprocess
+import sys
+from tailer.follow.state_store import StateStore
+store = StateStore(sys.argv[1])
+store.lock()
+print("locked", flush=True)
+sys.stdin.read()  # hold the lock until the test closes stdin
+store.unlock()
+"""
+
+_TRY = """
+import subprocess
+import sys
+from state.errors import StateError
+from tailer.follow.state_store import StateStore
+try:
+    StateStore(sys.argv[1]).lock()
+except StateError as e:
+    print(e)
+    sys.exit(3)
+print("locked")
+"""
+
+
+def test_unlinking_lock_does_not_admit_a_second_tailer(tmp_path: Path) -> None:
+    """LOCK deleted under a running tailer: a second process is still refused, and admitted once the first stops."""
+    state = tmp_path / "state"
+    first = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(state)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "locked"
+        (state / "LOCK").unlink()
+        second = subprocess.run([sys.executable, "-c", _TRY, str(state)], capture_output=True, text=True, timeout=60)
+        assert second.returncode == 3, second.stdout + second.stderr
+        assert "another tailer" in second.stdout
+        assert StateStore(str(state)).locked_by() is not None
+    finally:
+        assert first.stdin is not None
+        first.stdin.close()
+        first.wait(timeout=60)
+    assert StateStore(str(state)).locked_by() is None
+    again = subprocess.run([sys.executable, "-c", _TRY, str(state)], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout.strip() == "locked", again.stdout + again.stderr
