@@ -183,7 +183,9 @@ def _storage_option(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = logs.JsonErrorParser(prog="deltatail", description="Follow a Delta table's log as a change feed.")
+    parser: argparse.ArgumentParser = logs.JsonErrorParser(
+        prog="deltatail", description="Follow a Delta table's log as a change feed."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
     parser.add_argument(
         "--log-format", choices=("text", "json"), default=None, help="stderr logs as text (default) or JSON lines"
