@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 import time
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import ClassVar, NoReturn
 
 import orjson
@@ -55,8 +57,27 @@ class JsonFormatter(logging.Formatter):
 CHATTY_LIBRARIES = ("kafka", "py4j")
 
 
+_json_mode = False
+
+
+def json_mode() -> bool:
+    """Whether :func:`configure` chose JSON lines (nothing else may then write to stderr)."""
+    return _json_mode
+
+
 def configure(*, verbose: bool, json_lines: bool) -> None:
-    """Send logs to stderr, as text or as JSON lines; client libraries' INFO lines only when ``verbose``."""
+    """Send logs to stderr, as text or as JSON lines; client libraries' INFO lines only when ``verbose``.
+
+    Python warnings become log records. With JSON lines, an exception nothing caught (in the main
+    thread or another) is a JSON record too (``"event": "uncaught"``, with its traceback in
+    ``exception``), not a traceback on stderr.
+    """
+    global _json_mode
+    _json_mode = json_lines
+    logging.captureWarnings(True)
+    if json_lines:
+        sys.excepthook = _log_uncaught
+        threading.excepthook = _log_uncaught_in_thread
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
@@ -64,6 +85,26 @@ def configure(*, verbose: bool, json_lines: bool) -> None:
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     for name in CHATTY_LIBRARIES:
         logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
+
+
+def _log_uncaught(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+    logging.getLogger("deltatail").critical(
+        "uncaught %s: %s", kind.__name__, error, exc_info=(kind, error, tb), extra={"event": "uncaught"}
+    )
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit or args.exc_value is None:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("deltatail").critical(
+        "uncaught %s in thread %s: %s",
+        args.exc_type.__name__,
+        name,
+        args.exc_value,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        extra={"event": "uncaught"},
+    )
 
 
 def _stamp(created: float) -> str:

@@ -220,3 +220,52 @@ def test_audit_html_without_its_extra_fails_before_reading(ops: Path, tmp_path: 
     # not even a table that is not there is looked at
     gone = cli("audit", str(tmp_path / "nothing"), "--html", str(html), env=env)
     assert gone.returncode == 2 and "vl-convert-python" in gone.stderr and "_delta_log" not in gone.stderr
+
+
+def test_json_mode_on_a_terminal_draws_no_progress_bars(table: Path, tmp_path: Path) -> None:
+    import pty
+
+    controller, terminal = pty.openpty()
+    out = tmp_path / "out.jsonl"
+    args = ["--log-format", "json", "run", str(table), "--state-dir", str(tmp_path / "s"), "--sink", f"jsonl:{out}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tailer.cli", *args, "--until-caught-up"],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=terminal,
+    )
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    assert proc.wait(timeout=120) == 0
+    text = b"".join(chunks).decode().replace("\r\n", "\n")
+    records = json_lines(text)  # no bar, no escape sequence: every line is JSON
+    assert records and all(r["level"] in ("info", "warning") for r in records)
+
+
+def test_json_mode_turns_uncaught_exceptions_and_warnings_into_json() -> None:
+    program = (
+        "import threading, warnings\n"
+        "from tailer.cli import logs\n"
+        "logs.configure(verbose=False, json_lines=True)\n"
+        "warnings.warn('a deprecated thing')\n"
+        "t = threading.Thread(target=lambda: 1 / 0, name='worker')\n"
+        "t.start(); t.join()\n"
+        "raise KeyError('boom')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    records = json_lines(done.stderr)
+    assert [r.get("event") for r in records] == [None, "uncaught", "uncaught"]
+    assert "a deprecated thing" in str(records[0]["message"]) and records[0]["level"] == "warning"
+    assert "ZeroDivisionError in thread worker" in str(records[1]["message"])
+    assert "KeyError" in str(records[2]["message"]) and "Traceback" in str(records[2]["exception"])
