@@ -162,6 +162,23 @@ def test_an_unreachable_endpoint_names_the_table_and_its_log(s3: Cloud) -> None:
         assert_names_the_table(done.stderr, uri)
 
 
+def test_run_retrying_an_unreachable_store_names_the_table_and_shows_the_failure_with_v(
+    s3: Cloud, tmp_path: Path
+) -> None:
+    uri = s3.uri("orders")
+    port = free_port()
+    dead = {**s3.options, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "max_retries": "0"}
+    state, out = tmp_path / "state", tmp_path / "out.jsonl"
+    done = run_cli(
+        "-v", "run", uri, "--state-dir", str(state), "--sink", f"jsonl:{out}", "--sink-retries", "1", *flags(dead)
+    )
+    assert done.returncode == 1
+    retried = [line for line in done.stderr.splitlines() if "store unavailable:" in line]
+    assert len(retried) == 1 and f"table {uri}, file {uri}/_delta_log" in retried[0], done.stderr
+    assert f"the store's failure: GenericError, GET http://127.0.0.1:{port}/bkt, tcp connect error" in done.stderr
+    assert_names_the_table(done.stderr.splitlines()[-2] + done.stderr.splitlines()[-1], uri)
+
+
 def test_no_credentials_say_where_they_were_looked_for(s3: Cloud) -> None:
     uri = s3.uri("orders")
     write_deltalake(uri, rows(range(3)), storage_options=s3.writer_options)
