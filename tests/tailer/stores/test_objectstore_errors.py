@@ -320,3 +320,35 @@ def test_a_reference_that_cannot_be_resolved_is_a_usage_error_naming_the_option(
     assert toml.returncode == 2 and "DT_TEST_UNSET" in toml.stderr and str(config) in toml.stderr
     for done in (unset, empty, gone, toml):
         assert "Traceback" not in done.stderr and auth_moto.secret not in done.stderr
+
+
+@pytest.mark.parametrize("cloud", ["azure", "gcs"])
+def test_no_credentials_on_azure_and_gcs_say_where_they_were_looked_for(cloud: str) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"  # the store and the managed-identity endpoint: nobody listens
+    common = {"allow_http": "true", "connect_timeout": "2s", "max_retries": "0"}
+    if cloud == "azure":
+        uri, sources = "az://cont/t", ("AZURE_STORAGE_ACCOUNT_KEY", "managed-identity")
+        options = {
+            "azure_storage_account_name": "acct",
+            "azure_storage_endpoint": f"{closed}/acct",
+            "azure_msi_endpoint": f"{closed}/metadata/identity/oauth2/token",
+            **common,
+        }
+    else:
+        uri, sources = "gs://bkt/t", ("GOOGLE_APPLICATION_CREDENTIALS", "metadata server")
+        options = {"google_base_url": closed, **common}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "GOOGLE_", "GCE_"))}
+    program = (
+        "from tailer.storage.objectstore import ObjectStoreStorage\n"
+        "from state.errors import StorageError\n"
+        "try:\n"
+        f"    ObjectStoreStorage({options!r}).list_from({uri + '/_delta_log'!r})\n"
+        "except StorageError as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "no credentials found" in done.stdout, done.stdout + done.stderr
+    for source in ("--storage-option", "config file", *sources):
+        assert source in done.stdout, (source, done.stdout)
