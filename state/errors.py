@@ -116,6 +116,9 @@ class StorageError(DeltaTailError):
         transient: trying again later may work (connection refused, timeouts, throttling, 5xx);
             ``False`` for access denied and bad configuration.
         table, version, file: as :class:`DeltaTailError`.
+        detail: the underlying failure for ``-v`` (the request's method and URL without its query, the
+            HTTP status, the store's error code and message, or the connection failure); never a
+            credential, and not part of the one-line message.
     """
 
     def __init__(
@@ -126,8 +129,10 @@ class StorageError(DeltaTailError):
         table: str | None = None,
         version: int | None = None,
         file: str | None = None,
+        detail: str | None = None,
     ) -> None:
         self.transient = transient
+        self.detail = detail
         super().__init__(message, table=table, version=version, file=file)
 
 

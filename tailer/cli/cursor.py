@@ -64,11 +64,7 @@ def status(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(orjson.dumps([r.to_json() for r in rows], option=orjson.OPT_INDENT_2) + b"\n")
         return 0
     for r in rows:
-        cursor = (
-            "-"
-            if r.cursor is None
-            else f"{r.cursor.version}:{r.cursor.index}{' (snapshot)' if r.cursor.snapshot else ''}"
-        )
+        cursor = "-" if r.cursor is None else r.cursor.text()
         lag = "-" if r.versions_behind is None else f"{r.versions_behind} versions"
         seconds = "" if r.seconds_behind is None else f", newest delivered commit {r.seconds_behind:.0f}s ago"
         print(f"{r.name}: {r.state}, cursor {cursor}, latest version {r.latest_version}, {lag} behind{seconds}")

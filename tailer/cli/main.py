@@ -1,7 +1,9 @@
 """The ``deltatail`` command line.
 
-Exit codes: 0 success, 2 usage error, 1 a deltatail error (the message names
-the table, version and file involved).
+Exit codes (:data:`EXIT_CODES`, the README's "Exit codes"): 0 success, 1 a deltatail error (the
+message names the table, version and file involved), 2 a usage or configuration error (argparse's
+own, and every :class:`~state.errors.ConfigError`), 3 ``deltatail audit --fail-on``: an alert of at
+least that severity fired.
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.storage.options import parse_option_pairs
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_ALERTS = audit.EXIT_ALERTS
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_ERROR: "a deltatail error: bad or unreadable table, store, sink or state",
+    EXIT_USAGE: "a usage or configuration error: flags, environment, config file, URIs",
+    EXIT_ALERTS: "deltatail audit --fail-on: an alert of at least that severity fired",
+}
+"""Every exit code of the command line, and what it means."""
 
 
 def _snapshot(args: argparse.Namespace) -> int:
@@ -174,7 +188,9 @@ def _storage_option(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="deltatail", description="Follow a Delta table's log as a change feed.")
+    parser: argparse.ArgumentParser = logs.JsonErrorParser(
+        prog="deltatail", description="Follow a Delta table's log as a change feed."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
     parser.add_argument(
         "--log-format", choices=("text", "json"), default=None, help="stderr logs as text (default) or JSON lines"
@@ -282,18 +298,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    log_format = args.log_format or os.environ.get("DELTATAIL_LOG_FORMAT", "text")
+    """Run the command line; returns the exit code (:data:`EXIT_CODES`)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    log_format = _log_format(args_list)
     if log_format not in ("text", "json"):
-        print(f"deltatail: error: log format must be text or json, got {log_format!r}", file=sys.stderr)
-        return 2
+        logs.fatal_line(f"log format must be text or json, got {log_format!r}", json_lines=False)
+        return EXIT_USAGE
+    logs.JsonErrorParser.json_lines = log_format == "json"
+    args = build_parser().parse_args(args_list)
     logs.configure(verbose=args.verbose, json_lines=log_format == "json")
     try:
         code: int = args.handler(args)
         return code
+    except ConfigError as e:
+        logs.fatal(e, verbose=args.verbose, json_lines=log_format == "json", exit_code=EXIT_USAGE)
+        return EXIT_USAGE
     except DeltaTailError as e:
-        print(f"deltatail: error: {e}", file=sys.stderr)
-        return 1
+        logs.fatal(e, verbose=args.verbose, json_lines=log_format == "json", exit_code=EXIT_ERROR)
+        return EXIT_ERROR
     except BrokenPipeError:
-        return 0
+        return EXIT_OK
+
+
+def _log_format(argv: Sequence[str]) -> str:
+    """``--log-format`` as given before the subcommand (the last one wins, as argparse does), else the environment.
+
+    Read before parsing, so that usage errors come out in the chosen format too.
+    """
+    chosen = os.environ.get("DELTATAIL_LOG_FORMAT", "text")
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            break
+        if a == "--log-format" and i + 1 < len(argv):
+            chosen = argv[i + 1]
+            i += 1
+        elif a.startswith("--log-format="):
+            chosen = a.split("=", 1)[1]
+        elif not a.startswith("-"):
+            break  # the subcommand: its own arguments follow
+        i += 1
+    return chosen

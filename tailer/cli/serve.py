@@ -57,7 +57,7 @@ from tailer.cli.lance import PREFIX as LANCE_PREFIX
 from tailer.cli.lance import run_start as lance_run_start
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
-from tailer.cli.settings import RUN_SETTINGS, STORAGE, coerce, option_text
+from tailer.cli.settings import RUN_SETTINGS, STORAGE, coerce, storage_table
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.sink import Sink
 from tailer.follow.tailer import table_name
@@ -227,9 +227,7 @@ def _settings(raw: Mapping[str, Any], where: str, path: str) -> dict[str, Any]:
 
 
 def _storage(raw: Any, where: str, path: str) -> dict[str, str]:
-    if not isinstance(raw, dict) or not all(isinstance(v, str | int | float | bool) for v in raw.values()):
-        raise ConfigError(f"{where} must be a table of KEY = value pairs (storage options)", file=path)
-    return {str(k).lower(): option_text(v) for k, v in raw.items()}
+    return storage_table(raw, where, path)
 
 
 # ---------------------------------------------------------------- tables --

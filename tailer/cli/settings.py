@@ -20,7 +20,7 @@ from typing import Any
 from state.errors import ConfigError
 from tailer.audit.alerts import AuditSettings, load_audit_settings
 from tailer.parse import parse_bool
-from tailer.storage.options import parse_option_pairs
+from tailer.storage.options import parse_option_pairs, resolve_references
 
 
 def version_value(value: Any) -> int | str:
@@ -125,11 +125,22 @@ def load_toml(path: str) -> dict[str, Any]:
         if name not in RUN_SETTINGS:
             raise ConfigError(f"unknown setting {key!r} in config file", file=path)
         out[name] = coerce(name, value, path)
-    if not isinstance(storage, dict) or not all(isinstance(v, str | int | float | bool) for v in storage.values()):
-        raise ConfigError("[storage] must be a table of KEY = value pairs (storage options)", file=path)
-    if storage:
-        out[STORAGE] = {str(k).lower(): option_text(v) for k, v in storage.items()}
+    storage_options = storage_table(storage, "[storage]", path)
+    if storage_options:
+        out[STORAGE] = storage_options
     return out
+
+
+def storage_table(raw: Any, where: str, path: str) -> dict[str, str]:
+    """A TOML table of storage options as text, ``env:NAME`` and ``@FILE`` values resolved.
+
+    Raises:
+        ConfigError: if it is not a table of scalar values, or a reference cannot be resolved
+            (:func:`~tailer.storage.options.resolve_references`), naming the file.
+    """
+    if not isinstance(raw, dict) or not all(isinstance(v, str | int | float | bool) for v in raw.values()):
+        raise ConfigError(f"{where} must be a table of KEY = value pairs (storage options)", file=path)
+    return resolve_references({str(k).lower(): option_text(v) for k, v in raw.items()}, where=path)
 
 
 def option_text(value: str | int | float | bool) -> str:

@@ -120,10 +120,12 @@ class TailerService:
         what, event = ("sink", "sink_unavailable") if sink else ("store", "store_unavailable")
         status(
             event,
-            f"{what} unavailable: {error.message}; holding the cursor at the last checkpoint, "
+            f"{what} unavailable: {error}; holding the cursor at the last checkpoint, "
             f"retrying in {delay:.1f}s (attempt {failures})",
             level=logging.WARNING,
             retry_in_seconds=delay,
             attempt=failures,
         )
+        if isinstance(error, StorageError) and error.detail:
+            logging.getLogger("deltatail").debug("the store's failure: %s", error.detail)
         self._stopping.wait(delay)

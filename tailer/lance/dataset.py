@@ -29,6 +29,7 @@ from state.errors import (
     DeltaTailError,
     InvalidLogError,
     MissingFileError,
+    StorageError,
     TableNotFoundError,
     VersionNotFoundError,
 )
@@ -63,11 +64,36 @@ def join(root: str, *parts: str) -> str:
 
 
 def looks_like_lance(root: str, storage: Storage) -> bool:
-    """Whether ``root`` holds a Lance dataset: a ``_versions/`` directory with at least one manifest (one listing)."""
+    """Whether ``root`` holds a Lance dataset: a ``_versions/`` directory with at least one manifest (one listing).
+
+    The probe's own failure is never the error a user sees: when the store refuses to list
+    ``_versions/`` (access denied, no such bucket), ``_delta_log/`` is listed instead, and a table
+    whose ``_delta_log/`` lists is a Delta table; when the store cannot be reached at all (a
+    transient failure: no second wait), or refuses ``_delta_log/`` too, the error is the table's,
+    naming the table and its ``_delta_log`` (what a Delta reader reads first).
+
+    Raises:
+        StorageError: if the store cannot be reached or refuses access, with ``table`` set to ``root``
+            and ``file`` to its ``_delta_log``.
+    """
     try:
         listed = storage.list_from(join(root, VERSIONS_DIR))
     except MissingFileError:
         return False
+    except StorageError as e:
+        log_dir = join(root, "_delta_log")
+        if not e.transient:
+            try:
+                storage.list_from(log_dir)
+            except MissingFileError:
+                return False  # the Delta reader reports the table missing
+            except StorageError as again:
+                raise StorageError(
+                    again.message, transient=again.transient, table=root, file=log_dir, detail=again.detail
+                ) from None
+            else:
+                return False
+        raise StorageError(e.message, transient=e.transient, table=root, file=log_dir, detail=e.detail) from None
     return any(parse_manifest_name(f.name) is not None for f in listed)
 
 

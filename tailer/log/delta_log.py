@@ -33,6 +33,7 @@ from state.errors import (
     DeltaTailError,
     IncompleteCheckpointError,
     MissingFileError,
+    StorageError,
     TableNotFoundError,
     VersionGapError,
     VersionNotFoundError,
@@ -130,11 +131,14 @@ class DeltaLog:
 
         Raises:
             TableNotFoundError: if there is no ``_delta_log`` directory.
+            StorageError: if the store cannot be reached or refuses access (naming the table).
         """
         try:
             infos = self.storage.list_from(self.log_dir, start_after_for(from_version))
         except MissingFileError as e:
             raise TableNotFoundError("no _delta_log directory: not a Delta table", table=self.table) from e
+        except StorageError as e:
+            raise e.at(table=self.table) from None
         listing = LogListing()
         for info in infos:
             f = classify(info.name)
