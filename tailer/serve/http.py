@@ -1,20 +1,23 @@
 """Metrics and health over HTTP: ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz``.
 
 Per table (label ``table``): ``deltatail_versions_behind``,
-``deltatail_seconds_behind``, ``deltatail_delivered_version``,
+``deltatail_seconds_behind`` (the lag: the age of the oldest version not yet
+delivered, 0 when caught up), ``deltatail_delivered_commit_timestamp_seconds``,
+``deltatail_delivered_version``,
 ``deltatail_rows_delivered_total`` and ``deltatail_bytes_delivered_total``
 (label ``change_type``), ``deltatail_commits_total``,
 ``deltatail_checkpoint_age_seconds``, ``deltatail_errors_total`` (label
 ``kind``), ``deltatail_retries_total`` (sink or store unavailable) and
-``deltatail_table_state`` (1 for the table's state, label ``state``). Process
+``deltatail_table_state`` (1 for the table's state, label ``state``); each
+family's help text says exactly what it counts. Process
 wide: the reader processes' ``deltatail_reader_files_total`` and
 ``deltatail_reader_runs_total``, and prometheus-client's process figures
 (``process_resident_memory_bytes``, CPU seconds, open files).
 
 ``/healthz`` answers 200 while the process serves. ``/readyz`` answers 200
-when every table is following, or catching up with its newest delivered
-commit at most ``ready_lag_seconds`` old; 503 otherwise, with the tables that
-are not, and why, in the body.
+when every table is following, or catching up with a lag
+(``deltatail_seconds_behind``) of at most ``ready_lag_seconds``; 503
+otherwise, with the tables that are not, and why, in the body.
 
 Bounded, quiet and optionally authenticated (one server configuration for all
 three endpoints):
@@ -77,27 +80,62 @@ class TableCollector(Collector):
         """The metric families of every table and of the reader processes."""
         now = self._clock()
         behind = GaugeMetricFamily(
-            "deltatail_versions_behind", "Versions in the log not yet delivered", labels=["table"]
+            "deltatail_versions_behind",
+            "Versions in the table's log (as of the last look) not yet delivered to the sink",
+            labels=["table"],
         )
         seconds = GaugeMetricFamily(
-            "deltatail_seconds_behind", "Seconds since the newest delivered commit", labels=["table"]
+            "deltatail_seconds_behind",
+            "Lag: seconds since the oldest version not yet delivered was committed (its file's modification "
+            "time); 0 when caught up, however long the table has been idle",
+            labels=["table"],
         )
-        delivered = GaugeMetricFamily("deltatail_delivered_version", "The last version delivered", labels=["table"])
-        rows = CounterMetricFamily("deltatail_rows_delivered", "Change rows delivered", labels=["table", "change_type"])
+        delivered_at = GaugeMetricFamily(
+            "deltatail_delivered_commit_timestamp_seconds",
+            "Commit time (Unix seconds) of the newest delivered version; time() minus it grows on an idle table",
+            labels=["table"],
+        )
+        delivered = GaugeMetricFamily(
+            "deltatail_delivered_version", "The newest version delivered to the sink (-1: none yet)", labels=["table"]
+        )
+        rows = CounterMetricFamily(
+            "deltatail_rows_delivered",
+            "Change rows written to the sink by this process, by change type",
+            labels=["table", "change_type"],
+        )
         size = CounterMetricFamily(
-            "deltatail_bytes_delivered", "Bytes of change rows delivered (Arrow)", labels=["table", "change_type"]
+            "deltatail_bytes_delivered",
+            "Bytes (Arrow, in memory) of the change rows written to the sink by this process, by change type",
+            labels=["table", "change_type"],
         )
-        commits = CounterMetricFamily("deltatail_commits", "Versions delivered", labels=["table"])
+        commits = CounterMetricFamily(
+            "deltatail_commits", "Versions delivered to the sink by this process", labels=["table"]
+        )
         age = GaugeMetricFamily(
-            "deltatail_checkpoint_age_seconds", "Seconds since the last checkpoint", labels=["table"]
+            "deltatail_checkpoint_age_seconds",
+            "Seconds since this process last saved the table's cursor (absent before the first save)",
+            labels=["table"],
         )
-        errors = CounterMetricFamily("deltatail_errors", "Errors that stopped the table", labels=["table", "kind"])
-        retries = CounterMetricFamily("deltatail_retries", "Restarts on an unavailable sink or store", labels=["table"])
-        state = GaugeMetricFamily("deltatail_table_state", "1 for the table's state", labels=["table", "state"])
+        errors = CounterMetricFamily(
+            "deltatail_errors",
+            "Errors raised while following the table, by error class: those that failed it and those that "
+            "made it unavailable",
+            labels=["table", "kind"],
+        )
+        retries = CounterMetricFamily(
+            "deltatail_retries",
+            "Times the table was started again after its sink or store was unavailable",
+            labels=["table"],
+        )
+        state = GaugeMetricFamily(
+            "deltatail_table_state", "1 for the table's current state, 0 for the others", labels=["table", "state"]
+        )
         for s in self._tables():
             t = s.name
             behind.add_metric([t], s.versions_behind)
             seconds.add_metric([t], s.seconds_behind(now))
+            if s.delivered_commit_ms is not None:
+                delivered_at.add_metric([t], s.delivered_commit_ms / 1000)
             delivered.add_metric([t], s.delivered_version)
             for kind, n in s.rows.items():
                 rows.add_metric([t, kind], n)
@@ -111,9 +149,13 @@ class TableCollector(Collector):
             retries.add_metric([t], s.retries)
             for st in TableState:
                 state.add_metric([t, st.value], 1.0 if s.state is st else 0.0)
-        yield from (behind, seconds, delivered, rows, size, commits, age, errors, retries, state)
-        files = CounterMetricFamily("deltatail_reader_files", "Small files read by the reader processes")
-        runs = CounterMetricFamily("deltatail_reader_runs", "Runs sent to the reader processes")
+        yield from (behind, seconds, delivered_at, delivered, rows, size, commits, age, errors, retries, state)
+        files = CounterMetricFamily(
+            "deltatail_reader_files", "Small data files sent to the reader processes to read, all tables"
+        )
+        runs = CounterMetricFamily(
+            "deltatail_reader_runs", "Batches of small files (runs) sent to the reader processes, all tables"
+        )
         pools = shared_pools()
         files.add_metric([], sum(p.files_sent for p in pools))
         runs.add_metric([], sum(p.runs_sent for p in pools))
@@ -122,7 +164,11 @@ class TableCollector(Collector):
 
 
 def readiness(tables: list[TableStats], ready_lag_seconds: float, now: float) -> list[str]:
-    """Why the service is not ready: one line per table that is not following (empty: ready)."""
+    """Why the service is not ready: one line per table that is not following (empty: ready).
+
+    A table catching up counts as ready while its lag (:meth:`TableStats.seconds_behind`) is at most
+    ``ready_lag_seconds``.
+    """
     problems = []
     for s in tables:
         if s.state is TableState.FOLLOWING:
