@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -161,3 +162,35 @@ def test_status_of_a_running_tailer_is_as_fresh_as_the_sink(tmp_path: Path) -> N
         log.close()
     doc = _status(state)  # stopped: the cursor saved on the way out
     assert (doc["delivered_version"], doc["versions_behind"], doc["state"]) == (2, 0, "stopped")
+
+
+def test_serve_status_and_metrics_are_as_fresh_as_the_sink(tmp_path: Path) -> None:
+    root, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
+    make(root, 2)
+    conf = tmp_path / "serve.toml"
+    conf.write_text(
+        f'[service]\nstate_root = "{state}"\nlisten = "127.0.0.1:0"\nsafety_poll_seconds = 0.2\n'
+        f'[defaults]\nsink = "jsonl:{out}"\ncheckpoint_seconds = 3600\ncheckpoint_commits = 1000\n'
+        f'[[tables]]\npath = "{root}"\nname = "t"\n'
+    )
+    log = tmp_path / "serve.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tailer.cli", "serve", "--config", str(conf)], cwd=ROOT, stderr=err
+        )
+    try:
+        _poll("the service listens", lambda: b"metrics and health on" in log.read_bytes())
+        port = int(log.read_text().split("http://127.0.0.1:")[1].split("/")[0])
+        _poll("the first versions delivered", lambda: out.exists() and len(out.read_text().splitlines()) == 2)
+        write_deltalake(str(root), pa.table({"id": [7]}), mode="append")  # version 2
+        _poll("row 7 in the sink", lambda: '"id":7' in out.read_text().replace(" ", ""))
+        _poll("status: version 2 delivered", lambda: _status(state)["delivered_version"] == 2, seconds=5.0)
+        doc = _status(state)
+        assert (doc["versions_behind"], doc["seconds_behind"], doc["state"]) == (0, 0.0, "following")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert 'deltatail_seconds_behind{table="t"} 0.0' in metrics
+        assert 'deltatail_delivered_version{table="t"} 2.0' in metrics
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0, log.read_text()
