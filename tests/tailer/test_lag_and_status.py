@@ -16,13 +16,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+import lance
 import pyarrow as pa
 from deltalake import write_deltalake
+from lance_datasets import rows as lance_rows
 from prometheus_client import CollectorRegistry
 
 from sinks.embedded import JsonLinesSink
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.lance.dataset import LanceDataset
+from tailer.lance.follow import LanceTailer
 from tailer.read.feed import ChangeOptions
 from tailer.serve.http import TableCollector, readiness
 
@@ -194,3 +198,32 @@ def test_serve_status_and_metrics_are_as_fresh_as_the_sink(tmp_path: Path) -> No
     finally:
         proc.terminate()
         assert proc.wait(60) == 0, log.read_text()
+
+
+def test_a_lance_dataset_held_behind_reports_the_age_of_its_oldest_undelivered_version(tmp_path: Path) -> None:
+    root, state, out = tmp_path / "ds", tmp_path / "state", tmp_path / "out.jsonl"
+    lance.write_dataset(lance_rows(range(3)), str(root))
+    lance_config = TailerConfig(table=str(root), state_dir=str(state), until_caught_up=True, watch=False)
+    LanceTailer(lance_config, JsonLinesSink(str(out))).run()
+    for i in (3, 4):
+        lance.write_dataset(lance_rows([i]), str(root), mode="append")  # versions 2 and 3
+    oldest_ms = int(time.time() * 1000) - 600_000
+    dataset = LanceDataset(str(root))
+    for v, ms in ((2, oldest_ms), (3, oldest_ms + 60_000)):
+        manifest = dataset.manifest_file(v)
+        assert manifest is not None
+        path = root / "_versions" / manifest.name
+        os.utime(path, ns=(ms * 1_000_000, ms * 1_000_000))
+    tailer = LanceTailer(TailerConfig(table=str(root), state_dir=str(state), watch=False), JsonLinesSink(str(out)))
+    tailer.open()
+    try:
+        tailer.stop()
+        assert tailer.step() == 2
+        now = oldest_ms / 1000 + 700.0
+        assert scrape(tailer.stats, now)["deltatail_seconds_behind"] == 700.0
+        assert scrape(tailer.stats, now)["deltatail_versions_behind"] == 2.0
+    finally:
+        tailer.close()
+    caught_up = LanceTailer(lance_config, JsonLinesSink(str(out)))
+    caught_up.run()
+    assert (caught_up.stats.versions_behind, caught_up.stats.seconds_behind(time.time() + DAY)) == (0, 0.0)
