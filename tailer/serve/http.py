@@ -23,7 +23,9 @@ Bounded, quiet and optionally authenticated (one server configuration for all
 three endpoints):
 
 - Every socket has a timeout (``request_timeout``, 5 s by default): a client
-  that sends half a request, or stops reading the answer, is dropped then.
+  that sends half a request, or stops reading the answer, is dropped once it
+  has been silent that long. One that trickles bytes to stay alive holds its
+  connection only until newer ones push it out (next point).
 - At most ``max_connections`` (32) connections are handled at once, each on a
   thread of its own; a connection beyond that closes the oldest one held, so a
   flood of slow clients holds at most that many threads and descriptors and a
