@@ -257,7 +257,8 @@ class FollowLoop(ABC):
         if poll is None and self._remote:
             backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
             timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
-        for due_in in (self._seconds_until_due(), self._status_file.seconds_until_due()):
+        status_due = None if self._status_file.failure else self._status_file.seconds_until_due()
+        for due_in in (self._seconds_until_due(), status_due):  # a status that cannot be written waits its turn
             if due_in is not None:
                 timeout = min(timeout, due_in)
         return timeout

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import lance
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
 from lance_datasets import rows as lance_rows
 from prometheus_client import CollectorRegistry
@@ -227,3 +228,16 @@ def test_a_lance_dataset_held_behind_reports_the_age_of_its_oldest_undelivered_v
     caught_up = LanceTailer(lance_config, JsonLinesSink(str(out)))
     caught_up.run()
     assert (caught_up.stats.versions_behind, caught_up.stats.seconds_behind(time.time() + DAY)) == (0, 0.0)
+
+
+def test_a_status_file_that_cannot_be_written_is_logged_once_and_stops_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
+    make(root, 4)
+    (state / "status.json").mkdir(parents=True)  # a directory where the file goes: every write fails
+    tailer = Tailer(config(root, state, until_caught_up=True), JsonLinesSink(str(out)))
+    tailer.run()
+    assert len(out.read_text().splitlines()) == 4 and tailer.stats.delivered_version == 3
+    warnings = [r for r in caplog.records if "cannot write its status file" in r.getMessage()]
+    assert len(warnings) == 1 and str(state) in warnings[0].getMessage()
