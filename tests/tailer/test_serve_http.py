@@ -233,3 +233,8 @@ def test_bad_token_settings_are_refused(
     with pytest.raises(ConfigError, match=message) as e:
         load_auth_token(*args)
     assert TOKEN not in str(e.value)
+
+
+def test_a_port_out_of_range_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"cannot listen on 127\.0\.0\.1:99999"):
+        HealthServer("127.0.0.1", 99999, list)
