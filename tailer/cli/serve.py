@@ -5,6 +5,8 @@ The file::
     [service]
     state_root = "/var/lib/deltatail"    # required: one state directory per table, by table id
     listen = "127.0.0.1:9108"            # /metrics, /healthz, /readyz ("off": none)
+    auth_token_file = "/run/secrets/t"   # optional: /metrics and /readyz details need this bearer token
+                                         # (or auth_token_env = "NAME": the token in that variable)
     ready_lag_seconds = 300              # /readyz: a catching-up table within this lag counts as ready
     workers = 2                          # threads stepping tables
     step_versions = 50                   # versions a table delivers before the others get their turn
@@ -68,7 +70,7 @@ from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.read.feed import ChangeFeed
 from tailer.serve.discovery import find_tables, is_lance_dataset
-from tailer.serve.http import HealthServer
+from tailer.serve.http import HealthServer, load_auth_token
 from tailer.serve.service import Service, ServiceOptions, TableSource
 from tailer.serve.state_root import StateRoot
 from tailer.storage.factory import storage_for
@@ -87,6 +89,8 @@ SERVICE_KEYS = {
     "safety_poll_seconds": float,
     "discover_seconds": float,
     "status_seconds": float,
+    "auth_token_file": str,
+    "auth_token_env": str,
 }
 DISCOVER_KEYS = frozenset({"root", "include", "exclude", "max_depth"})
 #: A ``[[tables]]`` entry's ``format``: its table format, when its path or layout should not decide.
@@ -106,6 +110,7 @@ class ServeConfig:
     defaults: dict[str, Any]
     tables: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (name, settings incl. path)
     discover: list[dict[str, Any]] = field(default_factory=list)
+    auth_token: str | None = field(default=None, repr=False)  # the secret: never in a repr or a log
 
 
 def load_serve_config(path: str) -> ServeConfig:
@@ -152,6 +157,7 @@ def load_serve_config(path: str) -> ServeConfig:
         ready_lag_seconds=values.get("ready_lag_seconds", 300.0),
         options=options,
         defaults=defaults,
+        auth_token=load_auth_token(values.get("auth_token_file"), values.get("auth_token_env"), file=path),
     )
     tables = data.get("tables", [])
     if not isinstance(tables, list):
@@ -413,9 +419,17 @@ def serve(config_path: str) -> int:
         host, _, port = config.listen.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError(f"[service] listen must be HOST:PORT, got {config.listen!r}", file=config_path)
-        server = HealthServer(host, int(port), lambda: service.stats, config.ready_lag_seconds)
+        server = HealthServer(
+            host, int(port), lambda: service.stats, config.ready_lag_seconds, auth_token=config.auth_token
+        )
         server.start()
         log.info("metrics and health on http://%s:%d/ (/metrics, /healthz, /readyz)", host, server.port)
+        if config.auth_token is None and host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning(
+                "metrics and health listen on %s with no auth_token_file or auth_token_env: anyone who can "
+                "reach it reads /metrics and /readyz's table names, paths and errors",
+                host,
+            )
     tune_for_latency()
     stop_on_signals(service.stop)
     progress = ServiceProgress(lambda: service.stats)

@@ -228,8 +228,11 @@ class Tailer(FollowLoop):
         versions = follower.discover(check_gaps=self.config.until_caught_up, limit=limit)
         if versions:
             newest = versions[-1] if limit is None or len(versions) < limit else self.log.latest_version()
-            self.stats.newest_version = max(self.stats.newest_version, newest)
+            self.stats.found(newest, follower.discovered_ms(versions[0]))
         return versions
+
+    def _commit_time_ms(self, version: int) -> int | None:
+        return None if self._follower is None else self._follower.discovered_ms(version)
 
     def _following(self) -> LogFollower:
         if self._follower is None:

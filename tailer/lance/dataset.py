@@ -190,11 +190,19 @@ class LanceDataset:
 
     def exists(self, version: int) -> bool:
         """Whether ``version``'s manifest is there (one request; both naming schemes if needed)."""
-        if self.storage.exists(self.manifest_path(version)):
-            return True
+        return self.manifest_file(version) is not None
+
+    def manifest_file(self, version: int) -> FileInfo | None:
+        """``version``'s manifest file (size, modification time) if it is there, as :meth:`exists` looks."""
+        paths = [self.manifest_path(version)]
         if self._v2 is None:
-            return self.storage.exists(join(self.versions_dir, manifest_name(version, v2=False)))
-        return False
+            paths.append(join(self.versions_dir, manifest_name(version, v2=False)))
+        for path in paths:
+            try:
+                return self.storage.stat(path)
+            except MissingFileError:
+                continue
+        return None
 
     # -- manifests -----------------------------------------------------------------------------
 

@@ -145,6 +145,7 @@ class LogFollower:
         self._hot = False  # the last discovery found commits (on a store, the next one lists)
         self._head_file: tuple[int, int] | None = None
         self._discovered: dict[int, FileInfo] = {}
+        self._found_ms: dict[int, int] = {}  # the last discovery's commits' modification times (kept when planned)
         self._newest_known = -1
         self.head = head
         self.previous_ms = previous_ms
@@ -203,6 +204,7 @@ class LogFollower:
             self.check_not_recreated()  # the new commits continue the commit read last, not a new table
         self._hot = bool(found)
         self._discovered = dict(found)
+        self._found_ms = {v: info.modification_time for v, info in found}
         if found:
             self.know_commits_up_to(found[-1][0])
         return [v for v, _ in found]
@@ -215,6 +217,10 @@ class LogFollower:
             raise VersionGapError(
                 _with_hint(e.message, self.hints.gap), table=e.table, version=e.version, file=e.file
             ) from e
+
+    def discovered_ms(self, version: int) -> int | None:
+        """The modification time (epoch ms) of commit ``version``'s file if the last :meth:`discover` found it."""
+        return self._found_ms.get(version)
 
     def know_commits_up_to(self, version: int) -> None:
         """Note that commit ``version`` exists (a listing found it): the commits before it are complete."""

@@ -5,7 +5,7 @@ Layout::
     STATE_ROOT/
       <table id>/
         table.json      the table's path (or URI) and name, written when it is first followed
-        status.json     where the table stands (state, error, versions), rewritten on every change
+        status.json     where the table stands (state, error, versions): tailer.follow.status_file
         LOCK, cursor.json, snapshot-<v>.parquet    the tailer's own state (tailer.follow.state_store)
 
 A table deleted and recreated at the same path gets a new id; its path is
@@ -16,17 +16,16 @@ then registered to another id already, and following it is refused (with
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from state.errors import StateError
 from tailer.follow.state_store import atomic_write
-from tailer.follow.stats import TableStats
+from tailer.follow.status_file import STATUS_FILE, read_status, write_status
+
+__all__ = ["STATUS_FILE", "TABLE_FILE", "StateRoot", "TableEntry", "read_status", "write_status"]
 
 TABLE_FILE = "table.json"
-STATUS_FILE = "status.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,26 +112,3 @@ class StateRoot:
             what = "no table" if not matches else "several tables"
             raise StateError(f"{what} named {key!r} in this state root (tables: {known})", file=str(self.root))
         return matches[0]
-
-
-def write_status(directory: Path, stats: TableStats, now: float | None = None) -> None:
-    """Record where a table stands (``status.json``), for ``deltatail status``."""
-    doc: dict[str, Any] = {
-        "state": stats.state.value,
-        "error": stats.error,
-        "delivered_version": stats.delivered_version,
-        "newest_version": stats.newest_version,
-        "delivered_commit_ms": stats.delivered_commit_ms,
-        "updated": stats.updated,
-        "written": time.time() if now is None else now,
-    }
-    atomic_write(directory / STATUS_FILE, json.dumps(doc, indent=2).encode())
-
-
-def read_status(directory: Path) -> dict[str, Any] | None:
-    """The last recorded status of a table, or ``None``."""
-    try:
-        doc = json.loads((directory / STATUS_FILE).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None

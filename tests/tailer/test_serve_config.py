@@ -107,8 +107,9 @@ def test_discovery_finds_tables_but_not_tables_inside_tables(tmp_path: Path) -> 
 
 def test_readiness_says_which_tables_are_not_ready() -> None:
     ok = TableStats("/a", "a", state=TableState.FOLLOWING)
-    close = TableStats("/b", "b", state=TableState.CATCHING_UP, delivered_commit_ms=1000 * 990)
-    far = TableStats("/c", "c", state=TableState.CATCHING_UP, delivered_commit_ms=0)
+    # The lag is the age of the oldest version not delivered (pending), not of the newest delivered one.
+    close = TableStats("/b", "b", state=TableState.CATCHING_UP, newest_version=3, pending_commit_ms=1000 * 990)
+    far = TableStats("/c", "c", state=TableState.CATCHING_UP, newest_version=3, pending_commit_ms=0)
     failed = TableStats("/d", "d", state=TableState.FAILED, error="boom")
     problems = readiness([ok, close, far, failed], 60.0, 1000.0)
     assert [p.split(":")[0] for p in problems] == ["c", "d"] and "boom" in problems[1]
