@@ -129,6 +129,18 @@ class TableCollector(Collector):
             "Times the table was started again after its sink or store was unavailable",
             labels=["table"],
         )
+        held = CounterMetricFamily(
+            "deltatail_rows_already_held",
+            "Change rows not written because the sink already held them (an exactly-once sink read back "
+            "after a restart), by this process",
+            labels=["table"],
+        )
+        gaps = CounterMetricFamily(
+            "deltatail_sink_gaps",
+            "Times the sink was found holding fewer rows than the cursor says were delivered and the gap "
+            "was accepted (on_sink_gap = accept); with the default (fail) the table fails instead",
+            labels=["table"],
+        )
         state = GaugeMetricFamily(
             "deltatail_table_state", "1 for the table's current state, 0 for the others", labels=["table", "state"]
         )
@@ -149,9 +161,25 @@ class TableCollector(Collector):
             for kind, n in s.errors.items():
                 errors.add_metric([t, kind], n)
             retries.add_metric([t], s.retries)
+            held.add_metric([t], s.rows_held)
+            gaps.add_metric([t], s.sink_gaps)
             for st in TableState:
                 state.add_metric([t, st.value], 1.0 if s.state is st else 0.0)
-        yield from (behind, seconds, delivered_at, delivered, rows, size, commits, age, errors, retries, state)
+        yield from (
+            behind,
+            seconds,
+            delivered_at,
+            delivered,
+            rows,
+            size,
+            commits,
+            age,
+            errors,
+            retries,
+            held,
+            gaps,
+            state,
+        )
         files = CounterMetricFamily(
             "deltatail_reader_files", "Small data files sent to the reader processes to read, all tables"
         )

@@ -238,3 +238,17 @@ def test_bad_token_settings_are_refused(
 def test_a_port_out_of_range_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"cannot listen on 127\.0\.0\.1:99999"):
         HealthServer("127.0.0.1", 99999, list)
+
+
+def test_rows_already_held_and_accepted_sink_gaps_are_exported() -> None:
+    held = TableStats("/lake/orders", "orders", state=TableState.FOLLOWING, rows_held=22, sink_gaps=1)
+    server = HealthServer("127.0.0.1", 0, lambda: [held], 60.0)
+    server.start()
+    try:
+        code, body = get(server.port, "/metrics")
+    finally:
+        server.close()
+    assert code == 200
+    lines = body.decode().splitlines()
+    assert 'deltatail_rows_already_held_total{table="orders"} 22.0' in lines
+    assert 'deltatail_sink_gaps_total{table="orders"} 1.0' in lines
