@@ -11,8 +11,8 @@ wide: the reader processes' ``deltatail_reader_files_total`` and
 ``deltatail_reader_runs_total``, and prometheus-client's process figures
 (``process_resident_memory_bytes``, CPU seconds, open files).
 
-``/healthz`` answers 200 while the process serves. ``/readyz`` answers 200
-when every table is following, or catching up with its newest delivered
+``/healthz`` answers 200 while the process serves, 503 with the reason when it
+cannot (``health``). ``/readyz`` answers 200 when every table is following, or catching up with its newest delivered
 commit at most ``ready_lag_seconds`` old; 503 otherwise, with the tables that
 are not, and why, in the body.
 """
@@ -112,13 +112,19 @@ class HealthServer:
         port: the port (0: any free one; see :attr:`port`).
         tables: the tables' figures, read on every request.
         ready_lag_seconds: how far behind a catching-up table may be and still count as ready.
+        health: why the process cannot serve, or ``None`` when it can (``/healthz``).
 
     Raises:
         ConfigError: if the address cannot be bound (in use, not local), before anything starts.
     """
 
     def __init__(
-        self, host: str, port: int, tables: Callable[[], list[TableStats]], ready_lag_seconds: float = 300.0
+        self,
+        host: str,
+        port: int,
+        tables: Callable[[], list[TableStats]],
+        ready_lag_seconds: float = 300.0,
+        health: Callable[[], str | None] = lambda: None,
     ) -> None:
         registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=registry)
@@ -136,6 +142,7 @@ class HealthServer:
         self.registry = registry
         self.tables = tables
         self.ready_lag_seconds = ready_lag_seconds
+        self.health = health
         try:
             self._http = ThreadingHTTPServer((host, port), Handler)
         except OSError as e:
@@ -154,7 +161,9 @@ class HealthServer:
         if path == "/metrics":
             self._send(request, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
-            self._send(request, 200, b"ok\n", "text/plain")
+            problem = self.health()
+            body = b"ok\n" if problem is None else f"unhealthy: {problem}\n".encode()
+            self._send(request, 200 if problem is None else 503, body, "text/plain")
         elif path == "/readyz":
             problems = readiness(self.tables(), self.ready_lag_seconds, time.time())
             body = json.dumps({"ready": not problems, "not_ready": problems}).encode() + b"\n"
