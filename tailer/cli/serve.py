@@ -287,8 +287,8 @@ def source(name: str, settings: Mapping[str, Any]) -> TableSource:
     return TableSource(name, tailer_config(table, "", settings), sink)
 
 
-def check_tables(sources: list[TableSource]) -> list[str]:
-    """Check every configured table before anything starts; returns the tables whose store is unavailable now.
+def check_tables(sources: list[TableSource]) -> dict[str, str]:
+    """Check every configured table before anything starts; returns the tables whose store is unavailable now, with why.
 
     A table whose store fails transiently (:func:`~tailer.follow.transient.is_transient`: HTTP 5xx,
     throttling, a timeout, a refused connection) cannot be checked now: it is logged and returned,
@@ -300,13 +300,12 @@ def check_tables(sources: list[TableSource]) -> list[str]:
             table does not have, two entries that are one table, or a store refusing access.
     """
     ids: dict[str, str] = {}
-    unavailable: list[str] = []
+    unavailable: dict[str, str] = {}
     for s in sources:
-        c = s.config
-        if s.resolve is not None:  # its format could not be told: its store failed a moment ago
-            unavailable.append(s.name)
-            continue
         try:
+            if s.resolve is not None:  # its format could not be told a moment ago; the service looks again itself
+                s = s.resolve()
+            c = s.config
             if s.table_format == "lance":
                 o = c.options
                 lance = LanceFeed(
@@ -325,7 +324,7 @@ def check_tables(sources: list[TableSource]) -> list[str]:
         except DeltaTailError as e:
             if is_transient(e):
                 log.warning("table %r cannot be checked now (%s): it starts unavailable and is retried", s.name, e)
-                unavailable.append(s.name)
+                unavailable[s.name] = str(e)
                 continue
             raise type(e)(f"table {s.name!r}: {e.message}", table=e.table, version=e.version, file=e.file) from e
         if tid in ids:
@@ -399,7 +398,7 @@ def serve(config_path: str) -> int:
             _sink_factory(str(config.defaults.get("sink", DEFAULT_SINK)), "table")(_SAMPLE_TABLE_ID)
         except DeltaTailError as e:
             raise ConfigError(f"[defaults] sink: {e.message}", file=config_path) from e
-    check_tables(sources)
+    unavailable = check_tables(sources)
     for spec in config.discover:
         find_tables(str(spec["root"]), max_depth=0)  # the root exists and is local
     probe_state_root(Path(config.state_root))
@@ -410,6 +409,7 @@ def serve(config_path: str) -> int:
         sources,
         config.options,
         discover=(lambda: _discovered(config, explicit, refused)) if config.discover else None,
+        unavailable=unavailable,
     )
     server = None
     if config.listen is not None:

@@ -45,7 +45,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -161,6 +161,8 @@ class Service:
         options: scheduling settings.
         discover: called every ``discover_seconds`` for the tables to follow now (discovered ones);
             tables already followed (by name) are left as they are.
+        unavailable: tables whose store was found unavailable at start-up, with why: they start
+            ``unavailable`` (and are tried at once, then with backoff).
         clock: monotonic seconds.
     """
 
@@ -171,6 +173,7 @@ class Service:
         options: ServiceOptions | None = None,
         *,
         discover: Callable[[], list[TableSource]] | None = None,
+        unavailable: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state_root = state_root
@@ -193,6 +196,9 @@ class Service:
         self.fatal: str | None = None
         for source in tables:
             self._add(source)
+        for name, why in (unavailable or {}).items():
+            if name in self._tables:
+                self._tables[name].stats.set_state(TableState.UNAVAILABLE, why)
 
     # -- tables ---------------------------------------------------------------------------------
 
