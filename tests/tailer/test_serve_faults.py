@@ -82,7 +82,7 @@ def test_too_many_open_files_makes_tables_unavailable_then_they_resume(tmp_path:
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     for i, path in enumerate((a, b)):
         write_deltalake(path, rows(i * 100), configuration=CDF)
-    child = ServeChild(config(tmp_path, {"a": a, "b": b}, extra="fatal_seconds = 600"), tmp_path / "serve.log")
+    child = ServeChild(config(tmp_path, {"a": a, "b": b}), tmp_path / "serve.log")
     child.start()
     out = tmp_path / "out"
     try:
