@@ -13,6 +13,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,9 +37,11 @@ def _ignore_sigxfsz() -> None:
 class ServeChild:
     """One ``deltatail serve --config FILE`` process (see the module docstring)."""
 
-    def __init__(self, config: Path, log: Path) -> None:
+    def __init__(self, config: Path, log: Path, *, piped: bool = False) -> None:
         self.config = config
         self.log = log
+        #: stderr through a pipe copied to ``log`` by a thread: not a file of the child (RLIMIT_FSIZE).
+        self.piped = piped
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -48,10 +51,12 @@ class ServeChild:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tailer.cli", "serve", "--config", str(self.config)],
                 cwd=ROOT,
-                stderr=err,
+                stderr=subprocess.PIPE if self.piped else err,
                 env={**os.environ, "DELTATAIL_LOG_FORMAT": "json"},
                 preexec_fn=_ignore_sigxfsz,
             )
+        if self.piped:
+            threading.Thread(target=self._copy, args=(self.proc,), daemon=True).start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = re.findall(rb"metrics and health on http://127\.0\.0\.1:(\d+)/", self.log.read_bytes()[before:])
@@ -62,6 +67,13 @@ class ServeChild:
                 raise AssertionError(f"serve exited with {self.proc.returncode}: {self.log.read_text()[-3000:]}")
             time.sleep(0.05)
         raise AssertionError("serve did not start: " + self.log.read_text()[-3000:])
+
+    def _copy(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        with self.log.open("ab") as out:
+            for line in proc.stderr:
+                out.write(line)
+                out.flush()
 
     @property
     def pid(self) -> int:

@@ -9,14 +9,23 @@ removed, every sink must equal deltalake's ``load_cdf`` (no row lost, none twice
 
 from __future__ import annotations
 
+import json
+import random
+import re
 import resource
+import subprocess
 import sys
 import textwrap
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from serve_child import CDF, ServeChild, delivered, expected, wait_for
@@ -298,4 +307,223 @@ def test_a_store_failing_at_start_up_makes_its_table_unavailable_not_the_service
         code = child.stop()
         proxy.stop()
     assert code == 0
+    no_crash(child)
+
+
+# ---------------------------------------------------------------- the campaign
+
+#: Seconds within which a fault must show: a table reported ``following`` (metrics, status lines) or
+#: ready (/readyz) must have delivered every commit made more than this long before. It covers the S3
+#: table's slowest detection: a request held past its 2 s timeout, retried once, then the error.
+DETECTION_SECONDS = 10.0
+
+CAMPAIGN_WRITER = textwrap.dedent(
+    """
+    import json, sys, time
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    tables, options = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    journal, seconds = sys.argv[3], float(sys.argv[4])
+    end = time.monotonic() + seconds
+    version = 0
+    with open(journal, "a") as out:
+        while time.monotonic() < end:
+            version += 1
+            for name, path in tables.items():
+                ids = pa.array(range(version * 10, version * 10 + 3), pa.int64())
+                data = pa.table({"id": ids, "v": ["w" * 40] * 3})
+                write_deltalake(path, data, mode="append", storage_options=options.get(name))
+                out.write(json.dumps({"table": name, "version": version, "at": time.time()}) + "\\n")
+                out.flush()
+            time.sleep(0.2)
+    """
+)
+
+
+def parquet_rows(directory: Path) -> Counter[tuple[object, ...]]:
+    if not directory.is_dir():
+        return Counter()
+    got: Counter[tuple[object, ...]] = Counter()
+    for file in sorted(directory.glob("*.parquet")):
+        for r in pq.read_table(file).to_pylist():
+            got[(r["id"], r["_change_type"], r["_commit_version"])] += 1
+    return got
+
+
+@dataclass
+class Observation:
+    at: float
+    table: str
+    claim: str  # "following" (metrics or a status line) or "ready" (/readyz)
+    delivered: int
+    source: str
+
+
+@dataclass
+class Scraper:
+    """Scrapes /readyz then /metrics in a loop; keeps every claim that a table is following or ready."""
+
+    child: ServeChild
+    observations: list[Observation] = field(default_factory=list)
+    answered: int = 0
+    unavailable_seen: set[str] = field(default_factory=set)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            at = time.time()
+            not_ready = self.child.not_ready()
+            code, body = self.child.get("/metrics")
+            if not_ready is not None and code == 200:
+                self.answered += 1
+                text = body.decode()
+                versions = {
+                    m[1]: int(float(m[2]))
+                    for m in re.finditer(r'deltatail_delivered_version\{table="([^"]+)"\} (\S+)', text)
+                }
+                for m in re.finditer(r'deltatail_table_state\{table="([^"]+)",state="(\w+)"\} 1\.0', text):
+                    name, state = m[1], m[2]
+                    if state == "unavailable":
+                        self.unavailable_seen.add(name)
+                    if state == "following":
+                        self.observations.append(Observation(at, name, "following", versions[name], "metrics"))
+                    if name not in not_ready:
+                        self.observations.append(Observation(at, name, "ready", versions[name], "readyz"))
+            self.stop.wait(0.2)
+
+
+def lies(observations: list[Observation], journal: list[dict[str, object]]) -> list[str]:
+    """The claims that were not true: a commit made more than DETECTION_SECONDS before was not delivered."""
+    out = []
+    for o in observations:
+        due = [
+            int(str(c["version"]))
+            for c in journal
+            if c["table"] == o.table and float(str(c["at"])) <= o.at - DETECTION_SECONDS
+        ]
+        if due and o.delivered < max(due):
+            out.append(
+                f"{o.source} said {o.table} was {o.claim} at {o.at:.1f} with version {o.delivered} delivered, "
+                f"but {max(due)} was committed over {DETECTION_SECONDS:g}s before"
+            )
+    return out
+
+
+@pytest.mark.slow
+def test_campaign_faults_while_a_writer_commits_never_lie_and_lose_nothing(moto: Server, tmp_path: Path) -> None:
+    """~2 min: 3 local tables and 1 S3 table, a writer committing to all, and one fault after another.
+
+    Faults (seeded order and lengths): every file of the service limited in size (sink and state files
+    fail with EFBIG), no file descriptor left (EMFILE), the Parquet sink directory of one table replaced
+    by a file, the S3 table's store answering 500 and then holding requests past their timeout. Throughout,
+    /readyz and /metrics are scraped every 0.2 s and every status line is read: no table may be claimed
+    following or ready while a commit older than DETECTION_SECONDS is undelivered. At the end, with the
+    faults removed, every sink equals deltalake's ``load_cdf``, each row once.
+    """
+    rng = random.Random(27)
+    lake, out = tmp_path / "lake", tmp_path / "out"
+    locals_ = {f"l{i}": str(lake / f"l{i}") for i in range(3)}
+    for i, path in enumerate(locals_.values()):
+        write_deltalake(path, rows(1_000_000 + i * 1000, 20), configuration=CDF)
+    cloud = Cloud.fresh("s3", moto)
+    s3_uri = cloud.uri("s3t")
+    write_deltalake(s3_uri, rows(2_000_000, 20), storage_options=cloud.writer_options, configuration=CDF)
+    proxy = CountingProxy(moto.endpoint).start()
+    store = {**cloud.via(proxy.endpoint).options, "max_retries": "1", "retry_timeout": "1s", "timeout": "2s"}
+    file = config(tmp_path, locals_, extra="ready_lag_seconds = 2\nstatus_seconds = 1")
+    storage = "".join(f'{k} = "{v}"\n' for k, v in store.items())
+    file.write_text(
+        file.read_text().replace(
+            f'name = "l2"\npath = "{locals_["l2"]}"\n',
+            f'name = "l2"\npath = "{locals_["l2"]}"\nsink = "parquet:{out / "l2"}"\n',
+        )
+        + f'[[tables]]\nname = "s3t"\npath = "{s3_uri}"\nformat = "delta"\nmax_poll_interval = 0.5\n'
+        + f"[tables.storage]\n{storage}"
+    )
+    child = ServeChild(file, tmp_path / "serve.log", piped=True)
+    child.start()
+    scraper = Scraper(child)
+    scraping = threading.Thread(target=scraper.run, daemon=True)
+    journal = tmp_path / "journal.jsonl"
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CAMPAIGN_WRITER,
+            json.dumps({**locals_, "s3t": s3_uri}),
+            json.dumps({"s3t": cloud.writer_options}),
+            str(journal),
+            "75",
+        ]
+    )
+    sinks = {name: out / f"{name}.jsonl" for name in ("l0", "l1", "s3t")}
+
+    def full_disk() -> Callable[[], None]:
+        limit = min(p.stat().st_size for p in sinks.values() if p.exists()) + 1
+        before = child.limit(resource.RLIMIT_FSIZE, limit)
+        return lambda: child.limit(resource.RLIMIT_FSIZE, before[0]) and None
+
+    def no_descriptors() -> Callable[[], None]:
+        before = child.limit(resource.RLIMIT_NOFILE, 3)
+        return lambda: child.limit(resource.RLIMIT_NOFILE, before[0]) and None
+
+    def sink_dir_replaced() -> Callable[[], None]:
+        (out / "l2").rename(out / "l2.away")
+        (out / "l2").write_text("not a directory\n")
+
+        def restore() -> None:
+            (out / "l2").unlink()
+            (out / "l2.away").rename(out / "l2")
+
+        return restore
+
+    def store_failing() -> Callable[[], None]:
+        proxy.fail_next(1_000_000, 500)
+        return lambda: proxy.fail_next(0)
+
+    def store_hanging() -> Callable[[], None]:
+        proxy.delay(5.0)
+        return lambda: proxy.delay(0.0)
+
+    faults = [full_disk, no_descriptors, sink_dir_replaced, store_failing, store_hanging]
+    rng.shuffle(faults)
+    done: list[str] = []
+    try:
+        scraping.start()
+        time.sleep(3.0)
+        for fault in faults:
+            restore = fault()
+            time.sleep(rng.uniform(4.0, 8.0))
+            restore()
+            done.append(fault.__name__)
+            time.sleep(rng.uniform(2.0, 4.0))
+        assert writer.wait(180) == 0
+        expect = {name: expected(locals_[name]) for name in ("l0", "l1", "l2")}
+        expect["s3t"] = expected(s3_uri, cloud.writer_options)
+
+        def all_delivered() -> bool:
+            return (
+                all(delivered(sinks[n]) == expect[n] for n in ("l0", "l1", "s3t"))
+                and parquet_rows(out / "l2") == expect["l2"]
+            )
+
+        wait_for(all_delivered, "every table delivered after the faults", child, timeout=180)
+        wait_for(lambda: child.not_ready() == {}, "/readyz ready at the end", child)
+    finally:
+        scraper.stop.set()
+        writer.kill()
+        code = child.stop()
+        proxy.stop()
+    assert code == 0
+    assert done == [f.__name__ for f in faults]
+    entries = [json.loads(line) for line in journal.read_text().splitlines()]
+    claims = list(scraper.observations)
+    for e in child.events():
+        if e.get("event") == "table_status" and e["state"] == "following":
+            at = datetime.fromisoformat(e["ts"]).timestamp()
+            claims.append(Observation(at, e["table"], "following", e["delivered_version"], "a status line"))
+    found = lies(claims, entries)
+    assert not found, found[:5]
+    assert scraper.answered > 50
+    assert {"l0", "l1", "l2", "s3t"} <= scraper.unavailable_seen, scraper.unavailable_seen
     no_crash(child)
