@@ -62,6 +62,7 @@ from tailer.log.starts import table_id
 from tailer.log.watch_many import DirectoryWatcher
 from tailer.read.feed import ChangeFeed
 from tailer.serve.state_root import StateRoot, write_status
+from tailer.storage.base import Storage
 from tailer.storage.factory import storage_for
 
 log = logging.getLogger("deltatail")
@@ -126,6 +127,9 @@ class _Table:
     failures: int = 0
     watched: bool = False
     reported: tuple[object, ...] = field(default=())
+    #: The table's storage, kept across reopenings: an object store's client is made once, not again
+    #: while a fault lasts (making one needs file descriptors, certificates...).
+    storage: Storage | None = None
 
 
 @dataclass(frozen=True)
@@ -421,7 +425,9 @@ class Service:
         if table.source.table_format == "lance":
             return self._open_lance(table)
         config = table.source.config
-        feed = ChangeFeed(config.table, storage_for(config.table, config.storage_options or None), config.options)
+        if table.storage is None:
+            table.storage = storage_for(config.table, config.storage_options or None)
+        feed = ChangeFeed(config.table, table.storage, config.options)
         tid = table_id(feed.log)
         entry = self.state_root.register(tid, feed.log.table, table.source.name)
         config = replace(config, state_dir=str(entry.directory), status_lines=False)

@@ -430,7 +430,7 @@ def test_campaign_faults_while_a_writer_commits_never_lie_and_lose_nothing(moto:
     write_deltalake(s3_uri, rows(2_000_000, 20), storage_options=cloud.writer_options, configuration=CDF)
     proxy = CountingProxy(moto.endpoint).start()
     store = {**cloud.via(proxy.endpoint).options, "max_retries": "1", "retry_timeout": "1s", "timeout": "2s"}
-    file = config(tmp_path, locals_, extra="ready_lag_seconds = 2\nstatus_seconds = 1")
+    file = config(tmp_path, locals_, extra="ready_lag_seconds = 2")
     storage = "".join(f'{k} = "{v}"\n' for k, v in store.items())
     file.write_text(
         file.read_text().replace(
@@ -453,7 +453,7 @@ def test_campaign_faults_while_a_writer_commits_never_lie_and_lose_nothing(moto:
             json.dumps({**locals_, "s3t": s3_uri}),
             json.dumps({"s3t": cloud.writer_options}),
             str(journal),
-            "75",
+            "60",
         ]
     )
     sinks = {name: out / f"{name}.jsonl" for name in ("l0", "l1", "s3t")}
