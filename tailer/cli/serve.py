@@ -11,6 +11,7 @@ The file::
     safety_poll_seconds = 10             # watched local tables are looked at this often without a signal
     discover_seconds = 30                # how often discovery roots are scanned again
     fatal_seconds = 60                   # the state root unusable this long: exit non-zero (restart me)
+    stall_seconds = 30                   # a table's step running this long: reported unavailable
 
     [defaults]                           # settings of every table (those of `deltatail run`)
     sink = "kafka://broker:9092/cdc.{table_name}?format=debezium&key=id&exactly_once=true"
@@ -95,6 +96,7 @@ SERVICE_KEYS = {
     "discover_seconds": float,
     "status_seconds": float,
     "fatal_seconds": float,
+    "stall_seconds": float,
 }
 DISCOVER_KEYS = frozenset({"root", "include", "exclude", "max_depth"})
 #: A ``[[tables]]`` entry's ``format``: its table format, when its path or layout should not decide.
@@ -148,11 +150,13 @@ def load_serve_config(path: str) -> ServeConfig:
         discover_seconds=values.get("discover_seconds", d.discover_seconds),
         status_seconds=values.get("status_seconds", d.status_seconds),
         fatal_seconds=values.get("fatal_seconds", d.fatal_seconds),
+        stall_seconds=values.get("stall_seconds", d.stall_seconds),
     )
     if options.workers < 1 or options.step_versions < 1:
         raise ConfigError("[service] workers and step_versions must be at least 1", file=path)
-    if not 0 < options.fatal_seconds < float("inf"):
-        raise ConfigError(f"[service] fatal_seconds must be a positive number, got {options.fatal_seconds}", file=path)
+    for key in ("fatal_seconds", "stall_seconds"):
+        if not 0 < getattr(options, key) < float("inf"):
+            raise ConfigError(f"[service] {key} must be a positive number, got {getattr(options, key)}", file=path)
     defaults = _settings(_table(data, "defaults", path), "[defaults]", path)
     storage = _storage(data.get(STORAGE, {}), "[storage]", path)
     if storage:

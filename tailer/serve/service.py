@@ -130,6 +130,8 @@ class _Table:
     #: The table's storage, kept across reopenings: an object store's client is made once, not again
     #: while a fault lasts (making one needs file descriptors, certificates...).
     storage: Storage | None = None
+    started: float | None = None  # when the step in hand began
+    stalled: bool = False  # the step in hand was reported as not answering
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,8 @@ class ServiceOptions:
         max_backoff: the longest wait before retrying a table whose sink or store is unavailable.
         fatal_seconds: how long the state root may stay unusable (its probe failing) before the
             service gives up and :meth:`Service.run` raises (the process exits non-zero).
+        stall_seconds: a table whose step has not returned for this long (a store or sink that
+            does not answer) is reported ``unavailable`` until the step returns.
     """
 
     workers: int = 2
@@ -154,6 +158,7 @@ class ServiceOptions:
     status_seconds: float = 30.0
     max_backoff: float = 60.0
     fatal_seconds: float = 60.0
+    stall_seconds: float = 30.0
 
 
 class Service:
@@ -348,6 +353,8 @@ class Service:
         wait = 1.0
         with self._lock:
             for table in self._tables.values():
+                if table.busy:
+                    self._check_stall(table, now)
                 if table.done or table.busy or table.queued:
                     continue
                 if table.due <= now:
@@ -357,20 +364,36 @@ class Service:
                     wait = min(wait, table.due - now)
         return max(wait, 0.0)
 
+    def _check_stall(self, table: _Table, now: float) -> None:
+        """A step that has not returned for ``stall_seconds``: the table is not delivering; say so (under the lock)."""
+        if table.stalled or table.started is None or now - table.started < self.options.stall_seconds:
+            return
+        table.stalled = True
+        why = f"its step has not returned for {now - table.started:.0f}s (the store or the sink does not answer)"
+        table.stats.set_state(TableState.UNAVAILABLE, why)
+        log.warning("table %s: %s", table.source.name, why)
+
     def _work(self) -> None:
         while (table := self._ready.get()) is not None:
+            caught_up: bool | None = None
             try:
                 with self._lock:
                     table.queued = False
                     table.busy = True
+                    table.started = self._clock()
                 if not self._stopping.is_set():
-                    self._step(table)
+                    caught_up = self._step(table)
             except Exception as e:  # a bug in the handling below; still the table's, never the worker's end
                 log.error("table %s: %s", table.source.name, describe(e))
                 log.debug("table %s: the error", table.source.name, exc_info=e)
             finally:
                 with self._lock:
                     table.busy = False
+                    table.started = None
+                    if table.stalled:  # reported as not answering while it ran: it answered
+                        table.stalled = False
+                        if caught_up is not None:
+                            table.stats.set_state(TableState.FOLLOWING if caught_up else TableState.CATCHING_UP)
                 self._record(table)
                 self._wake()  # the dispatcher looks again: this table may be due at once
 
@@ -380,8 +403,11 @@ class Service:
         except Exception as e:  # the dispatcher turns at least every second anyway
             log.debug("cannot wake the dispatcher: %s", describe(e))
 
-    def _step(self, table: _Table) -> None:
-        """Step one table; whatever it raises becomes that table's state (see the module docstring)."""
+    def _step(self, table: _Table) -> bool | None:
+        """Step one table; whatever it raises becomes that table's state (see the module docstring).
+
+        Returns whether it caught up (``None``: it failed or is unavailable).
+        """
         now = self._clock()
         try:
             if table.tailer is None:
@@ -391,14 +417,16 @@ class Service:
             table.failures = 0
             if delivered >= self.options.step_versions:
                 table.due = 0.0  # more to do: its turn again after the others
-                return
+                return False
             tailer.rest()
             table.due = self._clock() + tailer.idle_timeout(self.options.safety_poll_seconds if table.watched else None)
+            return True
         except Exception as e:
             if is_transient(e):
                 self._unavailable(table, e, now)
             else:
                 self._fail(table, e)
+            return None
 
     def _unavailable(self, table: _Table, error: Exception, now: float) -> None:
         """A transient fault: close the table's tailer and sink, hold its cursor, retry with backoff."""

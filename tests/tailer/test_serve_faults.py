@@ -430,7 +430,7 @@ def test_campaign_faults_while_a_writer_commits_never_lie_and_lose_nothing(moto:
     write_deltalake(s3_uri, rows(2_000_000, 20), storage_options=cloud.writer_options, configuration=CDF)
     proxy = CountingProxy(moto.endpoint).start()
     store = {**cloud.via(proxy.endpoint).options, "max_retries": "1", "retry_timeout": "1s", "timeout": "2s"}
-    file = config(tmp_path, locals_, extra="ready_lag_seconds = 2")
+    file = config(tmp_path, locals_, extra="ready_lag_seconds = 2\nstall_seconds = 4")
     storage = "".join(f'{k} = "{v}"\n' for k, v in store.items())
     file.write_text(
         file.read_text().replace(
@@ -492,6 +492,7 @@ def test_campaign_faults_while_a_writer_commits_never_lie_and_lose_nothing(moto:
         scraping.start()
         time.sleep(3.0)
         for fault in faults:
+            print(f"{time.time():.1f} {fault.__name__}", flush=True)
             restore = fault()
             time.sleep(rng.uniform(4.0, 8.0))
             restore()
@@ -523,7 +524,13 @@ def test_campaign_faults_while_a_writer_commits_never_lie_and_lose_nothing(moto:
             at = datetime.fromisoformat(e["ts"]).timestamp()
             claims.append(Observation(at, e["table"], "following", e["delivered_version"], "a status line"))
     found = lies(claims, entries)
-    assert not found, found[:5]
+    if found:
+        around = [
+            f"{e['ts']} {e.get('table', '')} {e.get('state', '')} {e.get('delivered_version', '')} {e['message'][:200]}"
+            for e in child.events()
+            if e.get("table") in ("s3t", None) or "s3t" in e["message"]
+        ]
+        raise AssertionError(f"{found[:5]}; faults {done}; s3t's log: " + "\n".join(around[-300:]))
     assert scraper.answered > 50
     assert {"l0", "l1", "l2", "s3t"} <= scraper.unavailable_seen, scraper.unavailable_seen
     no_crash(child)
