@@ -130,6 +130,7 @@ class _Table:
     #: The table's storage, kept across reopenings: an object store's client is made once, not again
     #: while a fault lasts (making one needs file descriptors, certificates...).
     storage: Storage | None = None
+    remote: bool = False  # on an object store: a step that found a commit does not show it caught up
     started: float | None = None  # when the step in hand began
     stalled: bool = False  # the step in hand was reported as not answering
 
@@ -413,9 +414,15 @@ class Service:
             if table.tailer is None:
                 table.tailer = self._open(table)
             tailer = table.tailer
-            delivered = tailer.step(self.options.step_versions)
+            limit = self.options.step_versions
+            found = delivered = tailer.step(limit)
+            while table.remote and found and delivered < limit:
+                # On an object store a step probes one commit by name; only the listing after it tells
+                # whether more came: the table is caught up (following) once a look finds nothing.
+                found = tailer.step(limit - delivered)
+                delivered += found
             table.failures = 0
-            if delivered >= self.options.step_versions:
+            if delivered >= limit:
                 table.due = 0.0  # more to do: its turn again after the others
                 return False
             tailer.rest()
@@ -460,6 +467,7 @@ class Service:
         entry = self.state_root.register(tid, feed.log.table, table.source.name)
         config = replace(config, state_dir=str(entry.directory), status_lines=False)
         tailer = Tailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
+        table.remote = feed.storage.remote
         tailer.open()
         if config.watch and not feed.storage.remote:
             self._watch(table, tailer, feed.log.log_dir)
@@ -486,6 +494,7 @@ class Service:
         config = replace(config, state_dir=str(entry.directory), status_lines=False)
         table.stats.table_id = tid
         tailer = LanceTailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
+        table.remote = feed.storage.remote
         tailer.open()
         if config.watch and not feed.storage.remote:
             self._watch(table, tailer, feed.dataset.versions_dir)

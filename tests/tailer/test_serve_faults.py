@@ -534,3 +534,41 @@ def test_campaign_faults_while_a_writer_commits_never_lie_and_lose_nothing(moto:
     assert scraper.answered > 50
     assert {"l0", "l1", "l2", "s3t"} <= scraper.unavailable_seen, scraper.unavailable_seen
     no_crash(child)
+
+
+def test_a_step_that_does_not_return_is_reported_unavailable_until_it_does(moto: Server, tmp_path: Path) -> None:
+    """The store holds every request 8 s (under the client's timeout): the step hangs, the table is not delivering.
+
+    Before: the table stayed ``following`` (and ready) for as long as its step hung.
+    """
+    cloud = Cloud.fresh("s3", moto)
+    uri = cloud.uri("slow")
+    write_deltalake(uri, rows(0), storage_options=cloud.writer_options, configuration=CDF)
+    proxy = CountingProxy(moto.endpoint).start()
+    storage = "".join(f'{k} = "{v}"\n' for k, v in cloud.via(proxy.endpoint).options.items())
+    file = config(tmp_path, {}, extra="stall_seconds = 2")
+    file.write_text(
+        file.read_text()
+        + f'[[tables]]\nname = "slow"\npath = "{uri}"\nformat = "delta"\nmax_poll_interval = 0.5\n'
+        + f"[tables.storage]\n{storage}"
+    )
+    child = ServeChild(file, tmp_path / "serve.log")
+    out = tmp_path / "out" / "slow.jsonl"
+    try:
+        child.start()
+        wait_for(lambda: delivered(out) == expected(uri, cloud.writer_options), "slow delivered", child)
+        wait_for(lambda: child.not_ready() == {}, "/readyz ready", child)
+        proxy.delay(8.0)
+        write_deltalake(uri, rows(10), storage_options=cloud.writer_options, mode="append")
+        wait_for(lambda: "slow" in (child.not_ready() or {}), "/readyz to name slow", child, timeout=30)
+        why = (child.not_ready() or {})["slow"]
+        assert "unavailable" in why and "has not returned" in why, why
+        assert (child.states() or {}).get("slow") == "unavailable"
+        proxy.delay(0.0)
+        wait_for(lambda: delivered(out) == expected(uri, cloud.writer_options), "slow delivered again", child)
+        wait_for(lambda: child.not_ready() == {}, "/readyz ready again", child)
+    finally:
+        code = child.stop()
+        proxy.stop()
+    assert code == 0
+    no_crash(child)
