@@ -104,11 +104,16 @@ class ServeChild:
         code, body = self.get("/metrics")
         if code != 200:
             return None
+        return self.states_in(body.decode())
+
+    @staticmethod
+    def states_in(metrics: str) -> dict[str, str]:
+        """Every table's state in the text of a /metrics answer."""
         out: dict[str, str] = {}
-        for m in re.finditer(r'deltatail_table_state\{state="(\w+)",table="([^"]+)"\} 1\.0', body.decode()):
-            out[m[2]] = m[1]
-        for m in re.finditer(r'deltatail_table_state\{table="([^"]+)",state="(\w+)"\} 1\.0', body.decode()):
-            out[m[1]] = m[2]
+        for line in metrics.splitlines():
+            if line.startswith("deltatail_table_state{") and line.endswith(" 1.0"):
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+                out[labels["table"]] = labels["state"]
         return out
 
     def metric(self, name: str, **labels: str) -> float:

@@ -381,8 +381,7 @@ class Scraper:
                     m[1]: int(float(m[2]))
                     for m in re.finditer(r'deltatail_delivered_version\{table="([^"]+)"\} (\S+)', text)
                 }
-                for m in re.finditer(r'deltatail_table_state\{table="([^"]+)",state="(\w+)"\} 1\.0', text):
-                    name, state = m[1], m[2]
+                for name, state in self.child.states_in(text).items():
                     if state == "unavailable":
                         self.unavailable_seen.add(name)
                     if state == "following":
@@ -532,6 +531,7 @@ def test_campaign_faults_while_a_writer_commits_never_lie_and_lose_nothing(moto:
         ]
         raise AssertionError(f"{found[:5]}; faults {done}; s3t's log: " + "\n".join(around[-300:]))
     assert scraper.answered > 50
+    assert {o.table for o in scraper.observations if o.claim == "following"} == {"l0", "l1", "l2", "s3t"}
     assert {"l0", "l1", "l2", "s3t"} <= scraper.unavailable_seen, scraper.unavailable_seen
     no_crash(child)
 
