@@ -32,6 +32,7 @@ from deltalake import DeltaTable, write_deltalake
 from serve_child import CDF, ServeChild, delivered, expected, wait_for
 
 from sinks.embedded import JsonLinesSink
+from state.errors import DeltaTailError
 from state.feed import ChangeBatch
 from tailer.cli.configure import tailer_config
 from tailer.follow.stats import TableState
@@ -581,3 +582,35 @@ def test_a_step_that_does_not_return_is_reported_unavailable_until_it_does(moto:
         proxy.stop()
     assert code == 0
     no_crash(child)
+
+
+class ExitingSink(JsonLinesSink):
+    """A sink that ends its thread (``SystemExit``: what no step may turn into a table's state)."""
+
+    def write(self, batch: ChangeBatch) -> None:
+        raise SystemExit("a sink called sys.exit")
+
+
+def test_a_dead_worker_fails_health_and_ends_the_service_with_an_error(tmp_path: Path) -> None:
+    """The watchdog: a worker thread that died makes health() say so and run() raise (the process exits 1)."""
+    t = str(tmp_path / "t")
+    write_deltalake(t, rows(0), configuration=CDF)
+    out = tmp_path / "out"
+    out.mkdir()
+    source = TableSource("t", tailer_config(t, "", {}), lambda _: ExitingSink(str(out / "t")))
+    service = Service(StateRoot(tmp_path / "state"), [source], ServiceOptions(workers=1))
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            service.run()
+        except BaseException as e:
+            failure.append(e)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive()
+    assert [type(e) for e in failure] == [DeltaTailError]
+    assert "worker thread deltatail-serve-0 died" in str(failure[0])
+    assert service.health() == "worker thread deltatail-serve-0 died"
