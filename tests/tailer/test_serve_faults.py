@@ -591,6 +591,7 @@ class ExitingSink(JsonLinesSink):
         raise SystemExit("a sink called sys.exit")
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the worker's SystemExit
 def test_a_dead_worker_fails_health_and_ends_the_service_with_an_error(tmp_path: Path) -> None:
     """The watchdog: a worker thread that died makes health() say so and run() raise (the process exits 1)."""
     t = str(tmp_path / "t")
