@@ -301,7 +301,7 @@ def check_tables(sources: list[TableSource]) -> dict[str, str]:
 
     Raises:
         DeltaTailError: naming the table: a path with no Delta table, a filter naming a column the
-            table does not have, two entries that are one table, or a store refusing access.
+            table does not have, or two entries that are one table.
     """
     ids: dict[str, str] = {}
     unavailable: dict[str, str] = {}

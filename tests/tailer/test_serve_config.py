@@ -196,3 +196,19 @@ def test_a_discovered_table_with_a_bad_sink_is_logged_once_and_the_others_follow
             assert [s.name for s in found] == ["good"]
     bad = [r for r in records if "cannot be followed" in r.getMessage()]
     assert len(bad) == 1 and "format='debezum'" in bad[0].getMessage(), [r.getMessage() for r in records]
+
+
+def test_a_state_root_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    t = table(tmp_path / "t")
+    (tmp_path / "state").write_text("a file where the state root should be\n")
+    config = write(tmp_path, f'listen = "127.0.0.1:0"\n[[tables]]\npath = "{t}"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("deltatail: error: the state root is unusable") and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
