@@ -12,6 +12,8 @@ The file::
     step_versions = 50                   # versions a table delivers before the others get their turn
     safety_poll_seconds = 10             # watched local tables are looked at this often without a signal
     discover_seconds = 30                # how often discovery roots are scanned again
+    fatal_seconds = 60                   # the state root unusable this long: exit non-zero (restart me)
+    stall_seconds = 30                   # a table's step running this long: reported unavailable
 
     [defaults]                           # settings of every table (those of `deltatail run`)
     sink = "kafka://broker:9092/cdc.{table_name}?format=debezium&key=id&exactly_once=true"
@@ -40,8 +42,13 @@ hold ``{table_name}`` and ``{table_id}`` (for a Lance dataset, its
 :func:`~tailer.lance.follow.lance_state_id`). A discovered table is
 named by its path relative to the root, ``/`` written ``.``. Everything is
 checked before anything starts: an unknown key, a table path that does not
-exist, two tables that are one, a filter naming a missing column, an address
-in use — each is an error naming the key or table.
+exist, two tables that are one, a filter naming a missing column, a bad sink
+URI (scheme, options, Kafka options; nothing is connected to), a state root
+that cannot be written, an address in use — each is an error naming the key or
+table. A table whose store is unavailable at start-up (it fails, throttles,
+times out) is not an error of the configuration: that table starts
+``unavailable`` and is retried while the others run. A discovered table whose
+sink URI is bad is not followed, and said so once in the log.
 """
 
 from __future__ import annotations
@@ -49,11 +56,11 @@ from __future__ import annotations
 import logging
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from state.errors import ConfigError, DeltaTailError
+from state.errors import ConfigError, DeltaTailError, StorageError
 from tailer.cli.configure import DEFAULT_SINK, tailer_config
 from tailer.cli.lance import PREFIX as LANCE_PREFIX
 from tailer.cli.lance import run_start as lance_run_start
@@ -63,6 +70,7 @@ from tailer.cli.settings import RUN_SETTINGS, STORAGE, coerce, storage_table
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.sink import Sink
 from tailer.follow.tailer import table_name
+from tailer.follow.transient import is_transient
 from tailer.lance.dataset import looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import lance_state_id
@@ -71,7 +79,7 @@ from tailer.log.starts import table_id
 from tailer.read.feed import ChangeFeed
 from tailer.serve.discovery import find_tables, is_lance_dataset
 from tailer.serve.http import HealthServer, load_auth_token
-from tailer.serve.service import Service, ServiceOptions, TableSource
+from tailer.serve.service import Service, ServiceOptions, TableSource, probe_state_root
 from tailer.serve.state_root import StateRoot
 from tailer.storage.factory import storage_for
 
@@ -91,6 +99,8 @@ SERVICE_KEYS = {
     "status_seconds": float,
     "auth_token_file": str,
     "auth_token_env": str,
+    "fatal_seconds": float,
+    "stall_seconds": float,
 }
 DISCOVER_KEYS = frozenset({"root", "include", "exclude", "max_depth"})
 #: A ``[[tables]]`` entry's ``format``: its table format, when its path or layout should not decide.
@@ -144,9 +154,14 @@ def load_serve_config(path: str) -> ServeConfig:
         safety_poll_seconds=values.get("safety_poll_seconds", d.safety_poll_seconds),
         discover_seconds=values.get("discover_seconds", d.discover_seconds),
         status_seconds=values.get("status_seconds", d.status_seconds),
+        fatal_seconds=values.get("fatal_seconds", d.fatal_seconds),
+        stall_seconds=values.get("stall_seconds", d.stall_seconds),
     )
     if options.workers < 1 or options.step_versions < 1:
         raise ConfigError("[service] workers and step_versions must be at least 1", file=path)
+    for key in ("fatal_seconds", "stall_seconds"):
+        if not 0 < getattr(options, key) < float("inf"):
+            raise ConfigError(f"[service] {key} must be a positive number, got {getattr(options, key)}", file=path)
     defaults = _settings(_table(data, "defaults", path), "[defaults]", path)
     storage = _storage(data.get(STORAGE, {}), "[storage]", path)
     if storage:
@@ -275,7 +290,8 @@ def check_distinct_sinks(sources: list[TableSource], ids: Mapping[str, str]) -> 
 
     Args:
         sources: the configured tables.
-        ids: each table's id, by name (:func:`check_tables`).
+        ids: each table's id, by name (:func:`check_tables`); a table missing here (its store was
+            unavailable at start) is checked only if its sink URI does not depend on its id.
 
     Raises:
         ConfigError: naming both tables and the file, or the default sink shared by discovered tables.
@@ -283,7 +299,9 @@ def check_distinct_sinks(sources: list[TableSource], ids: Mapping[str, str]) -> 
     seen: dict[Path, str] = {}
     for s in sources:
         make = s.make_sink
-        target = _sink_file(make.filled(ids[s.name])) if isinstance(make, SinkFactory) else None
+        if not isinstance(make, SinkFactory) or (s.name not in ids and "{table_id}" in make.uri):
+            continue
+        target = _sink_file(make.filled(ids.get(s.name, "")))
         if target is None:
             continue
         if target in seen:
@@ -323,7 +341,14 @@ def source(name: str, settings: Mapping[str, Any]) -> TableSource:
             raise ConfigError(f"table {name!r}: {table} is a lance:// path, but format is delta")
         table, fmt = table[len(LANCE_PREFIX) :], "lance"
     if fmt is None:
-        fmt = "lance" if looks_like_lance(table, storage_for(table, settings.get(STORAGE) or None)) else "delta"
+        try:
+            fmt = "lance" if looks_like_lance(table, storage_for(table, settings.get(STORAGE) or None)) else "delta"
+        except StorageError as e:
+            if not e.transient:
+                raise
+            log.warning("table %r: its format cannot be told now (%s); it is looked at again when it opens", name, e)
+            delta = source(name, {**settings, "format": "delta"})
+            return replace(delta, resolve=lambda: source(name, settings))
     sink = SinkFactory(str(settings.get("sink", DEFAULT_SINK)), name)
     if fmt == "lance":
         refused = [k for k in DELTA_ONLY if settings.get(k)]
@@ -333,17 +358,29 @@ def source(name: str, settings: Mapping[str, Any]) -> TableSource:
     return TableSource(name, tailer_config(table, "", settings), sink)
 
 
-def check_tables(sources: list[TableSource]) -> dict[str, str]:
-    """Check every configured table before anything starts; returns each table's id by name.
+def check_tables(sources: list[TableSource]) -> tuple[dict[str, str], dict[str, str]]:
+    """Check every configured table before anything starts.
+
+    Returns:
+        The id of every table it could check (by name), and the tables whose store is unavailable
+        now (by name, with why).
+
+    A table whose store fails transiently (:func:`~tailer.follow.transient.is_transient`: HTTP 5xx,
+    throttling, a timeout, a refused connection) cannot be checked now: it is logged and returned,
+    and the service starts it ``unavailable`` and retries it (its filter and identity are then
+    checked when it opens: a table that turns out to be another entry's is failed then).
 
     Raises:
         DeltaTailError: naming the table: a path with no Delta table, a filter naming a column the
             table does not have, or two entries that are one table.
     """
     ids: dict[str, str] = {}
+    unavailable: dict[str, str] = {}
     for s in sources:
-        c = s.config
         try:
+            if s.resolve is not None:  # its format could not be told a moment ago; the service looks again itself
+                s = s.resolve()
+            c = s.config
             if s.table_format == "lance":
                 o = c.options
                 lance = LanceFeed(
@@ -360,14 +397,36 @@ def check_tables(sources: list[TableSource]) -> dict[str, str]:
                 feed.check_filter()
                 tid = table_id(feed.log)
         except DeltaTailError as e:
+            if is_transient(e):
+                log.warning("table %r cannot be checked now (%s): it starts unavailable and is retried", s.name, e)
+                unavailable[s.name] = str(e)
+                continue
             raise type(e)(f"table {s.name!r}: {e.message}", table=e.table, version=e.version, file=e.file) from e
         if tid in ids:
             raise ConfigError(f"tables {ids[tid]!r} and {s.name!r} are the same table (id {tid}): follow it once")
         ids[tid] = s.name
-    return {name: tid for tid, name in ids.items()}
+    return {name: tid for tid, name in ids.items()}, unavailable
 
 
-def _discovered(config: ServeConfig, known_paths: set[str]) -> list[TableSource]:
+#: What a sink URI's ``{table_id}`` is filled with when it is checked before any table id is known.
+_SAMPLE_TABLE_ID = "00000000-0000-0000-0000-000000000000"
+
+
+def check_sink_uris(sources: list[TableSource]) -> None:
+    """Check every table's sink URI (scheme, path, options, Kafka options) without opening or connecting it.
+
+    Raises:
+        ConfigError: naming the table whose sink URI is bad.
+    """
+    for s in sources:
+        try:
+            s.make_sink(_SAMPLE_TABLE_ID)  # builds the sink (parses its URI); opening it is the tailer's
+        except DeltaTailError as e:
+            raise ConfigError(f"table {s.name!r}: {e.message}", table=s.config.table) from e
+
+
+def _discovered(config: ServeConfig, known_paths: set[str], refused: set[str]) -> list[TableSource]:
+    """The discovered tables to follow; one that cannot be followed is logged once (its path goes to ``refused``)."""
     out: list[TableSource] = []
     for spec in config.discover:
         root = str(spec["root"])
@@ -379,9 +438,15 @@ def _discovered(config: ServeConfig, known_paths: set[str]) -> list[TableSource]
             name = Path(path).relative_to(Path(root).resolve()).as_posix().replace("/", ".")
             fmt = "lance" if is_lance_dataset(path) else "delta"
             try:
-                out.append(source(name, {**config.defaults, "path": path, "format": fmt}))
+                found = source(name, {**config.defaults, "path": path, "format": fmt})
+                check_sink_uris([found])
             except DeltaTailError as e:
-                log.error("discovered table %s cannot be followed: %s", path, e)
+                if path not in refused:
+                    refused.add(path)
+                    log.error("discovered table %s cannot be followed: %s", path, e)
+                continue
+            refused.discard(path)
+            out.append(found)
     return out
 
 
@@ -402,17 +467,26 @@ def serve(config_path: str) -> int:
     """
     config = load_serve_config(config_path)
     sources = [source(name, settings) for name, settings in config.tables]
-    check_distinct_sinks(sources, check_tables(sources))
-    if config.discover:
+    check_sink_uris(sources)
+    if config.discover:  # every discovered table's sink is [defaults]'s, {table_name} filled
+        try:
+            SinkFactory(str(config.defaults.get("sink", DEFAULT_SINK)), "table")(_SAMPLE_TABLE_ID)
+        except DeltaTailError as e:
+            raise ConfigError(f"[defaults] sink: {e.message}", file=config_path) from e
         check_discovered_sink(config.defaults)
+    ids, unavailable = check_tables(sources)
+    check_distinct_sinks(sources, ids)
     for spec in config.discover:
         find_tables(str(spec["root"]), max_depth=0)  # the root exists and is local
+    probe_state_root(Path(config.state_root))
     explicit = {_normalized(s) for s in sources}
+    refused: set[str] = set()
     service = Service(
         StateRoot(config.state_root),
         sources,
         config.options,
-        discover=(lambda: _discovered(config, explicit)) if config.discover else None,
+        discover=(lambda: _discovered(config, explicit, refused)) if config.discover else None,
+        unavailable=unavailable,
     )
     server = None
     if config.listen is not None:
@@ -420,7 +494,12 @@ def serve(config_path: str) -> int:
         if not host or not port.isdigit():
             raise ConfigError(f"[service] listen must be HOST:PORT, got {config.listen!r}", file=config_path)
         server = HealthServer(
-            host, int(port), lambda: service.stats, config.ready_lag_seconds, auth_token=config.auth_token
+            host,
+            int(port),
+            lambda: service.stats,
+            config.ready_lag_seconds,
+            service.health,
+            auth_token=config.auth_token,
         )
         server.start()
         log.info("metrics and health on http://%s:%d/ (/metrics, /healthz, /readyz)", host, server.port)

@@ -223,10 +223,14 @@ class FollowLoop(ABC):
         return len(versions)
 
     def rest(self) -> None:
-        """Caught up: flush what was delivered, report, and let the sink send a heartbeat if one is due."""
+        """Caught up: flush what was delivered, report, and let the sink send a heartbeat if one is due.
+
+        The table is ``following`` only once the flush succeeded: rows that are not durable are not
+        delivered, and a sink that cannot flush must not be reported as followed.
+        """
+        self._flush_idle()
         if self.stats.state is not TableState.FOLLOWING:
             self.stats.set_state(TableState.FOLLOWING)
-        self._flush_idle()
         self._write_status()
         self._report_following()
         self.sink.heartbeat(self._follow_status())  # the sink decides whether one is due

@@ -7,11 +7,12 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from state.errors import DeltaTailError, SinkUnavailableError, StorageError
+from state.errors import DeltaTailError, StorageError
 from tailer.follow.sink import Sink
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import Progress, status
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
+from tailer.follow.transient import as_deltatail_error, describe, fault_of, is_transient
 
 
 class Runner(Protocol):
@@ -32,8 +33,11 @@ class TailerService:
     """Runs tailers one after another while the sink or the table's store is unavailable.
 
     A :class:`~state.errors.SinkUnavailableError` (broker down, delivery not
-    acknowledged in time), or a transient :class:`~state.errors.StorageError`
-    (an object store that cannot be reached, throttles or fails), ends a tailer
+    acknowledged in time), a transient :class:`~state.errors.StorageError`
+    (an object store that cannot be reached, throttles or fails), or an
+    ``OSError`` of the sink, the state directory or the table's files (too many
+    open files, disk full, a file too large, a read-only or replaced path: the
+    rule of :mod:`tailer.follow.transient`) ends a tailer
     run with its cursor at the last checkpoint whose flush succeeded. The service waits (exponential backoff,
     capped at ``max_backoff`` seconds), reports it in the status line, and starts
     a new tailer from the saved state, which resends everything after the cursor:
@@ -82,7 +86,8 @@ class TailerService:
             SinkUnavailableError: when ``retries`` runs in a row have failed on an unavailable sink.
             StorageError: when ``retries`` runs in a row have failed on an unreachable store (or at once
                 when the store refuses access: that does not pass by waiting).
-            DeltaTailError: whatever else stops a tailer (see :meth:`Tailer.run`).
+            DeltaTailError: when ``retries`` runs in a row have failed on an ``OSError`` (its errno,
+                text and file, as a deltatail error); whatever else stops a tailer (see :meth:`Tailer.run`).
         """
         total = Progress()
         failures = 0
@@ -96,8 +101,8 @@ class TailerService:
                 total.rows += done.rows
                 total.held += done.held
                 return total
-            except (SinkUnavailableError, StorageError) as e:
-                if isinstance(e, StorageError) and not e.transient:
+            except Exception as e:
+                if not is_transient(e):
                     raise
                 delivered = tailer.progress.versions if tailer is not None else 0
                 total.versions += delivered
@@ -105,22 +110,25 @@ class TailerService:
                 total.held += tailer.progress.held if tailer is not None else 0
                 failures = 1 if delivered else failures + 1
                 if self.retries is not None and failures > self.retries:
-                    raise
+                    if isinstance(e, DeltaTailError):
+                        raise
+                    raise as_deltatail_error(e) from e
                 self.stats.retries += 1
-                self.stats.set_state(TableState.UNAVAILABLE, str(e))
+                self.stats.set_state(TableState.UNAVAILABLE, describe(e))
                 self._wait_before_retry(e, failures)
             finally:
                 self._current = None
         return total
 
-    def _wait_before_retry(self, error: DeltaTailError, failures: int) -> None:
+    def _wait_before_retry(self, error: Exception, failures: int) -> None:
         """Report the failure in a status line and wait (exponential backoff) before the next run."""
-        delay = min(self.max_backoff, 0.5 * 2 ** (failures - 1))
-        sink = isinstance(error, SinkUnavailableError)
-        what, event = ("sink", "sink_unavailable") if sink else ("store", "store_unavailable")
+        delay = min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 30))
+        what = fault_of(error)
+        event = f"{what.replace(' ', '_')}_unavailable"
+        text = error.message if isinstance(error, DeltaTailError) else describe(error)
         status(
             event,
-            f"{what} unavailable: {error}; holding the cursor at the last checkpoint, "
+            f"{what} unavailable: {text}; holding the cursor at the last checkpoint, "
             f"retrying in {delay:.1f}s (attempt {failures})",
             level=logging.WARNING,
             retry_in_seconds=delay,

@@ -14,7 +14,8 @@ wide: the reader processes' ``deltatail_reader_files_total`` and
 ``deltatail_reader_runs_total``, and prometheus-client's process figures
 (``process_resident_memory_bytes``, CPU seconds, open files).
 
-``/healthz`` answers 200 while the process serves. ``/readyz`` answers 200
+``/healthz`` answers 200 while the process serves, 503 with the reason when it
+cannot (``health``). ``/readyz`` answers 200
 when every table is following, or catching up with a lag
 (``deltatail_seconds_behind``) of at most ``ready_lag_seconds``; 503
 otherwise, with the tables that are not, and why, in the body.
@@ -298,6 +299,7 @@ class HealthServer:
         port: the port (0: any free one; see :attr:`port`).
         tables: the tables' figures, read on every request.
         ready_lag_seconds: how far behind a catching-up table may be and still count as ready.
+        health: why the process cannot serve, or ``None`` when it can (``/healthz``).
         auth_token: the bearer token ``/metrics`` and ``/readyz``'s details need (``None``: open).
         request_timeout: seconds a socket may wait for the client (to send, or to take the answer).
         max_connections: connections handled at once; a new one beyond closes the oldest.
@@ -312,6 +314,7 @@ class HealthServer:
         port: int,
         tables: Callable[[], list[TableStats]],
         ready_lag_seconds: float = 300.0,
+        health: Callable[[], str | None] = lambda: None,
         *,
         auth_token: str | None = None,
         request_timeout: float = 5.0,
@@ -336,6 +339,7 @@ class HealthServer:
         self.tables = tables
         self.ready_lag_seconds = ready_lag_seconds
         self._token = None if auth_token is None else auth_token.encode()
+        self.health = health
         try:
             self._http = _BoundedServer((host, port), Handler, max_connections)
         except (OSError, OverflowError) as e:
@@ -357,7 +361,9 @@ class HealthServer:
                 return
             self._send(request, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
-            self._send(request, 200, b"ok\n", "text/plain")
+            problem = self.health()
+            body = b"ok\n" if problem is None else f"unhealthy: {problem}\n".encode()
+            self._send(request, 200 if problem is None else 503, body, "text/plain")
         elif path == "/readyz":
             problems = readiness(self.tables(), self.ready_lag_seconds, time.time())
             doc: dict[str, object] = {"ready": not problems}
