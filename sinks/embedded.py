@@ -178,11 +178,18 @@ class JsonLinesSink(Sink):
             atomic_write(marker, orjson.dumps({TABLE_ID_KEY: table.table_id, TABLE_KEY: table.path}))
 
     def write(self, batch: ChangeBatch) -> None:
-        """Append the batch's lines (buffered until :meth:`flush`)."""
+        """Append the batch's lines (buffered until :meth:`flush`).
+
+        Raises:
+            SinkError: if the sink is not open, or the output refuses the bytes (disk full, file too large).
+        """
         if self._fh is None:
             raise SinkError("sink is not open", file=self.path)
         if len(batch):
-            self._fh.write(encode_jsonl(batch))
+            try:
+                self._fh.write(encode_jsonl(batch))
+            except OSError as e:
+                raise SinkError(f"cannot write JSON lines output: {e}", file=self.path or "-") from e
 
     def flush(self) -> None:
         """Flush, and for a file fsync, so every written line is durable.

@@ -1,7 +1,7 @@
 """``deltatail run`` under a real file-system fault: a sink file that cannot grow (RLIMIT_FSIZE, EFBIG).
 
 Before: the ``OSError`` escaped the retry loop as a traceback. Now it is retried like an unavailable sink
-(a ``file_system_unavailable`` status line, the cursor held), and when the retries run out it ends the
+(a ``sink_unavailable`` status line naming the file, the cursor held), and when the retries run out it ends the
 run with one clean error line.
 """
 
@@ -66,9 +66,11 @@ def test_a_full_sink_file_ends_the_run_with_one_clean_error_when_retries_run_out
     assert proc.wait(120) == 1
     text = (tmp_path / "run.log").read_text()
     assert "Traceback" not in text, text
-    assert text.splitlines()[-1] == "deltatail: error: file system error: [Errno 27] File too large", text[-2000:]
+    last = json.loads(text.splitlines()[-1])  # JSON logs: the fatal error is a JSON record too
+    assert last["event"] == "fatal" and last["exit_code"] == 1, text[-2000:]
+    assert "File too large" in last["message"] and last["file"] == str(tmp_path / "out.jsonl"), last
     events = [json.loads(line)["event"] for line in text.splitlines() if line.startswith("{") and '"event"' in line]
-    assert "file_system_unavailable" in events
+    assert "sink_unavailable" in events
 
 
 def test_a_full_sink_file_is_retried_and_delivery_is_exact_once_it_can_grow(tmp_path: Path) -> None:
@@ -76,7 +78,7 @@ def test_a_full_sink_file_is_retried_and_delivery_is_exact_once_it_can_grow(tmp_
     proc = run(t, tmp_path)
     log = tmp_path / "run.log"
     try:
-        wait_for(lambda: b"file_system_unavailable" in log.read_bytes(), "the run to report the fault")
+        wait_for(lambda: b"sink_unavailable" in log.read_bytes(), "the run to report the fault")
         assert proc.poll() is None
         resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         assert proc.wait(120) == 0, log.read_text()[-2000:]

@@ -142,7 +142,7 @@ def test_two_tables_with_one_sink_file_are_refused_before_anything_starts(tmp_pa
         text=True,
         timeout=120,
     )
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     assert "tables 'a' and 'b' have the same sink" in done.stderr and str(out) in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not out.exists() and not (tmp_path / "state").exists()
@@ -221,7 +221,7 @@ def test_sink_uris_are_checked_before_anything_starts(tmp_path: Path, sink: str,
         text=True,
         timeout=60,
     )
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.startswith("deltatail: error: table 't': ") and done.stderr.count("\n") == 1, done.stderr
 
 
@@ -237,7 +237,7 @@ def test_a_bad_defaults_sink_with_discovery_is_refused_at_start(tmp_path: Path) 
         text=True,
         timeout=60,
     )
-    assert done.returncode == 1 and "[defaults] sink: unknown sink URI" in done.stderr, done.stderr
+    assert done.returncode == 2 and "[defaults] sink: unknown sink URI" in done.stderr, done.stderr
 
 
 def test_a_discovered_table_with_a_bad_sink_is_logged_once_and_the_others_followed(tmp_path: Path) -> None:
