@@ -289,3 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a fault no layer below named: still one line (each layer names table and file first)
+        where = f" [file {e.filename}]" if e.filename else ""
+        print(f"deltatail: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
