@@ -207,8 +207,8 @@ def test_state_disk_full_then_restart_is_exact(tmp_path: Path) -> None:
 
 #: Run inside ``unshare -m``: follow, make the state directory read-only mid-run, commit more. The
 #: kernel refuses to remount a mount read-only while a file on it is open for writing (the LOCK), so a
-#: read-only bind of the directory is stacked over it: every path the tailer opens from then on is on
-#: a read-only file system, as when an operator remounts a volume read-only.
+#: read-only bind of the directory is made aside and moved over it: every path the tailer opens from
+#: then on is on a read-only file system, as when an operator remounts a volume read-only.
 _READ_ONLY_MID_RUN = """
 import os, subprocess, sys, time
 import pyarrow as pa
@@ -221,8 +221,11 @@ try:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not os.path.exists(os.path.join(state, "cursor.json")):
         time.sleep(0.05)
-    subprocess.run(["mount", "--bind", state, state], check=True)
-    subprocess.run(["mount", "-o", "remount,bind,ro", state], check=True)
+    stage = state + "-stage"  # made read-only where nothing writes, then moved over the state directory
+    os.makedirs(stage)
+    subprocess.run(["mount", "--bind", state, stage], check=True)
+    subprocess.run(["mount", "-o", "remount,bind,ro", stage], check=True)
+    subprocess.run(["mount", "--move", stage, state], check=True)
     for i in range(3):
         write_deltalake(table, pa.table({"id": [1000 + i], "v": ["z"]}), mode="append")
     _, err = run.communicate(timeout=60)
