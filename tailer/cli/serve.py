@@ -330,8 +330,10 @@ def serve(config_path: str) -> int:
     for spec in config.discover:
         find_tables(str(spec["root"]), max_depth=0)  # the root exists and is local
     explicit = {_normalized(s) for s in sources}
+    state_root = StateRoot(config.state_root)
+    state_root.create()
     service = Service(
-        StateRoot(config.state_root),
+        state_root,
         sources,
         config.options,
         discover=(lambda: _discovered(config, explicit)) if config.discover else None,

@@ -268,3 +268,14 @@ def test_a_read_only_state_dir_at_start_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1
     line = one_line(done.stderr)
     assert "Read-only file system" in line and str(state) in line
+
+
+def test_a_state_root_that_is_a_file_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    table, blocker = make_table(tmp_path / "t", 1), tmp_path / "root"
+    blocker.write_text("not a directory")
+    config = tmp_path / "serve.toml"
+    config.write_text(f'[service]\nstate_root = "{blocker}"\nlisten = "off"\n[[tables]]\npath = "{table}"\n')
+    done = cli("serve", "--config", str(config))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    line = one_line(done.stderr.splitlines()[-1])
+    assert "cannot create the state root" in line and f"[file {blocker}]" in line
