@@ -267,8 +267,15 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_parser(sub)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")
-    demo.add_argument("--commits", type=int, default=8, help="how many commits the writer makes (default 8)")
-    demo.add_argument("--interval", type=float, default=1.0, help="seconds between the writer's commits (default 1)")
+    demo.add_argument(
+        "--commits", type=flag_type("demo_commits"), default=8, help="how many commits the writer makes (default 8)"
+    )
+    demo.add_argument(
+        "--interval",
+        type=flag_type("demo_interval"),
+        default=1.0,
+        help="seconds between the writer's commits (default 1)",
+    )
     demo.set_defaults(handler=_demo)
     return parser
 

@@ -197,8 +197,14 @@ DISCOVER_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "max_depth": Number(int, 0, MAX_DISCOVER_DEPTH, "a deeper walk is a mistaken root"),
 }
 
-#: Every setting by name (the names of the three tables do not overlap).
-SETTINGS: dict[str, Callable[[Any], Any]] = {**RUN_SETTINGS, **SERVICE_SETTINGS, **DISCOVER_SETTINGS}
+#: The flags of ``deltatail demo``: a writer making ``commits`` commits ``interval`` seconds apart.
+DEMO_SETTINGS: dict[str, Callable[[Any], Any]] = {
+    "demo_commits": Number(int, 1, 10_000, "a demo, not a load test"),
+    "demo_interval": Number(float, 0, 3600),
+}
+
+#: Every setting by name (the names of the tables do not overlap).
+SETTINGS: dict[str, Callable[[Any], Any]] = {**RUN_SETTINGS, **SERVICE_SETTINGS, **DISCOVER_SETTINGS, **DEMO_SETTINGS}
 
 
 def coerce(name: str, value: Any, source: str) -> Any:

@@ -217,3 +217,20 @@ def test_in_bounds_values_pass_from_every_source(tmp_path: Path) -> None:
     assert merged["checkpoint_commits"] == 7 and merged["starting_version"] == 0
     assert merged["max_poll_interval"] == 0.01 and merged["reader_processes"] == 64 and merged["sink_retries"] == 0
     assert merged["snapshot_commits"] == 9
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--commits", "-1"], "--commits: must be at least 1, got '-1'"),
+        (["--interval", "nan"], "--interval: expected a finite number, got 'nan'"),
+        (["--interval", "-1"], "--interval: must be at least 0, got '-1'"),
+    ],
+)
+def test_demo_flags_out_of_bounds_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["demo", *flags])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
