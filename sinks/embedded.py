@@ -207,10 +207,17 @@ class JsonLinesSink(Sink):
             raise SinkError(f"cannot flush JSON lines output: {e}", file=self.path) from e
 
     def close(self) -> None:
-        """Close the file (stdout is left open)."""
-        if self._fh is not None and self.path is not None:
-            self._fh.close()
-        self._fh = None
+        """Close the file (stdout is left open).
+
+        Raises:
+            SinkError: if lines still buffered cannot be written (disk full...); the file is closed.
+        """
+        fh, self._fh = self._fh, None
+        if fh is not None and self.path is not None:
+            try:
+                fh.close()
+            except OSError as e:
+                raise SinkError(f"cannot write JSON lines output: {e.strerror or e}", file=self.path) from None
 
 
 def _repair_tail(fh: BinaryIO, path: str) -> Position | None:

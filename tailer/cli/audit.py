@@ -42,7 +42,7 @@ from tailer.audit.follow import AuditFollowConfig, AuditFollower
 from tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
 from tailer.audit.report import require_report_extra, write_report
 from tailer.cli.process import stop_on_signals
-from tailer.cli.settings import STORAGE, audit_config, merge
+from tailer.cli.settings import STORAGE, audit_config, flag_type, merge
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
@@ -237,6 +237,7 @@ def add_parser(sub: Any) -> None:
     start = p.add_mutually_exclusive_group()
     start.add_argument(
         "--starting-version",
+        type=flag_type("starting_version"),
         default=None,
         help="first version (default: the oldest the log can audit), or latest (--follow: only new commits)",
     )
@@ -263,12 +264,31 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--config", default=None, help="TOML settings file: [[audit.alerts]], [audit.webhook], [storage]")
     p.add_argument("--follow", action="store_true", help="keep going as commits land (needs --state-dir)")
     p.add_argument("--state-dir", default=None, help="--follow: where the cursor and snapshot are kept")
-    p.add_argument("--poll-interval", type=float, default=None, help="--follow: seconds between looks")
-    p.add_argument("--max-poll-interval", type=float, default=None, help="--follow: longest idle wait (object stores)")
+    p.add_argument(
+        "--poll-interval", type=flag_type("poll_interval"), default=None, help="--follow: seconds between looks"
+    )
+    p.add_argument(
+        "--max-poll-interval",
+        type=flag_type("max_poll_interval"),
+        default=None,
+        help="--follow: longest idle wait (object stores)",
+    )
     p.add_argument("--no-watch", action="store_const", const=True, default=None, help="--follow: poll only")
-    p.add_argument("--checkpoint-commits", type=int, default=None, help="--follow: save the cursor every N commits")
-    p.add_argument("--checkpoint-seconds", type=float, default=None, help="--follow: or every S seconds")
-    p.add_argument("--snapshot-commits", type=int, default=None, help="--follow: save the snapshot every N commits")
+    p.add_argument(
+        "--checkpoint-commits",
+        type=flag_type("checkpoint_commits"),
+        default=None,
+        help="--follow: save the cursor every N commits",
+    )
+    p.add_argument(
+        "--checkpoint-seconds", type=flag_type("checkpoint_seconds"), default=None, help="--follow: or every S seconds"
+    )
+    p.add_argument(
+        "--snapshot-commits",
+        type=flag_type("snapshot_commits"),
+        default=None,
+        help="--follow: save the snapshot every N commits",
+    )
     p.add_argument(
         "--until-caught-up", action="store_const", const=True, default=None, help="--follow: exit when caught up"
     )

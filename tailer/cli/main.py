@@ -37,7 +37,7 @@ from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.serve import serve
-from tailer.cli.settings import SINK_GAP_CHOICES, STORAGE, merge
+from tailer.cli.settings import SINK_GAP_CHOICES, STORAGE, flag_type, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
 from tailer.follow.stats import TableStats
@@ -72,16 +72,6 @@ def _snapshot(args: argparse.Namespace) -> int:
     else:
         print(snapshot_text(snap))
     return 0
-
-
-def _version(text: str) -> int | str:
-    """A version number, or ``latest``."""
-    if text == "latest":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a version number or 'latest', got {text!r}") from None
 
 
 READER_PROCESSES_HELP = (
@@ -136,13 +126,13 @@ def _run(args: argparse.Namespace) -> int:
         lance = None  # the store is unavailable now: each attempt of the service looks again
     config = tailer_config(args.table, s["state_dir"], s, start_of=lance_cli.run_start if lance else None)
     uri = s.get("sink", DEFAULT_SINK)
-    retries = s.get("sink_retries", -1)
+    retries = s.get("sink_retries")
     tune_for_latency()
     stats = TableStats(config.table, table_name(config.table))
     service = TailerService(
         config,
         lambda: open_sink(uri),
-        retries=None if retries < 0 else retries,
+        retries=retries,
         make_tailer=lance_cli.tailer_maker(lance, stats),
         stats=stats,
     )
@@ -207,14 +197,19 @@ def build_parser() -> argparse.ArgumentParser:
     ch = sub.add_parser("changes", help="print the change rows of a range of versions")
     ch.add_argument("table", help="table root")
     start = ch.add_mutually_exclusive_group()
-    start.add_argument("--starting-version", type=_version, default=None, help="first version, or latest (default 0)")
+    start.add_argument(
+        "--starting-version",
+        type=flag_type("starting_version"),
+        default=None,
+        help="first version, or latest (default 0)",
+    )
     start.add_argument("--starting-timestamp", default=None, help="first commit at or after this time (ISO-8601)")
     ch.add_argument("--ending-version", type=int, default=None, help="last version (default: latest)")
     ch.add_argument("--initial-snapshot", action="store_true", help="emit the live rows at the start first")
     ch.add_argument("--net-changes", action="store_true", help="cancel rewrite noise in commits without cdc files")
     ch.add_argument("--key", default=None, help="key columns (COL,...) pairing net changes into updates")
     ch.add_argument("--output", default=None, help="FILE.jsonl or FILE.parquet (default: JSON lines on stdout)")
-    ch.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
+    ch.add_argument("--reader-processes", type=flag_type("reader_processes"), default=None, help=READER_PROCESSES_HELP)
     _storage_option(ch)
     _filter_options(ch)
     lance_cli.add_format_option(ch)
@@ -230,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_start = run.add_mutually_exclusive_group()
     run_start.add_argument(
         "--starting-version",
-        type=_version,
+        type=flag_type("starting_version"),
         default=None,
         help="first version on a new state dir, or latest (only commits after the current latest)",
     )
@@ -239,25 +234,34 @@ def build_parser() -> argparse.ArgumentParser:
     d = RUN_DEFAULTS
     run.add_argument(
         "--poll-interval",
-        type=float,
+        type=flag_type("poll_interval"),
         default=None,
         help=f"seconds between looks (default {RUN_DEFAULTS.poll_interval:g})",
     )
     run.add_argument(
         "--max-poll-interval",
-        type=float,
+        type=flag_type("max_poll_interval"),
         default=None,
         help=f"object stores: the longest idle wait; the interval doubles up to it (default {d.max_poll_interval:g})",
     )
     run.add_argument("--no-watch", action="store_const", const=True, default=None, help="poll only, no inotify")
     run.add_argument(
-        "--checkpoint-commits", type=int, default=None, help=f"checkpoint every N commits ({d.checkpoint_commits})"
+        "--checkpoint-commits",
+        type=flag_type("checkpoint_commits"),
+        default=None,
+        help=f"checkpoint every N commits ({d.checkpoint_commits})",
     )
     run.add_argument(
-        "--checkpoint-seconds", type=float, default=None, help=f"or every S seconds ({d.checkpoint_seconds:g})"
+        "--checkpoint-seconds",
+        type=flag_type("checkpoint_seconds"),
+        default=None,
+        help=f"or every S seconds ({d.checkpoint_seconds:g})",
     )
     run.add_argument(
-        "--snapshot-commits", type=int, default=None, help=f"save the snapshot every N commits ({d.snapshot_commits})"
+        "--snapshot-commits",
+        type=flag_type("snapshot_commits"),
+        default=None,
+        help=f"save the snapshot every N commits ({d.snapshot_commits})",
     )
     run.add_argument("--until-caught-up", action="store_const", const=True, default=None, help="exit when caught up")
     run.add_argument("--net-changes", action="store_const", const=True, default=None, help="cancel rewrite noise")
@@ -265,9 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-non-additive", action="store_const", const=True, default=None, help="cross drops/renames")
     run.add_argument(
         "--sink-retries",
-        type=int,
+        type=flag_type("sink_retries"),
         default=None,
-        help="restarts from the saved cursor while the sink is unavailable (default -1: keep retrying)",
+        help="restarts from the saved cursor while the sink is unavailable (default: keep retrying; 0: fail at once)",
     )
     run.add_argument(
         "--on-sink-gap",
@@ -276,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the sink holds fewer rows than were delivered to it (file truncated, deleted, rotated): "
         "fail (default) or accept (warn and go on)",
     )
-    run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
+    run.add_argument("--reader-processes", type=flag_type("reader_processes"), default=None, help=READER_PROCESSES_HELP)
     _storage_option(run)
     _filter_options(run)
     lance_cli.add_format_option(run)
@@ -291,8 +295,15 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_parser(sub)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")
-    demo.add_argument("--commits", type=int, default=8, help="how many commits the writer makes (default 8)")
-    demo.add_argument("--interval", type=float, default=1.0, help="seconds between the writer's commits (default 1)")
+    demo.add_argument(
+        "--commits", type=flag_type("demo_commits"), default=8, help="how many commits the writer makes (default 8)"
+    )
+    demo.add_argument(
+        "--interval",
+        type=flag_type("demo_interval"),
+        default=1.0,
+        help="seconds between the writer's commits (default 1)",
+    )
     demo.set_defaults(handler=_demo)
     return parser
 
@@ -318,6 +329,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as e:  # a fault no layer below named: still one line (each layer names table and file first)
+        error = DeltaTailError(
+            f"file system error: {e.strerror or e}", file=None if e.filename is None else str(e.filename)
+        )
+        logs.fatal(error, verbose=args.verbose, json_lines=log_format == "json", exit_code=EXIT_ERROR)
+        return EXIT_ERROR
 
 
 def _log_format(argv: Sequence[str]) -> str:

@@ -66,7 +66,7 @@ from tailer.cli.lance import PREFIX as LANCE_PREFIX
 from tailer.cli.lance import run_start as lance_run_start
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
-from tailer.cli.settings import RUN_SETTINGS, STORAGE, coerce, storage_table
+from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, STORAGE, coerce, storage_table
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.sink import Sink
 from tailer.follow.tailer import table_name
@@ -88,21 +88,8 @@ log = logging.getLogger("deltatail")
 #: Settings of ``run`` that make no sense per table in a service.
 _NOT_PER_TABLE = frozenset({"state_dir", "until_caught_up", "sink_retries"})
 TABLE_SETTINGS = frozenset(RUN_SETTINGS) - _NOT_PER_TABLE
-SERVICE_KEYS = {
-    "state_root": str,
-    "listen": str,
-    "ready_lag_seconds": float,
-    "workers": int,
-    "step_versions": int,
-    "safety_poll_seconds": float,
-    "discover_seconds": float,
-    "status_seconds": float,
-    "auth_token_file": str,
-    "auth_token_env": str,
-    "fatal_seconds": float,
-    "stall_seconds": float,
-}
-DISCOVER_KEYS = frozenset({"root", "include", "exclude", "max_depth"})
+SERVICE_KEYS = SERVICE_SETTINGS
+DISCOVER_KEYS = frozenset(DISCOVER_SETTINGS)
 #: A ``[[tables]]`` entry's ``format``: its table format, when its path or layout should not decide.
 FORMATS = ("delta", "lance")
 #: Settings of ``run`` that apply to Delta tables only.
@@ -132,7 +119,7 @@ def load_serve_config(path: str) -> ServeConfig:
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file: {e}", file=path) from e
     unknown = set(data) - {"service", "defaults", STORAGE, "tables", "discover"}
     if unknown:
@@ -143,7 +130,7 @@ def load_serve_config(path: str) -> ServeConfig:
     for key in service:
         if key not in SERVICE_KEYS:
             raise ConfigError(f"unknown key {key!r} in [service] (known: {', '.join(SERVICE_KEYS)})", file=path)
-    values = {k: _typed(SERVICE_KEYS[k], v, f"[service] {k}", path) for k, v in service.items()}
+    values = {k: _typed(k, v, "[service]", path) for k, v in service.items()}
     if "state_root" not in values:
         raise ConfigError("[service] needs state_root (where each table's state lives)", file=path)
     listen = values.get("listen", "127.0.0.1:9108")
@@ -157,11 +144,6 @@ def load_serve_config(path: str) -> ServeConfig:
         fatal_seconds=values.get("fatal_seconds", d.fatal_seconds),
         stall_seconds=values.get("stall_seconds", d.stall_seconds),
     )
-    if options.workers < 1 or options.step_versions < 1:
-        raise ConfigError("[service] workers and step_versions must be at least 1", file=path)
-    for key in ("fatal_seconds", "stall_seconds"):
-        if not 0 < getattr(options, key) < float("inf"):
-            raise ConfigError(f"[service] {key} must be a positive number, got {getattr(options, key)}", file=path)
     defaults = _settings(_table(data, "defaults", path), "[defaults]", path)
     storage = _storage(data.get(STORAGE, {}), "[storage]", path)
     if storage:
@@ -213,7 +195,7 @@ def load_serve_config(path: str) -> ServeConfig:
                 raise ConfigError(
                     f"unknown key {key!r} in {where} (known: {', '.join(sorted(DISCOVER_KEYS))})", file=path
                 )
-        config.discover.append(raw)
+        config.discover.append({k: _typed(k, v, where, path) for k, v in raw.items()})
     if not config.tables and not config.discover:
         raise ConfigError("the file names no tables ([[tables]]) and no discovery roots ([[discover]])", file=path)
     return config
@@ -226,12 +208,12 @@ def _table(data: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _typed(kind: type, value: Any, where: str, path: str) -> Any:
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ConfigError(f"{where} must be a {kind.__name__}, got {value!r}", file=path)
-    return value
+def _typed(name: str, value: Any, where: str, path: str) -> Any:
+    """A ``[service]`` or ``[[discover]]`` setting in its type and bounds (:mod:`tailer.cli.settings`)."""
+    try:
+        return coerce(name, value, where)
+    except ConfigError as e:
+        raise e.at(file=path) from None
 
 
 def _settings(raw: Mapping[str, Any], where: str, path: str) -> dict[str, Any]:
@@ -481,8 +463,10 @@ def serve(config_path: str) -> int:
     probe_state_root(Path(config.state_root))
     explicit = {_normalized(s) for s in sources}
     refused: set[str] = set()
+    state_root = StateRoot(config.state_root)
+    state_root.create()
     service = Service(
-        StateRoot(config.state_root),
+        state_root,
         sources,
         config.options,
         discover=(lambda: _discovered(config, explicit, refused)) if config.discover else None,
@@ -491,8 +475,10 @@ def serve(config_path: str) -> int:
     server = None
     if config.listen is not None:
         host, _, port = config.listen.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"[service] listen must be HOST:PORT, got {config.listen!r}", file=config_path)
+        if not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+            raise ConfigError(
+                f"[service] listen must be HOST:PORT with a port of 0 to 65535, got {config.listen!r}", file=config_path
+            )
         server = HealthServer(
             host,
             int(port),

@@ -265,7 +265,8 @@ class FollowLoop(ABC):
         c = self.config
         timeout = c.poll_interval if poll is None else poll
         if poll is None and self._remote:
-            backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
+            doublings = min(max(self._idle_polls - 1, 0), 60)  # 2**60 outgrows any interval; 2**1024 overflows
+            backoff = c.poll_interval * 2**doublings
             timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
         status_due = None if self._status_file.failure else self._status_file.seconds_until_due()
         for due_in in (self._seconds_until_due(), status_due):  # a status that cannot be written waits its turn

@@ -44,6 +44,19 @@ class StateRoot:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
+    def create(self) -> None:
+        """Make the state root if it is not there (checked before a service starts).
+
+        Raises:
+            StateError: if it cannot be made (a regular file in its place, a read-only file system, ...).
+        """
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StateError(
+                f"cannot create the state root: {e.strerror or e}; state_root must be a directory", file=str(self.root)
+            ) from None
+
     def entries(self) -> list[TableEntry]:
         """Every registered table, by name.
 
@@ -69,7 +82,8 @@ class StateRoot:
 
         Raises:
             StateError: if ``path`` is registered to another table id (deleted and recreated), or this
-                id to another path (two configured tables are one table).
+                id to another path (two configured tables are one table), or its state directory
+                cannot be made (disk full, read-only, a file in the way).
         """
         for entry in self.entries():
             if entry.path == path and entry.table_id != table_id:
@@ -87,10 +101,13 @@ class StateRoot:
                     file=str(entry.directory),
                 )
         directory = self.root / table_id
-        directory.mkdir(parents=True, exist_ok=True)
         file = directory / TABLE_FILE
-        if not file.exists():
-            atomic_write(file, json.dumps({"path": path, "name": name}, indent=2).encode())
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            if not file.exists():
+                atomic_write(file, json.dumps({"path": path, "name": name}, indent=2).encode())
+        except OSError as e:
+            raise StateError(f"cannot register the table: {e.strerror or e}", table=path, file=str(file)) from None
         return TableEntry(table_id, path, name, directory)
 
     def forget(self, entry: TableEntry) -> None:

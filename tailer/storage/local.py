@@ -43,6 +43,8 @@ class LocalStorage:
                     out.append(FileInfo(entry.name, st.st_size, st.st_mtime_ns // 1_000_000))
         except FileNotFoundError as e:
             raise MissingFileError("directory does not exist", file=directory) from e
+        except NotADirectoryError as e:  # a path under a regular file: /etc/passwd/_delta_log
+            raise MissingFileError(f"not a directory: {e.filename}", file=directory) from e
         out.sort(key=lambda f: f.name)
         return out
 
@@ -60,7 +62,7 @@ class LocalStorage:
         """See :meth:`Storage.open_input` (a memory-unmapped OS file; ``size`` is not needed locally)."""
         try:
             return pa.OSFile(to_local_path(path))
-        except FileNotFoundError as e:
+        except (FileNotFoundError, NotADirectoryError) as e:
             raise MissingFileError("file does not exist", file=path) from e
 
     def prefetch(self, files: Sequence[tuple[str, int | None]]) -> None:

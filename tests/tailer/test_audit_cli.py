@@ -167,7 +167,6 @@ def test_outputs_report_and_alerts(ops: Path, config: Path, tmp_path: Path) -> N
         (["--follow", "--state-dir", "S", "--html", "r.html"], "--html writes the report of a range"),
         (["--state-dir", "S"], "--state-dir is a setting of --follow"),
         (["--until-caught-up"], "--until-caught-up is a setting of --follow"),
-        (["--starting-version", "soon"], "--starting-version must be a number or 'latest'"),
     ],
 )
 def test_bad_flags(ops: Path, args: list[str], message: str) -> None:
@@ -180,6 +179,13 @@ def test_a_version_after_the_latest_is_an_error_not_a_usage_error(ops: Path) -> 
     result = run("audit", str(ops), "--ending-version", "20", check=False)
     assert result.returncode == 1 and "ending version 20 is after the latest version 9" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_bad_starting_version_is_a_usage_error(ops: Path) -> None:
+    for value in ("soon", "-1"):
+        result = run("audit", str(ops), "--starting-version", value, check=False)
+        assert result.returncode == 2, result.stderr
+        assert f"--starting-version: expected a version number (0 or more) or 'latest', got '{value}'" in result.stderr
 
 
 @pytest.mark.parametrize(

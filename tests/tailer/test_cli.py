@@ -105,7 +105,7 @@ def test_reader_processes_flag(tmp_path: Path) -> None:
     assert default == in_process
     assert [json.loads(line)["id"] for line in default.splitlines()] == list(range(12))
     negative = _run("changes", str(tmp_path / "t"), "--reader-processes", "-1", check=False)
-    assert negative.returncode == 2 and "--reader-processes must be 0 or more, got -1" in negative.stderr
+    assert negative.returncode == 2 and "--reader-processes: must be at least 0, got '-1'" in negative.stderr
     state = tmp_path / "state"
     run = _run(
         "run",
@@ -117,7 +117,7 @@ def test_reader_processes_flag(tmp_path: Path) -> None:
         "-2",
         check=False,
     )
-    assert run.returncode == 2 and "--reader-processes must be 0 or more, got -2" in run.stderr
+    assert run.returncode == 2 and "--reader-processes: must be at least 0, got '-2'" in run.stderr
 
 
 def test_usage_errors_exit_two(tmp_path: Path) -> None:
