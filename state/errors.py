@@ -149,7 +149,26 @@ class SchemaChangeError(DeltaTailError):
 
 
 class StateError(DeltaTailError):
-    """deltatail's own state (cursor, saved snapshot, lock) is unusable."""
+    """deltatail's own state (cursor, saved snapshot, lock) is unusable.
+
+    Args:
+        message: what is wrong, in words.
+        permanent: waiting cannot mend it (a damaged cursor file): ``run`` and ``serve`` do not
+            retry it, whatever caused it (see :mod:`tailer.follow.transient`).
+        table, version, file: as :class:`DeltaTailError`.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        permanent: bool = False,
+        table: str | None = None,
+        version: int | None = None,
+        file: str | None = None,
+    ) -> None:
+        self.permanent = permanent
+        super().__init__(message, table=table, version=version, file=file)
 
 
 class SinkError(DeltaTailError):

@@ -7,8 +7,9 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from state.errors import DeltaTailError, StorageError
+from state.errors import DeltaTailError, StateError, StorageError
 from tailer.follow.sink import Sink
+from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import Progress, status
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
@@ -86,9 +87,13 @@ class TailerService:
             SinkUnavailableError: when ``retries`` runs in a row have failed on an unavailable sink.
             StorageError: when ``retries`` runs in a row have failed on an unreachable store (or at once
                 when the store refuses access: that does not pass by waiting).
+            StateError: at once when the state directory cannot be made, locked or read before the first
+                tailer starts (a file in its place, a read-only file system): a mistake to fix, not to wait
+                out; or when a tailer finds its saved state damaged.
             DeltaTailError: when ``retries`` runs in a row have failed on an ``OSError`` (its errno,
                 text and file, as a deltatail error); whatever else stops a tailer (see :meth:`Tailer.run`).
         """
+        self._check_state_dir()
         total = Progress()
         failures = 0
         while not self._stopping.is_set():
@@ -119,6 +124,27 @@ class TailerService:
             finally:
                 self._current = None
         return total
+
+    def _check_state_dir(self) -> None:
+        """Lock and read the state directory once before the first tailer starts, retrying nothing.
+
+        A state directory that cannot be made, locked or read when ``run`` starts (a file in its
+        place, a read-only file system, a directory where ``cursor.json`` should be) is a mistake for
+        the operator who just started it, reported at once; the same faults after the start are
+        retried like any other (the state directory may come back).
+
+        Raises:
+            StateError: naming the state directory or file.
+        """
+        store = StateStore(self.config.state_dir)
+        try:
+            store.lock()
+        except OSError as e:
+            raise StateError(f"cannot use the state directory: {e.strerror or e}", file=self.config.state_dir) from e
+        try:
+            store.load()
+        finally:
+            store.unlock()
 
     def _wait_before_retry(self, error: Exception, failures: int) -> None:
         """Report the failure in a status line and wait (exponential backoff) before the next run."""

@@ -227,9 +227,12 @@ class StateStore:
                 rows_end=None if body.get("rows_end") is None else Position.from_json(body["rows_end"]),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, StateError) as e:
-            raise StateError(f"cannot read the tailer's cursor ({e}); {hint}", file=str(path)) from e
+            damaged = not isinstance(e, StateError)  # a file that reads but is wrong; a read that fails may pass
+            raise StateError(f"cannot read the tailer's cursor ({e}); {hint}", permanent=damaged, file=str(path)) from e
         if saved.snapshot_version >= 0 and not (self.dir / saved.snapshot_file).exists():
-            raise StateError(f"the saved snapshot {saved.snapshot_file} is missing; {hint}", file=str(path))
+            raise StateError(
+                f"the saved snapshot {saved.snapshot_file} is missing; {hint}", permanent=True, file=str(path)
+            )
         return saved
 
     def save(self, saved: SavedState) -> None:

@@ -7,7 +7,7 @@ A fault is *transient* when the same step may work later without anyone changing
 - the machine refuses a resource: any :class:`OSError` (too many open files, disk full, a file too
   large, an I/O error, a read-only file system, a path replaced by a file or a directory), raw or
   wrapped by the sink or the state directory (a :class:`~state.errors.SinkError` or
-  :class:`~state.errors.StateError` caused by one).
+  :class:`~state.errors.StateError` caused by one, unless it is marked permanent: a damaged cursor).
 
 Everything else is *permanent* for the table: the table itself is wrong (a gap, a schema change, a
 broken file, a table removed), the configuration is, or deltatail has a bug (an exception that is
@@ -28,6 +28,8 @@ def is_transient(error: BaseException) -> bool:
         return error.transient
     if isinstance(error, OSError):
         return True
+    if isinstance(error, StateError) and error.permanent:
+        return False
     if isinstance(error, SinkError | StateError):
         return _caused_by_os_error(error)
     return False

@@ -89,7 +89,7 @@ def test_a_binary_config_file_is_one_line(tmp_path: Path, capsys: pytest.Capture
         ["serve", "--config", str(config)],
         ["audit", str(table), "--config", str(config)],
     ):
-        assert main(argv) == 1
+        assert main(argv) == 2
         line = one_line(capsys.readouterr().err)
         assert "cannot read config file: 'utf-8' codec can't decode byte" in line and f"[file {config}]" in line
 
@@ -134,7 +134,7 @@ def test_a_listen_port_out_of_range_is_one_line(tmp_path: Path, capsys: pytest.C
     config.write_text(
         f'[service]\nstate_root = "{tmp_path / "root"}"\nlisten = "0.0.0.0:99999"\n[[tables]]\npath = "{table}"\n'
     )
-    assert main(["serve", "--config", str(config)]) == 1
+    assert main(["serve", "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     line = one_line(err.splitlines()[-1])  # after the INFO line of the table checked before it
@@ -147,7 +147,7 @@ def test_a_listen_port_out_of_range_is_one_line(tmp_path: Path, capsys: pytest.C
 def test_sink_file_too_large_then_restart_is_exact(tmp_path: Path) -> None:
     table, state, out = make_table(tmp_path / "t"), tmp_path / "state", tmp_path / "out.jsonl"
     args = ("run", str(table), "--state-dir", str(state), "--sink", f"jsonl:{out}", "--until-caught-up")
-    failed = cli(*args, "--checkpoint-commits", "1", preexec=file_size_limit(20_000))
+    failed = cli(*args, "--checkpoint-commits", "1", "--sink-retries", "0", preexec=file_size_limit(20_000))
     assert failed.returncode == 1
     assert "File too large" in one_line(failed.stderr) and f"file {out}" in failed.stderr
     assert out.stat().st_size == 20_000  # the fault struck mid-way: a torn last line
@@ -157,7 +157,17 @@ def test_sink_file_too_large_then_restart_is_exact(tmp_path: Path) -> None:
 
 def test_state_file_too_large_then_restart_is_exact(tmp_path: Path) -> None:
     table, state, out = make_table(tmp_path / "t"), tmp_path / "state", tmp_path / "out.jsonl"
-    args = ("run", str(table), "--state-dir", str(state), "--until-caught-up", "--checkpoint-commits", "1")
+    args = (
+        "run",
+        str(table),
+        "--state-dir",
+        str(state),
+        "--until-caught-up",
+        "--checkpoint-commits",
+        "1",
+        "--sink-retries",
+        "0",
+    )
     # stdout is a pipe (not limited): only the state's files hit the limit; the snapshot is the first
     failed = cli(*args, preexec=file_size_limit(4_000))
     assert failed.returncode == 1
@@ -180,7 +190,7 @@ import subprocess, sys
 deltatail, table, state, out = sys.argv[1:5]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", state], check=True)
 args = [*deltatail.split(), "run", table, "--state-dir", state, "--sink", f"jsonl:{out}", "--until-caught-up",
-        "--checkpoint-commits", "1", "--snapshot-commits", "1"]
+        "--checkpoint-commits", "1", "--snapshot-commits", "1", "--sink-retries", "0"]
 first = subprocess.run(args, capture_output=True, text=True)
 subprocess.run(["mount", "-o", "remount,size=4m", state], check=True)
 second = subprocess.run(args, capture_output=True, text=True)
@@ -215,7 +225,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 deltatail, table, state, out = sys.argv[1:5]
 run = subprocess.Popen([*deltatail.split(), "run", table, "--state-dir", state, "--sink", f"jsonl:{out}",
-                        "--no-watch", "--poll-interval", "0.05", "--checkpoint-commits", "1"],
+                        "--no-watch", "--poll-interval", "0.05", "--checkpoint-commits", "1", "--sink-retries", "0"],
                        stderr=subprocess.PIPE, text=True)
 try:
     deadline = time.monotonic() + 60
