@@ -16,6 +16,7 @@ import orjson
 
 from state.errors import ConfigError, DeltaTailError, StorageError
 from state.feed import TableInfo, change_schema
+from state.paths import check_external_root
 from tailer.cli import audit, logs
 from tailer.cli import lance as lance_cli
 from tailer.cli.configure import (
@@ -85,6 +86,7 @@ def _changes(args: argparse.Namespace) -> int:
         key_columns=keys(args.key),
         reader_processes=reader_processes(args.reader_processes),
         filter=change_filter(vars(args)),
+        external_roots=tuple(args.external_roots or ()),
     )
     feed = ChangeFeed(args.table, storage(args.table, parse_option_pairs(args.storage_option or [])), options)
     feed.check_filter()
@@ -167,6 +169,27 @@ def _storage_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _external_root_type(text: str) -> str:
+    try:
+        return check_external_root(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
+def external_root_option(parser: argparse.ArgumentParser) -> None:
+    """``--external-root URI`` (repeatable): a root outside the table its log may name (:mod:`state.paths`)."""
+    parser.add_argument(
+        "--external-root",
+        dest="external_roots",
+        action="append",
+        type=_external_root_type,
+        default=None,
+        metavar="URI",
+        help="a root outside the table (absolute path or URI) whose files the log may name, e.g. a shallow "
+        "clone's source; read with the table's storage options. Repeatable; other outside paths are refused",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="deltatail", description="Follow a Delta table's log as a change feed.")
@@ -195,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--output", default=None, help="FILE.jsonl or FILE.parquet (default: JSON lines on stdout)")
     ch.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     _storage_option(ch)
+    external_root_option(ch)
     _filter_options(ch)
     lance_cli.add_format_option(ch)
     ch.set_defaults(handler=_changes)
@@ -250,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
     _storage_option(run)
+    external_root_option(run)
     _filter_options(run)
     lance_cli.add_format_option(run)
     run.set_defaults(handler=_run)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from state.errors import ConfigError
+from state.paths import check_external_root
 from tailer.audit.alerts import AuditSettings, load_audit_settings
 from tailer.parse import parse_bool
 from tailer.storage.options import parse_option_pairs
@@ -43,6 +44,16 @@ def names(value: Any) -> tuple[str, ...]:
     if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
         return tuple(value)
     raise ValueError(f"expected a list of names or a comma-separated string, got {value!r}")
+
+
+def roots(value: Any) -> tuple[str, ...]:
+    """``external_roots``: a TOML list of strings (or ``a,b`` text), each an absolute path or a URI.
+
+    Raises:
+        ConfigError: for a root that is relative, the file system root, or holds ``..``.
+        ValueError: for a value that is neither a list of strings nor text.
+    """
+    return tuple(check_external_root(r) for r in names(value))
 
 
 #: The TOML table (and merged setting) of storage options (:mod:`tailer.storage.options`).
@@ -73,6 +84,7 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "skip_operations": names,
     "sink_retries": int,
     "reader_processes": int,
+    "external_roots": roots,
 }
 
 

@@ -131,6 +131,7 @@ class Tailer(FollowLoop):
             table_id=table_id,
             allow_non_additive=c.options.allow_non_additive,
             require_cdf=c.options.require_cdf,
+            external_roots=c.options.external_roots,
             hints=TAILER_HINTS,
             gap_check_seconds=c.gap_check_seconds,
             parse_retries=c.parse_retries,
@@ -323,7 +324,9 @@ class Tailer(FollowLoop):
         if snap is None:
             raise RuntimeError("the tailer has not started")
         ts = snapshot_time(self.log, snap)
-        with contextlib.closing(self.feed.read_plans(iter([plan_snapshot(snap, ts)]))) as reading:
+        with contextlib.closing(
+            self.feed.read_plans(iter([plan_snapshot(snap, ts, self.config.options.external_roots)]))
+        ) as reading:
             for plan, task_batches in reading:  # one plan: its files read ahead (by the reader processes if small)
                 if not self._deliver(plan, task_batches):
                     return

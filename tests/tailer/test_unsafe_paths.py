@@ -1,0 +1,179 @@
+"""Paths outside the table are refused before anything is opened, unless under a listed external root.
+
+Each table is written by ``deltalake``; the hostile commit is appended to ``_delta_log`` by hand.
+The command line runs in a child process with a time limit: a FIFO outside the table blocks
+whoever opens it for reading, so a refusal that returns proves the FIFO was never opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import write_deltalake
+
+from tests.tailer.cdf_helpers import append_commit
+
+MARKER = "MARKER-outside-the-table"
+#: Seconds a command may take; far above a refusal, so only an opened FIFO (a hang) reaches it.
+LIMIT = 120
+
+
+def deltatail(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from tailer.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def _rows(ids: list[int], name: str) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "name": pa.array([name] * len(ids), pa.string())})
+
+
+def _add(path: str, size: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "add": {
+            "path": path,
+            "partitionValues": {},
+            "size": size,
+            "modificationTime": 1_700_000_000_000,
+            "dataChange": True,
+            **extra,
+        }
+    }
+
+
+@pytest.fixture
+def lake(tmp_path: Path) -> tuple[Path, Path]:
+    """A table at ``tmp/lake/t`` (one commit, two rows) and ``tmp/outside`` with a marker Parquet file."""
+    table = tmp_path / "lake" / "t"
+    write_deltalake(str(table), _rows([1, 2], "inside"))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    pq.write_table(_rows([666], MARKER), outside / "secret.parquet")
+    os.mkfifo(outside / "fifo.parquet")
+    return table, outside
+
+
+def _hostile_forms(outside: Path) -> dict[str, str]:
+    secret = outside / "secret.parquet"
+    return {
+        "dotdot": "../../outside/secret.parquet",
+        "percent": "%2E%2E/%2E%2E/outside/secret.parquet",
+        "absolute": str(secret),
+        "file-uri": "file://" + quote(str(secret)),
+    }
+
+
+@pytest.mark.parametrize("form", ["dotdot", "percent", "absolute", "file-uri"])
+def test_changes_refuses_a_path_outside_the_table(lake: tuple[Path, Path], form: str) -> None:
+    table, outside = lake
+    path = _hostile_forms(outside)[form]
+    version = append_commit(table, [_add(path, (outside / "secret.parquet").stat().st_size)])
+    out = deltatail("changes", str(table))
+    assert out.returncode == 1, out.stderr
+    assert MARKER not in out.stdout
+    assert out.stderr.startswith("deltatail: error: logged path")
+    assert f"version {version}" in out.stderr and "refused before reading" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("form", ["absolute", "file-uri"])
+def test_a_listed_external_root_is_read(lake: tuple[Path, Path], form: str) -> None:
+    table, outside = lake
+    path = _hostile_forms(outside)[form]
+    append_commit(table, [_add(path, (outside / "secret.parquet").stat().st_size)])
+    out = deltatail("changes", str(table), "--external-root", str(outside))
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert sorted((r["id"], r["name"]) for r in rows) == [(1, "inside"), (2, "inside"), (666, MARKER)]
+
+
+def test_a_listed_root_does_not_admit_relative_paths_climbing_into_it(lake: tuple[Path, Path]) -> None:
+    table, outside = lake
+    append_commit(table, [_add("../../outside/secret.parquet", 10)])
+    out = deltatail("changes", str(table), "--external-root", str(outside))
+    assert out.returncode == 1 and MARKER not in out.stdout
+    assert "climbs out of the table root" in out.stderr
+
+
+@pytest.mark.parametrize("target", ["fifo", "/etc/passwd", "/proc/self/environ", "/dev/zero"])
+def test_special_files_are_never_opened(lake: tuple[Path, Path], target: str) -> None:
+    table, outside = lake
+    path = str(outside / "fifo.parquet") if target == "fifo" else target
+    append_commit(table, [_add(path, 100)])
+    out = deltatail("changes", str(table))  # would block on the FIFO if it were opened
+    assert out.returncode == 1
+    assert "refused before reading" in out.stderr and path in out.stderr
+
+
+def test_a_relative_path_to_a_fifo_is_never_opened(lake: tuple[Path, Path]) -> None:
+    table, _ = lake
+    append_commit(table, [_add("../../outside/fifo.parquet", 100)])
+    out = deltatail("changes", str(table))
+    assert out.returncode == 1 and "climbs out of the table root" in out.stderr
+
+
+def test_a_deletion_vector_outside_the_table_is_never_opened(lake: tuple[Path, Path]) -> None:
+    table, outside = lake
+    data_file = next(p for p in table.iterdir() if p.suffix == ".parquet")
+    dv = {"storageType": "p", "pathOrInlineDv": str(outside / "fifo.parquet"), "sizeInBytes": 34, "cardinality": 1}
+    protocol = {
+        "protocol": {
+            "minReaderVersion": 3,
+            "minWriterVersion": 7,
+            "readerFeatures": ["deletionVectors"],
+            "writerFeatures": ["deletionVectors"],
+        }
+    }
+    size = data_file.stat().st_size
+    remove = {"remove": {"path": data_file.name, "deletionTimestamp": 1_700_000_000_000, "dataChange": True}}
+    version = append_commit(table, [protocol, remove, _add(data_file.name, size, deletionVector=dv)])
+    out = deltatail("changes", str(table), "--starting-version", str(version))
+    assert out.returncode == 1, out.stderr
+    assert "refused before reading" in out.stderr and str(outside / "fifo.parquet") in out.stderr
+    assert f"version {version}" in out.stderr
+
+
+def test_run_refuses_and_delivers_nothing_of_the_outside(lake: tuple[Path, Path], tmp_path: Path) -> None:
+    table, outside = lake
+    append_commit(table, [_add(str(outside / "secret.parquet"), (outside / "secret.parquet").stat().st_size)])
+    sink = tmp_path / "sink.jsonl"
+    args = ["run", str(table), "--state-dir", str(tmp_path / "state"), "--sink", f"jsonl:{sink}"]
+    out = deltatail(*args, "--until-caught-up", "--no-watch", "--sink-retries", "0")
+    assert out.returncode == 1, out.stderr
+    assert "refused before reading" in out.stderr
+    assert MARKER not in (sink.read_text() if sink.exists() else "")
+
+
+def test_run_reads_external_roots_from_the_config_file(lake: tuple[Path, Path], tmp_path: Path) -> None:
+    table, outside = lake
+    append_commit(table, [_add(str(outside / "secret.parquet"), (outside / "secret.parquet").stat().st_size)])
+    sink = tmp_path / "sink.jsonl"
+    config = tmp_path / "run.toml"
+    config.write_text(f"external_roots = [{json.dumps(str(outside))}]\n", encoding="utf-8")
+    args = ["run", str(table), "--config", str(config), "--state-dir", str(tmp_path / "state")]
+    out = deltatail(*args, "--sink", f"jsonl:{sink}", "--until-caught-up", "--no-watch")
+    assert out.returncode == 0, out.stderr
+    names = sorted(json.loads(line)["name"] for line in sink.read_text().splitlines())
+    assert names == sorted(["inside", "inside", MARKER])
+
+
+def test_a_relative_external_root_is_a_usage_error(lake: tuple[Path, Path]) -> None:
+    table, _ = lake
+    out = deltatail("changes", str(table), "--external-root", "outside")
+    assert out.returncode == 2
+    assert "must be an absolute path or a URI" in out.stderr
