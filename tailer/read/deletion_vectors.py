@@ -99,7 +99,9 @@ def read_deletion_vector(
         e.at(table=table_root, version=version, file=data_file)
         raise
     except UnsafePathError as e:
-        raise e.at(table=table_root, version=version) from None
+        raise UnsafePathError(
+            f"deletion vector of data file {data_file}: {e.message}", table=table_root, version=version, file=e.file
+        ) from None
     except InvalidLogError as e:
         raise DeletionVectorError(e.message, table=table_root, version=version, file=data_file) from e
     return bitmap

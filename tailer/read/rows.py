@@ -200,15 +200,13 @@ def read_file_rows(
     """
     columns = options.get("columns")
     selected = None if columns is None else tuple(columns)
+    version = options.get("version")
+    location = resolve_data_path(table_root, path, options.get("external_roots", ()), version=version)
     try:
         out = _output_schema(options["schema"], selected, options.get("keep_change_type", False))
     except DeltaTailError as e:
         table = options.get("table")
-        e.at(
-            table=table if table is not None else table_root,
-            version=options.get("version"),
-            file=path,
-        )
+        e.at(table=table if table is not None else table_root, version=version, file=location)
         raise
     for file_batch in read_file_batches(storage, table_root, path, **options):
         yield pa.RecordBatch.from_arrays(file_batch.columns(), schema=out)
