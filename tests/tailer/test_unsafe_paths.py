@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,11 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from cdf_helpers import append_commit, corpus_table
 from deltalake import write_deltalake
 
-from tests.tailer.cdf_helpers import append_commit
+from state.errors import UnsafePathError
+from tailer.log.delta_log import DeltaLog
 
 MARKER = "MARKER-outside-the-table"
 #: Seconds a command may take; far above a refusal, so only an opened FIFO (a hang) reaches it.
@@ -177,3 +180,28 @@ def test_a_relative_external_root_is_a_usage_error(lake: tuple[Path, Path]) -> N
     out = deltatail("changes", str(table), "--external-root", "outside")
     assert out.returncode == 2
     assert "must be an absolute path or a URI" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "hostile", ["../../../outside/secret.parquet", "/etc/passwd", "s3://otherbucket/sidecar.parquet"]
+)
+def test_a_sidecar_outside_the_sidecars_directory_is_refused(tmp_path: Path, hostile: str) -> None:
+    src = corpus_table("kernel-rs/v2-checkpoints-parquet-with-sidecars")
+    shutil.copytree(src, tmp_path / "t")
+    log_dir = tmp_path / "t" / "_delta_log"
+    for commit in log_dir.glob("0000000000000000000[0-5].json"):
+        commit.unlink()
+    for older in log_dir.glob("0000000000000000000[0-5].checkpoint.*.parquet"):
+        older.unlink()  # only the checkpoint at 6 can build the table now
+    [checkpoint] = log_dir.glob("00000000000000000006.checkpoint.*.parquet")
+    checkpoint.chmod(0o644)
+    table = pq.read_table(checkpoint)
+    sidecars = table.column("sidecar").to_pylist()
+    first = next(i for i, s in enumerate(sidecars) if s is not None)
+    sidecars[first] = {**sidecars[first], "path": hostile}
+    index = table.schema.get_field_index("sidecar")
+    table = table.set_column(index, "sidecar", pa.array(sidecars, table.schema.field("sidecar").type))
+    pq.write_table(table, checkpoint)
+    with pytest.raises(UnsafePathError) as info:
+        DeltaLog(str(tmp_path / "t")).snapshot()
+    assert info.value.version == 6 and hostile in str(info.value) and "_sidecars" in str(info.value)
