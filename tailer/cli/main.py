@@ -16,7 +16,6 @@ import orjson
 
 from state.errors import ConfigError, DeltaTailError, StorageError
 from state.feed import TableInfo, change_schema
-from state.paths import check_external_root
 from tailer.cli import audit, logs
 from tailer.cli import lance as lance_cli
 from tailer.cli.configure import (
@@ -36,7 +35,7 @@ from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.serve import serve
-from tailer.cli.settings import STORAGE, merge
+from tailer.cli.settings import STORAGE, external_root_option, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
 from tailer.follow.stats import TableStats
@@ -166,27 +165,6 @@ def _storage_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="an object-store option as delta-rs spells it (AWS_REGION=..., AZURE_STORAGE_ACCOUNT_NAME=...)",
-    )
-
-
-def _external_root_type(text: str) -> str:
-    try:
-        return check_external_root(text)
-    except ConfigError as e:
-        raise argparse.ArgumentTypeError(e.message) from None
-
-
-def external_root_option(parser: argparse.ArgumentParser) -> None:
-    """``--external-root URI`` (repeatable): a root outside the table its log may name (:mod:`state.paths`)."""
-    parser.add_argument(
-        "--external-root",
-        dest="external_roots",
-        action="append",
-        type=_external_root_type,
-        default=None,
-        metavar="URI",
-        help="a root outside the table (absolute path or URI) whose files the log may name, e.g. a shallow "
-        "clone's source; read with the table's storage options. Repeatable; other outside paths are refused",
     )
 
 

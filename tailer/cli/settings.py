@@ -12,6 +12,7 @@ settings, and its alert rules and webhooks from an ``[audit]`` table (:func:`aud
 
 from __future__ import annotations
 
+import argparse
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -177,3 +178,24 @@ def audit_config(flags: Mapping[str, Any], env: Mapping[str, str] | None = None)
     env = os.environ if env is None else env
     config_path = flags.get("config") or env.get("DELTATAIL_CONFIG")
     return load_audit_settings(config_path, env=env) if config_path else AuditSettings()
+
+
+def _external_root_type(text: str) -> str:
+    try:
+        return check_external_root(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
+def external_root_option(parser: argparse.ArgumentParser) -> None:
+    """``--external-root URI`` (repeatable): a root outside the table its log may name (:mod:`state.paths`)."""
+    parser.add_argument(
+        "--external-root",
+        dest="external_roots",
+        action="append",
+        type=_external_root_type,
+        default=None,
+        metavar="URI",
+        help="a root outside the table (absolute path or URI) whose files the log may name, e.g. a shallow "
+        "clone's source; read with the table's storage options. Repeatable; other outside paths are refused",
+    )

@@ -144,7 +144,7 @@ class Tailer(FollowLoop):
         """Builds each commit's audit event for a sink that wants them; ``None`` (nothing built) otherwise."""
         if not self.sink.wants_audit_events:
             return None
-        return AuditTracker(self.log.table, self.log.storage).build
+        return AuditTracker(self.log.table, self.log.storage, external_roots=self.config.options.external_roots).build
 
     def _checkpointer(self) -> Checkpointer:
         c = self.config

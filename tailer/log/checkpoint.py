@@ -36,8 +36,8 @@ from state.actions import (
     parse_json_actions,
 )
 from state.errors import DeltaTailError, IncompleteCheckpointError, InvalidLogError, MissingFileError, UnsafePathError
-from state.paths import resolve_logged_path
 from state.files import FileTable, PartitionValuesPool
+from state.paths import resolve_logged_path
 from state.snapshot import Snapshot
 from tailer.storage import Storage, to_local_path
 

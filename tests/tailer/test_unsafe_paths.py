@@ -205,3 +205,16 @@ def test_a_sidecar_outside_the_sidecars_directory_is_refused(tmp_path: Path, hos
     with pytest.raises(UnsafePathError) as info:
         DeltaLog(str(tmp_path / "t")).snapshot()
     assert info.value.version == 6 and hostile in str(info.value) and "_sidecars" in str(info.value)
+
+
+def test_audit_refuses_to_read_a_footer_outside_the_table(lake: tuple[Path, Path]) -> None:
+    table, outside = lake
+    os.utime(outside / "secret.parquet", (1_000_000_000, 1_000_000_000))
+    version = append_commit(table, [_add(str(outside / "secret.parquet"), (outside / "secret.parquet").stat().st_size)])
+    out = deltatail("audit", str(table), "--format", "jsonl")
+    assert out.returncode == 1, out.stderr
+    assert "refused before reading" in out.stderr and f"version {version}" in out.stderr
+    assert (outside / "secret.parquet").stat().st_atime == 1_000_000_000  # never read
+    listed = deltatail("audit", str(table), "--format", "jsonl", "--external-root", str(outside))
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout.splitlines()[-1])["version"] == version
