@@ -148,7 +148,9 @@ def changes(args: argparse.Namespace) -> int:
         raise ConfigError("--net-changes and --key apply to Delta tables, not to Lance datasets")
     options = parse_option_pairs(args.storage_option or [])
     feed = LanceFeed(
-        args.table, options=LanceOptions(filter=change_filter(vars(args))), storage_options=options or None
+        args.table,
+        options=LanceOptions(filter=change_filter(vars(args)), external_roots=tuple(args.external_roots or ())),
+        storage_options=options or None,
     )
     start_ms = None
     if args.starting_timestamp is not None:

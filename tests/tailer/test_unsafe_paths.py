@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import lance
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cdf_helpers import append_commit, corpus_table
 from deltalake import write_deltalake
+from lance.fragment import DataFile, FragmentMetadata
 
 from state.errors import UnsafePathError
 from tailer.log.delta_log import DeltaLog
@@ -218,3 +220,22 @@ def test_audit_refuses_to_read_a_footer_outside_the_table(lake: tuple[Path, Path
     listed = deltatail("audit", str(table), "--format", "jsonl", "--external-root", str(outside))
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout.splitlines()[-1])["version"] == version
+
+
+@pytest.mark.parametrize("form", ["dotdot", "absolute"])
+def test_a_lance_data_file_outside_the_dataset_is_refused(tmp_path: Path, form: str) -> None:
+    """The hostile manifest is written by pylance itself (an Append of a fragment naming the outside file)."""
+    uri = tmp_path / "lake" / "ds"
+    lance.write_dataset(pa.table({"id": [1, 2]}), str(uri))
+    outside = tmp_path / "outside" / "src"
+    lance.write_dataset(pa.table({"id": [666]}), str(outside))
+    source = lance.dataset(str(outside)).get_fragments()[0].metadata
+    d = source.files[0]
+    path = f"../../../outside/src/data/{d.path}" if form == "dotdot" else f"{outside}/data/{d.path}"
+    hostile = DataFile(path, d.fields, d.column_indices, d.file_major_version, d.file_minor_version, d.file_size_bytes)
+    fragment = FragmentMetadata(id=1, files=[hostile], physical_rows=source.physical_rows)
+    version = lance.LanceDataset.commit(str(uri), lance.LanceOperation.Append([fragment]), read_version=1).version
+    out = deltatail("changes", str(uri))
+    assert out.returncode == 1, out.stderr
+    assert "refused before reading" in out.stderr and f"version {version}" in out.stderr and "fragment 1" in out.stderr
+    assert "666" not in out.stdout
