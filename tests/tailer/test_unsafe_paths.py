@@ -24,7 +24,8 @@ from cdf_helpers import append_commit, corpus_table
 from deltalake import write_deltalake
 from lance.fragment import DataFile, FragmentMetadata
 
-from state.errors import UnsafePathError
+from state.errors import ConfigError, UnsafePathError
+from tailer.cli.serve import load_serve_config, source
 from tailer.log.delta_log import DeltaLog
 
 MARKER = "MARKER-outside-the-table"
@@ -239,3 +240,20 @@ def test_a_lance_data_file_outside_the_dataset_is_refused(tmp_path: Path, form: 
     assert out.returncode == 1, out.stderr
     assert "refused before reading" in out.stderr and f"version {version}" in out.stderr and "fragment 1" in out.stderr
     assert "666" not in out.stdout
+
+
+def test_serve_takes_external_roots_from_defaults_and_per_table(lake: tuple[Path, Path], tmp_path: Path) -> None:
+    table, outside = lake
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        f'[service]\nstate_root = "{tmp_path / "state"}"\n'
+        f'[defaults]\nexternal_roots = ["{outside}"]\n'
+        f'[[tables]]\npath = "{table}"\n'
+        f'[[tables]]\nname = "other"\npath = "{table}"\nexternal_roots = ["s3://src/clones"]\n'
+    )
+    loaded = load_serve_config(str(config))
+    roots = [source(name, settings).config.options.external_roots for name, settings in loaded.tables]
+    assert roots == [(str(outside),), ("s3://src/clones",)]
+    config.write_text(f'[service]\nstate_root = "{tmp_path}"\n[[tables]]\npath = "{table}"\nexternal_roots = ["rel"]\n')
+    with pytest.raises(ConfigError, match="must be an absolute path or a URI"):
+        load_serve_config(str(config))
