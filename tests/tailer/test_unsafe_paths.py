@@ -24,9 +24,11 @@ from cdf_helpers import append_commit, corpus_table
 from deltalake import write_deltalake
 from lance.fragment import DataFile, FragmentMetadata
 
+from sinks.spark.options import SourceOptions
 from state.errors import ConfigError, UnsafePathError
 from tailer.cli.serve import load_serve_config, source
 from tailer.log.delta_log import DeltaLog
+from tailer.read.feed import ChangeFeed
 
 MARKER = "MARKER-outside-the-table"
 #: Seconds a command may take; far above a refusal, so only an opened FIFO (a hang) reaches it.
@@ -257,3 +259,20 @@ def test_serve_takes_external_roots_from_defaults_and_per_table(lake: tuple[Path
     config.write_text(f'[service]\nstate_root = "{tmp_path}"\n[[tables]]\npath = "{table}"\nexternal_roots = ["rel"]\n')
     with pytest.raises(ConfigError, match="must be an absolute path or a URI"):
         load_serve_config(str(config))
+
+
+def test_the_spark_source_options_carry_external_roots_to_the_feed(lake: tuple[Path, Path]) -> None:
+    """What the Spark source's readers do with its options (``ChangeFeed(o.path, o.storage(), o.change_options())``)."""
+    table, outside = lake
+    secret = outside / "secret.parquet"
+    version = append_commit(table, [_add(str(secret), secret.stat().st_size)])
+    plain = SourceOptions.parse({"path": str(table), "format": "delta"})
+    with pytest.raises(UnsafePathError) as info:
+        ChangeFeed(plain.path, plain.storage(), plain.change_options()).read_table()
+    assert info.value.version == version and info.value.file == str(secret)
+    listed = SourceOptions.parse({"path": str(table), "format": "delta", "externalRoots": f" {outside} ,s3://b/x"})
+    assert listed.external_roots == (str(outside), "s3://b/x")
+    rows = ChangeFeed(listed.path, listed.storage(), listed.change_options()).read_table()
+    assert sorted(rows.column("name").to_pylist()) == sorted(["inside", "inside", MARKER])
+    with pytest.raises(ConfigError, match="must be an absolute path or a URI"):
+        SourceOptions.parse({"path": str(table), "externalRoots": "relative"})
