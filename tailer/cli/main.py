@@ -181,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--version", type=int, default=None, help="version to show (default: latest)")
     snap.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     _storage_option(snap)
+    external_root_option(snap)  # Lance manifests are checked when read; Delta snapshots read no data file
     lance_cli.add_format_option(snap)
     snap.set_defaults(handler=_snapshot)
 

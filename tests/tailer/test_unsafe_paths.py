@@ -276,3 +276,20 @@ def test_the_spark_source_options_carry_external_roots_to_the_feed(lake: tuple[P
     assert sorted(rows.column("name").to_pylist()) == sorted(["inside", "inside", MARKER])
     with pytest.raises(ConfigError, match="must be an absolute path or a URI"):
         SourceOptions.parse({"path": str(table), "externalRoots": "relative"})
+
+
+def test_lance_snapshot_refuses_an_outside_data_file_unless_listed(tmp_path: Path) -> None:
+    uri = tmp_path / "lake" / "ds"
+    lance.write_dataset(pa.table({"id": [1, 2]}), str(uri))
+    outside = tmp_path / "outside" / "src"
+    lance.write_dataset(pa.table({"id": [666]}), str(outside))
+    d = lance.dataset(str(outside)).get_fragments()[0].metadata.files[0]
+    path = f"{outside}/data/{d.path}"
+    hostile = DataFile(path, d.fields, d.column_indices, d.file_major_version, d.file_minor_version, d.file_size_bytes)
+    fragment = FragmentMetadata(id=1, files=[hostile], physical_rows=1)
+    lance.LanceDataset.commit(str(uri), lance.LanceOperation.Append([fragment]), read_version=1)
+    refused = deltatail("snapshot", str(uri), "--json")
+    assert refused.returncode == 1 and "refused before reading" in refused.stderr
+    listed = deltatail("snapshot", str(uri), "--json", "--external-root", str(outside))
+    assert listed.returncode == 0, listed.stderr
+    assert path in listed.stdout
