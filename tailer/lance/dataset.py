@@ -54,6 +54,8 @@ from tailer.storage.factory import storage_for
 VERSIONS_DIR = "_versions"
 #: Where a fragment's data files are, below the root.
 DATA_DIR = "data"
+#: Where transaction files are, below the root (a manifest names one by its name).
+TRANSACTIONS_DIR = "_transactions"
 #: What a user can do when the version a tailer or range needs was cleaned up.
 CLEANED_UP_HINT = (
     "it was removed by cleanup_old_versions (or never existed); read from a version the dataset still holds "
@@ -277,14 +279,20 @@ class LanceDataset:
         Raises:
             VersionNotFoundError: as :meth:`manifest`.
             MissingFileError: if the manifest names a transaction file that is not there.
+            UnsafePathError: if that file is outside ``_transactions/`` (never opened).
             InvalidLogError: if the transaction does not decode.
         """
         manifest, data = self._manifest_and_bytes(version)
         file = self.manifest_path(version)
+        if manifest.transaction_file:
+            try:
+                resolve_logged_path(join(self.root, TRANSACTIONS_DIR), manifest.transaction_file)
+            except UnsafePathError as e:
+                raise UnsafePathError(e.message, table=self.root, version=version, file=file) from None
         try:
             message = transaction_bytes(data, manifest)
             if message is None and manifest.transaction_file:
-                file = join(self.root, "_transactions", manifest.transaction_file)
+                file = resolve_logged_path(join(self.root, TRANSACTIONS_DIR), manifest.transaction_file)
                 message = self.storage.read(file)
             return None if message is None else decode_transaction(message)
         except DeltaTailError as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from lance.fragment import DataFile, FragmentMetadata
 from sinks.spark.options import SourceOptions
 from state.errors import ConfigError, UnsafePathError
 from tailer.cli.serve import load_serve_config, source
+from tailer.lance.dataset import LanceDataset
 from tailer.log.delta_log import DeltaLog
 from tailer.read.feed import ChangeFeed
 
@@ -293,3 +295,51 @@ def test_lance_snapshot_refuses_an_outside_data_file_unless_listed(tmp_path: Pat
     listed = deltatail("snapshot", str(uri), "--json", "--external-root", str(outside))
     assert listed.returncode == 0, listed.stderr
     assert path in listed.stdout
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _num(field: int, value: int) -> bytes:
+    return _varint(field << 3) + _varint(value)
+
+
+def _msg(field: int, body: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(body)) + body
+
+
+def _lance_manifest(root: Path, data_file: bytes, row_ids: bytes, transaction: bytes) -> None:
+    fragment = _num(1, 0) + _msg(2, _msg(1, data_file)) + _num(4, 2) + _msg(6, _msg(1, row_ids) + _num(3, 4))
+    body = _num(3, 1) + _msg(2, fragment) + _msg(12, transaction) + _num(9, 2)
+    (root / "_versions").mkdir(parents=True, exist_ok=True)
+    data = struct.pack("<I", len(body)) + body + struct.pack("<qHH", 0, 0, 2) + b"LANC"
+    (root / "_versions" / f"{(1 << 64) - 1 - 1:020d}.manifest").write_bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("data_file", "row_ids", "transaction"),
+    [
+        (b"../../x.lance", b"ids.bin", b"0-x.txn"),
+        (b"f.lance", b"../ids.bin", b"0-x.txn"),
+        (b"f.lance", b"/etc/passwd", b"0-x.txn"),
+        (b"f.lance", b"ids.bin", b"../../secret.txn"),
+    ],
+)
+def test_every_file_a_lance_manifest_names_is_contained(
+    tmp_path: Path, data_file: bytes, row_ids: bytes, transaction: bytes
+) -> None:
+    """Hand-written manifests (as test_lance_cli.py's): data, external row-id and transaction files."""
+    root = tmp_path / "ds"
+    _lance_manifest(root, data_file, row_ids, transaction)
+    (tmp_path / "secret.txn").write_bytes(b"\x08\x01")
+    ds = LanceDataset(str(root))
+    with pytest.raises(UnsafePathError) as info:
+        ds.manifest(1)
+        ds.transaction(1)
+    assert info.value.version == 1 and info.value.table == str(root)
