@@ -80,6 +80,10 @@ class IncompleteCheckpointError(InvalidLogError):
     """A checkpoint part or sidecar is missing or unreadable."""
 
 
+class UnsafePathError(InvalidLogError):
+    """A path the log names is outside the table root and every listed external root (see :mod:`state.paths`)."""
+
+
 class MissingFileError(DeltaTailError):
     """A file the log refers to (data, DV, cdc, checkpoint part) does not exist."""
 

@@ -74,6 +74,11 @@ OPERATIONS = {
 
 #: The ``DataFragment`` fields deltatail reads or may ignore (row version sequences, 7-10, do not
 #: change a row's values). Any other field is a feature it does not know.
+#: The most physical rows a fragment (and a row-id range) may claim: row offsets within a fragment
+#: are 32-bit in Lance, and deltatail allocates per row when it plans a fragment, so a manifest
+#: claiming more is refused (an :class:`InvalidLogError` naming the dataset, version and manifest)
+#: instead of allocating by an untrusted number.
+MAX_FRAGMENT_ROWS = 1 << 30
 _FRAGMENT_FIELDS = frozenset(range(1, 11))
 
 
@@ -382,6 +387,10 @@ def _fragment(buf: bytes) -> tuple[Fragment, bool]:
             deletion_bytes = as_bytes(value, "DataFragment.deletion_file")
         elif number == 4:
             rows = as_int(value, "DataFragment.physical_rows")
+            if rows > MAX_FRAGMENT_ROWS:
+                raise InvalidLogError(
+                    f"fragment claims {rows} physical rows, more than deltatail's limit of {MAX_FRAGMENT_ROWS}"
+                )
         elif number == 5:
             row_ids = as_bytes(value, "DataFragment.inline_row_ids")
         elif number == 6:
@@ -572,6 +581,8 @@ def _range(start: int, end: int) -> pa.Array:
     n = end - start
     if n <= 0:
         return pa.array([], pa.uint64())
+    if n > MAX_FRAGMENT_ROWS:
+        raise InvalidLogError(f"row-id range of {n} ids, more than deltatail's limit of {MAX_FRAGMENT_ROWS}")
     ones = pa.repeat(pa.scalar(1, pa.uint64()), n)
     return (
         pc.add(pc.cumulative_sum(ones), pa.scalar(start - 1, pa.uint64()))

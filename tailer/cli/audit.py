@@ -42,7 +42,7 @@ from tailer.audit.follow import AuditFollowConfig, AuditFollower
 from tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
 from tailer.audit.report import require_report_extra, write_report
 from tailer.cli.process import stop_on_signals
-from tailer.cli.settings import STORAGE, audit_config, flag_type, merge
+from tailer.cli.settings import STORAGE, audit_config, external_root_option, flag_type, merge
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
@@ -298,6 +298,7 @@ def add_parser(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="an object-store option as delta-rs spells it (AWS_REGION=..., AZURE_STORAGE_ACCOUNT_NAME=...)",
     )
+    external_root_option(p)
     p.set_defaults(handler=run_audit)
 
 
@@ -347,7 +348,7 @@ def _start_version(text: Any, latest: int | None) -> int | None:
 
 def _range(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSettings, fmt: str) -> int:
     storage = storage_for(args.table, settings.get(STORAGE) or None)
-    feed = AuditFeed(args.table, storage)
+    feed = AuditFeed(args.table, storage, external_roots=tuple(settings.get("external_roots", ())))
     starting = _start_version(
         args.starting_version, feed.log.latest_version() if args.starting_version == "latest" else None
     )
@@ -428,6 +429,7 @@ def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSett
         until_caught_up=bool(settings.get("until_caught_up", d.until_caught_up)),
         counted=args.counted,
         track_table_rows=audit.needs_table_rows,
+        external_roots=tuple(settings.get("external_roots", ())),
         storage_options=storage_options,
     )
     outputs: list[AuditOutput] = []

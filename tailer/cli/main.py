@@ -37,7 +37,7 @@ from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.serve import serve
-from tailer.cli.settings import SINK_GAP_CHOICES, STORAGE, flag_type, merge
+from tailer.cli.settings import SINK_GAP_CHOICES, STORAGE, external_root_option, flag_type, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
 from tailer.follow.stats import TableStats
@@ -89,6 +89,7 @@ def _changes(args: argparse.Namespace) -> int:
         key_columns=keys(args.key),
         reader_processes=reader_processes(args.reader_processes),
         filter=change_filter(vars(args)),
+        external_roots=tuple(args.external_roots or ()),
     )
     feed = ChangeFeed(args.table, storage(args.table, parse_option_pairs(args.storage_option or [])), options)
     feed.check_filter()
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--version", type=int, default=None, help="version to show (default: latest)")
     snap.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     _storage_option(snap)
+    external_root_option(snap)  # Lance manifests are checked when read; Delta snapshots read no data file
     lance_cli.add_format_option(snap)
     snap.set_defaults(handler=_snapshot)
 
@@ -211,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--output", default=None, help="FILE.jsonl or FILE.parquet (default: JSON lines on stdout)")
     ch.add_argument("--reader-processes", type=flag_type("reader_processes"), default=None, help=READER_PROCESSES_HELP)
     _storage_option(ch)
+    external_root_option(ch)
     _filter_options(ch)
     lance_cli.add_format_option(ch)
     ch.set_defaults(handler=_changes)
@@ -282,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--reader-processes", type=flag_type("reader_processes"), default=None, help=READER_PROCESSES_HELP)
     _storage_option(run)
+    external_root_option(run)
     _filter_options(run)
     lance_cli.add_format_option(run)
     run.set_defaults(handler=_run)

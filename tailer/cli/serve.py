@@ -367,7 +367,7 @@ def check_tables(sources: list[TableSource]) -> tuple[dict[str, str], dict[str, 
                 o = c.options
                 lance = LanceFeed(
                     c.table,
-                    options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter),
+                    options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter, o.external_roots),
                     storage_options=c.storage_options or None,
                 )
                 lance.dataset.latest_version()

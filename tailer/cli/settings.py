@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from state.errors import ConfigError
+from state.paths import check_external_root
 from tailer.audit.alerts import AuditSettings, load_audit_settings
 from tailer.parse import parse_bool
 from tailer.storage.options import parse_option_pairs, resolve_references
@@ -143,6 +144,16 @@ def names(value: Any) -> tuple[str, ...]:
     raise ValueError(f"expected a list of names or a comma-separated string, got {value!r}")
 
 
+def roots(value: Any) -> tuple[str, ...]:
+    """``external_roots``: a TOML list of strings (or ``a,b`` text), each an absolute path or a URI.
+
+    Raises:
+        ConfigError: for a root that is relative, the file system root, or holds ``..``.
+        ValueError: for a value that is neither a list of strings nor text.
+    """
+    return tuple(check_external_root(r) for r in names(value))
+
+
 #: The TOML table (and merged setting) of storage options (:mod:`tailer.storage.options`).
 STORAGE = "storage"
 #: The TOML table of ``deltatail audit``'s alert rules and webhooks.
@@ -187,6 +198,7 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "sink_retries": Number(int, 0),
     "on_sink_gap": sink_gap_value,
     "reader_processes": Number(int, 0, MAX_READER_PROCESSES, "each is a process of its own"),
+    "external_roots": roots,
 }
 
 #: The ``[service]`` settings of ``deltatail serve``, with their types and bounds.
@@ -333,3 +345,24 @@ def audit_config(flags: Mapping[str, Any], env: Mapping[str, str] | None = None)
     env = os.environ if env is None else env
     config_path = flags.get("config") or env.get("DELTATAIL_CONFIG")
     return load_audit_settings(config_path, env=env) if config_path else AuditSettings()
+
+
+def _external_root_type(text: str) -> str:
+    try:
+        return check_external_root(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
+def external_root_option(parser: argparse.ArgumentParser) -> None:
+    """``--external-root URI`` (repeatable): a root outside the table its log may name (:mod:`state.paths`)."""
+    parser.add_argument(
+        "--external-root",
+        dest="external_roots",
+        action="append",
+        type=_external_root_type,
+        default=None,
+        metavar="URI",
+        help="a root outside the table (absolute path or URI) whose files the log may name, e.g. a shallow "
+        "clone's source; read with the table's storage options. Repeatable; other outside paths are refused",
+    )

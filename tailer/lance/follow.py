@@ -104,7 +104,8 @@ class LanceTailer(FollowLoop):
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
     ) -> None:
-        options = LanceOptions(config.options.allow_non_additive, config.options.batch_size, config.options.filter)
+        o = config.options
+        options = LanceOptions(o.allow_non_additive, o.batch_size, o.filter, o.external_roots)
         if feed is None:
             feed = LanceFeed(config.table, options=options, storage_options=config.storage_options or None)
         super().__init__(

@@ -486,7 +486,7 @@ class Service:
         o = config.options
         feed = LanceFeed(
             config.table,
-            options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter),
+            options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter, o.external_roots),
             storage_options=config.storage_options or None,
         )
         tid = lance_state_id(feed.table)

@@ -49,12 +49,19 @@ class LocalStorage:
         return out
 
     def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
-        """See :meth:`Storage.read`."""
+        """See :meth:`Storage.read`.
+
+        ``length`` is clamped to what the file holds before anything is allocated: lengths often come
+        from a table (a deletion vector's ``sizeInBytes``, a Lance row-id file's size), and Python's
+        ``read(n)`` allocates ``n`` bytes up front.
+        """
         try:
             with open(to_local_path(path), "rb") as fh:
                 if offset:
                     fh.seek(offset)
-                return fh.read() if length is None else fh.read(length)
+                if length is None:
+                    return fh.read()
+                return fh.read(min(length, max(os.fstat(fh.fileno()).st_size - offset, 0)))
         except (FileNotFoundError, NotADirectoryError) as e:
             raise MissingFileError("file does not exist", file=path) from e
 
