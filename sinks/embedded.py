@@ -178,11 +178,18 @@ class JsonLinesSink(Sink):
             atomic_write(marker, orjson.dumps({TABLE_ID_KEY: table.table_id, TABLE_KEY: table.path}))
 
     def write(self, batch: ChangeBatch) -> None:
-        """Append the batch's lines (buffered until :meth:`flush`)."""
+        """Append the batch's lines (buffered until :meth:`flush`).
+
+        Raises:
+            SinkError: if the sink is not open, or the output refuses the bytes (disk full, file too large).
+        """
         if self._fh is None:
             raise SinkError("sink is not open", file=self.path)
         if len(batch):
-            self._fh.write(encode_jsonl(batch))
+            try:
+                self._fh.write(encode_jsonl(batch))
+            except OSError as e:
+                raise SinkError(f"cannot write JSON lines output: {e}", file=self.path or "-") from e
 
     def flush(self) -> None:
         """Flush, and for a file fsync, so every written line is durable.
@@ -200,10 +207,17 @@ class JsonLinesSink(Sink):
             raise SinkError(f"cannot flush JSON lines output: {e}", file=self.path) from e
 
     def close(self) -> None:
-        """Close the file (stdout is left open)."""
-        if self._fh is not None and self.path is not None:
-            self._fh.close()
-        self._fh = None
+        """Close the file (stdout is left open).
+
+        Raises:
+            SinkError: if lines still buffered cannot be written (disk full...); the file is closed.
+        """
+        fh, self._fh = self._fh, None
+        if fh is not None and self.path is not None:
+            try:
+                fh.close()
+            except OSError as e:
+                raise SinkError(f"cannot write JSON lines output: {e.strerror or e}", file=self.path) from None
 
 
 def _repair_tail(fh: BinaryIO, path: str) -> Position | None:

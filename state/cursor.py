@@ -7,6 +7,10 @@ the change planner emits them). Rows of an initial snapshot are positions with
 own (non-snapshot) rows, which never exist, since the initial snapshot *is*
 that version. A cursor is the position of the *next* row to deliver, so
 resuming is "deliver everything at or after the cursor" — no off-by-one.
+
+A position is written ``VERSION:INDEX`` (``6:0``), and ``VERSION:sINDEX`` (``6:s0``) for a row of
+the initial snapshot at that version: :meth:`Position.text` and ``str()``, the one spelling of logs,
+errors and ``deltatail status``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,14 @@ class Position:
     def base_version(self) -> int:
         """The version whose snapshot this position reads on from: its own for snapshot rows, else the one before."""
         return self.version if self.snapshot else self.version - 1
+
+    def text(self) -> str:
+        """The position as users write it: ``6:0``, or ``6:s0`` for row 0 of the initial snapshot at version 6."""
+        return f"{self.version}:{'s' if self.snapshot else ''}{self.index}"
+
+    def __str__(self) -> str:
+        """:meth:`text`: log lines and messages show ``6:0``, not the dataclass's repr."""
+        return self.text()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: ``{"version", "index", "snapshot"}``."""

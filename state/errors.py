@@ -80,6 +80,10 @@ class IncompleteCheckpointError(InvalidLogError):
     """A checkpoint part or sidecar is missing or unreadable."""
 
 
+class UnsafePathError(InvalidLogError):
+    """A path the log names is outside the table root and every listed external root (see :mod:`state.paths`)."""
+
+
 class MissingFileError(DeltaTailError):
     """A file the log refers to (data, DV, cdc, checkpoint part) does not exist."""
 
@@ -116,6 +120,9 @@ class StorageError(DeltaTailError):
         transient: trying again later may work (connection refused, timeouts, throttling, 5xx);
             ``False`` for access denied and bad configuration.
         table, version, file: as :class:`DeltaTailError`.
+        detail: the underlying failure for ``-v`` (the request's method and URL without its query, the
+            HTTP status, the store's error code and message, or the connection failure); never a
+            credential, and not part of the one-line message.
     """
 
     def __init__(
@@ -126,8 +133,10 @@ class StorageError(DeltaTailError):
         table: str | None = None,
         version: int | None = None,
         file: str | None = None,
+        detail: str | None = None,
     ) -> None:
         self.transient = transient
+        self.detail = detail
         super().__init__(message, table=table, version=version, file=file)
 
 
@@ -144,7 +153,26 @@ class SchemaChangeError(DeltaTailError):
 
 
 class StateError(DeltaTailError):
-    """deltatail's own state (cursor, saved snapshot, lock) is unusable."""
+    """deltatail's own state (cursor, saved snapshot, lock) is unusable.
+
+    Args:
+        message: what is wrong, in words.
+        permanent: waiting cannot mend it (a damaged cursor file): ``run`` and ``serve`` do not
+            retry it, whatever caused it (see :mod:`tailer.follow.transient`).
+        table, version, file: as :class:`DeltaTailError`.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        permanent: bool = False,
+        table: str | None = None,
+        version: int | None = None,
+        file: str | None = None,
+    ) -> None:
+        self.permanent = permanent
+        super().__init__(message, table=table, version=version, file=file)
 
 
 class SinkError(DeltaTailError):

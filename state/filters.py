@@ -13,7 +13,12 @@ rows are delivered from then on.
   predicate is null is dropped). Comparisons, ``AND``/``OR``/``NOT``,
   ``IN (...)``, ``BETWEEN``, ``IS [NOT] NULL``, ``LIKE``; literals are cast to
   the column's type (``amount > 10``, ``day >= '2024-01-01'``,
-  ``ts < TIMESTAMP '2024-01-01 00:00:00'``). It is parsed with sqlglot.
+  ``ts < TIMESTAMP '2024-01-01 00:00:00'``). It is parsed with sqlglot. It is a
+  condition on each row's own columns: subqueries, aggregates, window functions,
+  other functions and qualified names (``other.id``) are refused, as is a
+  predicate longer than :data:`MAX_WHERE_CHARS` characters, nesting parentheses
+  deeper than :data:`MAX_WHERE_NESTING` or expressions deeper than
+  :data:`MAX_WHERE_DEPTH` (a chain of ``AND`` or of ``OR`` is one level, however long).
 - ``change_types``: deliver only these (``insert``, ``delete``,
   ``update_preimage``, ``update_postimage``): Delta's ``ignoreDeletes`` is
   ``change_types = ["insert", "update_preimage", "update_postimage"]``.
@@ -203,17 +208,100 @@ def compile_predicate(text: str, columns: set[str] | None) -> Predicate:
     return _compile(text, columns)[0]
 
 
+#: The longest predicate accepted, in characters (an ``IN`` list of a thousand keys fits).
+MAX_WHERE_CHARS = 65536
+#: The deepest parenthesis nesting accepted: the parser recurses per level, and a predicate
+#: nesting deeper than this is generated, not written.
+MAX_WHERE_NESTING = 16
+#: The deepest expression tree accepted once parsed (a chain of ``AND`` or of ``OR`` counts as one
+#: level, however long: it is evaluated in a loop), so compiling and evaluating stay shallow.
+MAX_WHERE_DEPTH = 40
+
+
 def _compile(text: str, columns: set[str] | None) -> tuple[Predicate, frozenset[str]]:
     """:func:`compile_predicate`, and the columns the predicate reads."""
+    if len(text) > MAX_WHERE_CHARS:
+        raise ConfigError(f"where: the predicate is {len(text)} characters long; at most {MAX_WHERE_CHARS}")
+    nesting = _paren_nesting(text)
+    if nesting > MAX_WHERE_NESTING:
+        raise ConfigError(f"where: parentheses nest {nesting} deep; at most {MAX_WHERE_NESTING}")
+    short = text if len(text) <= 200 else text[:200] + "..."
     try:
         tree = sqlglot.parse_one(text)
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError) as e:
-        raise ConfigError(f"where: cannot parse {text!r}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"where: cannot parse {short!r}: {str(e).splitlines()[0]}") from None
+    except RecursionError:  # NOT NOT NOT ...: nesting without parentheses
+        raise ConfigError(f"where: {short!r} nests too deeply; at most {MAX_WHERE_DEPTH} levels") from None
     if not isinstance(tree, sx.Expression):
-        raise ConfigError(f"where: {text!r} is not a predicate")
-    compiler = _Compiler(text, columns)
+        raise ConfigError(f"where: {short!r} is not a predicate")
+    depth = _depth(tree)
+    if depth > MAX_WHERE_DEPTH:
+        raise ConfigError(f"where: {short!r} nests {depth} levels deep; at most {MAX_WHERE_DEPTH}")
+    _refuse_queries(tree, short)
+    compiler = _Compiler(short, columns)
     predicate = compiler.boolean(tree)
     return predicate, frozenset(compiler.used)
+
+
+def _paren_nesting(text: str) -> int:
+    """The deepest parenthesis nesting of ``text`` outside quoted strings and names."""
+    deepest = depth = 0
+    quote: str | None = None
+    for char in text:
+        if quote is not None:
+            quote = None if char == quote else quote  # a doubled quote closes and reopens: same count
+        elif char in "'\"`":
+            quote = char
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth -= 1
+    return deepest
+
+
+def _depth(tree: sx.Expression) -> int:
+    """The depth of a parsed predicate, without recursion; a chain of one of ``AND``/``OR`` is one level."""
+    deepest = 0
+    stack: list[tuple[sx.Expression, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        for child in node.iter_expressions():
+            chained = isinstance(node, sx.And | sx.Or) and type(child) is type(node)
+            stack.append((child, depth if chained else depth + 1))
+    return deepest
+
+
+def _refuse_queries(tree: sx.Expression, text: str) -> None:
+    """Refuse what is not a predicate over the row's own columns, with the reason.
+
+    Raises:
+        ConfigError: for a subquery, an aggregate or a window function anywhere in the tree.
+    """
+    for node in tree.walk():
+        if isinstance(node, sx.Query | sx.Subquery | sx.Exists):
+            reason = "subqueries are not supported"
+        elif isinstance(node, sx.AggFunc):
+            reason = f"{node.sql()!r} is an aggregate"
+        elif isinstance(node, sx.Window):
+            reason = f"{node.sql()!r} is a window function"
+        else:
+            continue
+        raise ConfigError(f"where: {reason}; the predicate is a condition on each row's own columns, in {text!r}")
+
+
+def _chain(node: sx.And | sx.Or) -> list[sx.Expression]:
+    """The operands of a chain of one of ``AND``/``OR``, left to right, without recursion."""
+    out: list[sx.Expression] = []
+    stack: list[sx.Expression] = [node]
+    while stack:
+        item = stack.pop()
+        if type(item) is type(node):
+            stack += [item.expression, item.this]
+        else:
+            out.append(item)
+    return out
 
 
 _COMPARISONS: dict[type[sx.Expression], Callable[[object, object], pa.Array]] = {
@@ -248,9 +336,16 @@ class _Compiler:
         if isinstance(node, sx.Paren):
             return self.boolean(node.this)
         if isinstance(node, sx.And | sx.Or):
-            left, right = self.boolean(node.this), self.boolean(node.expression)
+            terms = [self.boolean(term) for term in _chain(node)]
             combine = pc.and_kleene if isinstance(node, sx.And) else pc.or_kleene
-            return lambda b: combine(left(b), right(b))
+
+            def chained(b: pa.RecordBatch) -> pa.Array:
+                mask = terms[0](b)
+                for term in terms[1:]:
+                    mask = combine(mask, term(b))
+                return mask
+
+            return chained
         if isinstance(node, sx.Not):
             inner = self.boolean(node.this)
             return lambda b: pc.invert(inner(b))
@@ -266,6 +361,8 @@ class _Compiler:
             column = self.column(node.this)
             return lambda b: pc.is_null(column(b))
         if isinstance(node, sx.In):
+            if any(node.args.get(k) is not None for k in ("query", "unnest", "field")) or not node.expressions:
+                raise self.fail("IN takes a list of literals: IN (1, 2)")
             column = self.column(node.this)
             items = [self.literal(e) for e in node.expressions]
             return lambda b: self._in(column(b), items)
@@ -298,7 +395,10 @@ class _Compiler:
             return self.operand(node.this)
         if isinstance(node, sx.Column):
             if node.table:
-                raise self.fail(f"{node.sql()!r}: nested fields are not supported; use top-level columns")
+                raise self.fail(
+                    f"{node.sql()!r}: qualified names (other tables, nested fields) are not supported;"
+                    " use the row's own top-level columns"
+                )
             name = node.name
             if self.columns is not None and name not in self.columns:
                 raise self.fail(f"unknown column {name!r}")

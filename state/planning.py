@@ -31,7 +31,8 @@ from state.changes import (
     prepare,
 )
 from state.commit import Commit
-from state.errors import DeltaTailError, InvalidLogError
+from state.errors import DeltaTailError, InvalidLogError, UnsafePathError
+from state.paths import resolve_logged_path
 from state.schema import StructType, parse_schema
 from state.snapshot import Snapshot
 
@@ -46,6 +47,19 @@ class ReadContext:
     column_mapping_mode: str
     version: int
     timestamp_ms: int
+    #: Roots outside the table whose files the log may name (:mod:`state.paths`); none by default.
+    external_roots: tuple[str, ...] = ()
+
+    def location(self, path: str) -> str:
+        """The location to read for a logged (decoded) data or cdc ``path``.
+
+        Raises:
+            UnsafePathError: if ``path`` is outside the table root and every external root.
+        """
+        try:
+            return resolve_logged_path(self.table_root, path, self.external_roots)
+        except UnsafePathError as e:
+            raise e.at(version=self.version) from None
 
     def schema(self) -> StructType:
         """The table schema at this version (parsed once per distinct schema string)."""
@@ -67,8 +81,8 @@ def _parsed_schema(schema_string: str) -> StructType:
     return parse_schema(schema_string)
 
 
-def read_context(snap: Snapshot, timestamp_ms: int) -> ReadContext:
-    """The reading context of ``snap``'s version.
+def read_context(snap: Snapshot, timestamp_ms: int, external_roots: tuple[str, ...] = ()) -> ReadContext:
+    """The reading context of ``snap``'s version (``external_roots``: see :class:`ReadContext`).
 
     Raises:
         InvalidLogError: if the snapshot has no protocol or metadata, or the metadata no ``schemaString``.
@@ -78,7 +92,13 @@ def read_context(snap: Snapshot, timestamp_ms: int) -> ReadContext:
     if m is None or m.schema_string is None:
         raise InvalidLogError("metaData has no schemaString", table=snap.table, version=snap.version)
     return ReadContext(
-        snap.table, m.schema_string, m.partition_columns, m.column_mapping_mode, snap.version, timestamp_ms
+        snap.table,
+        m.schema_string,
+        m.partition_columns,
+        m.column_mapping_mode,
+        snap.version,
+        timestamp_ms,
+        external_roots,
     )
 
 
@@ -90,6 +110,7 @@ def plan_commit(
     *,
     allow_non_additive: bool = False,
     require_cdf: bool = False,
+    external_roots: tuple[str, ...] = (),
 ) -> tuple[Snapshot, VersionPlan]:
     """Plan commit ``snap.version + 1``; returns the snapshot after it and the plan.
 
@@ -104,6 +125,7 @@ def plan_commit(
         previous_ms: the previous version's ``_commit_timestamp``, if known.
         allow_non_additive: read across non-additive schema changes.
         require_cdf: refuse versions where the change data feed is off.
+        external_roots: roots outside the table its files may be read from (:class:`ReadContext`).
 
     Raises:
         SchemaChangeError: if the commit changes the schema non-additively (unless allowed).
@@ -128,10 +150,10 @@ def plan_commit(
     if after.metadata is None:
         raise InvalidLogError("no metaData action found in the log", table=snap.table, version=commit.version)
     ts = commit_timestamp(commit, after.metadata, file_mtime_ms, previous_ms)
-    return after, VersionPlan(read_context(after, ts), commit, tuple(prepared.tasks()))
+    return after, VersionPlan(read_context(after, ts, external_roots), commit, tuple(prepared.tasks()))
 
 
-def plan_snapshot(snap: Snapshot, timestamp_ms: int) -> VersionPlan:
+def plan_snapshot(snap: Snapshot, timestamp_ms: int, external_roots: tuple[str, ...] = ()) -> VersionPlan:
     """The initial-snapshot plan: every live row of ``snap`` as an ``insert``, files in path order.
 
     Raises:
@@ -141,4 +163,4 @@ def plan_snapshot(snap: Snapshot, timestamp_ms: int) -> VersionPlan:
         FileTask(f.path, f.partition_values or {}, "insert", RowSelection(None, f.deletion_vector), f.size)
         for f in sorted(snap.live_files(), key=lambda f: (f.path, f.key.dv_id or ""))
     ]
-    return VersionPlan(read_context(snap, timestamp_ms), None, tuple(tasks), snapshot=True)
+    return VersionPlan(read_context(snap, timestamp_ms, external_roots), None, tuple(tasks), snapshot=True)

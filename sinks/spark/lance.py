@@ -48,7 +48,7 @@ from state.errors import StateError, VersionGapError, VersionNotFoundError
 from state.lance.manifest import Manifest
 from state.lance.planning import LancePlan, RowTask, plan_snapshot
 from tailer.lance.dataset import CLEANED_UP_HINT
-from tailer.lance.feed import LanceFeed
+from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import lance_table_id
 from tailer.lance.rows import LanceRows, change_schema_of
 from tailer.storage import Storage
@@ -120,7 +120,12 @@ def lance_source_schema(options: SourceOptions, version: int | None) -> tuple[pa
 
 def lance_feed(options: SourceOptions, storage: Storage | None = None) -> LanceFeed:
     """The :class:`LanceFeed` of the source's dataset (Delta-only options were refused by ``resolved``)."""
-    return LanceFeed(options.path, storage or options.storage(), storage_options=options.storage_options or None)
+    return LanceFeed(
+        options.path,
+        storage or options.storage(),
+        LanceOptions(external_roots=options.external_roots),
+        storage_options=options.storage_options or None,
+    )
 
 
 _readers: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], LanceRows] = OrderedDict()

@@ -14,6 +14,7 @@ from typing import Literal, TypeVar
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxBytes, ReadMaxFiles
 
 from state.errors import ConfigError
+from state.paths import check_external_root
 from tailer.lance.dataset import looks_like_lance
 from tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
@@ -64,6 +65,8 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     #: ``delta`` or ``lance`` when known (a ``lance://`` path, the ``format`` option, or :meth:`resolved`).
     table_format: TableFormat | None = None
+    #: ``externalRoots``: comma-separated roots outside the table its log may name (:mod:`state.paths`).
+    external_roots: tuple[str, ...] = ()
     #: ``storage.KEY`` options: the table's object-store options (never shown; not in offsets).
     storage_options: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -73,7 +76,8 @@ class SourceOptions:
 
         Raises:
             ConfigError: if the path is missing, a value is malformed, both starting options are
-                given, ``keyColumns`` is given without ``netChanges``, or ``format`` is neither
+                given, ``keyColumns`` is given without ``netChanges``, an ``externalRoots`` entry is not
+                an absolute path or URI, or ``format`` is neither
                 ``delta`` nor ``lance`` (or ``delta`` for a ``lance://`` path).
         """
         opts = {k.lower(): v for k, v in options.items()}
@@ -103,6 +107,9 @@ class SourceOptions:
             key_columns=keys,
             fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
             table_format=fmt,
+            external_roots=tuple(
+                check_external_root(r.strip()) for r in opts.get("externalroots", "").split(",") if r.strip()
+            ),
             storage_options={k[len(STORAGE_PREFIX) :]: v for k, v in opts.items() if k.startswith(STORAGE_PREFIX)},
         )
         if start is not None and parsed.starting_timestamp_ms is not None:
@@ -159,7 +166,9 @@ class SourceOptions:
 
     def change_options(self) -> ChangeOptions:
         """The :class:`~tailer.read.feed.ChangeOptions` these options ask for."""
-        return ChangeOptions(net_changes=self.net_changes, key_columns=self.key_columns)
+        return ChangeOptions(
+            net_changes=self.net_changes, key_columns=self.key_columns, external_roots=self.external_roots
+        )
 
     def read_limit(self) -> ReadLimit:
         """The default read limit: the file limit (Delta's 1000 unless only a byte limit is set), else bytes."""

@@ -133,7 +133,7 @@ class StreamPlanner(PlanCache[VersionPlan]):
             to = Offset(tid, snap.version, 0, True) if start.snapshot else Offset(tid, snap.version + 1, 0)
             self.jump = (start.position, to)
         if start.snapshot and snap.version >= 0:
-            plan = plan_snapshot(snap, self._following().previous_ms or 0)
+            plan = plan_snapshot(snap, self._following().previous_ms or 0, self.feed.options.external_roots)
             self._plans[plan_key(plan)] = plan
 
     def _set_snapshot(self, snap: Snapshot) -> None:
@@ -150,6 +150,7 @@ class StreamPlanner(PlanCache[VersionPlan]):
                 previous_ms=previous,
                 table_id=self.table_id,
                 allow_non_additive=self.feed.options.allow_non_additive,
+                external_roots=self.feed.options.external_roots,
                 hints=SPARK_HINTS,
                 gap_check_seconds=math.inf,  # the planner decides when to list (check_seconds)
             )

@@ -36,6 +36,9 @@ Options (names as Delta's change data feed source; case-insensitive):
 ``failOnDataLoss``       ``true`` (default): a version the log no longer holds is an error;
                          ``false``: skip forward to the earliest version the log can still
                          build a snapshot of, with a warning (as Delta does)
+``externalRoots``        ``s3://src/t,/mnt/clone``: roots outside the table whose files its
+                         log may name (shallow clones); read with the table's ``storage.*``
+                         options. Other paths outside the table are refused (:mod:`state.paths`)
 ======================== ==================================================================
 
 Offsets are JSON objects ``{"tableId", "version", "index", "snapshot"}``:

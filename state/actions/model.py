@@ -5,8 +5,10 @@ Built by :mod:`state.actions.parsing` (and :meth:`DeletionVector.parse`), never 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
+from urllib.parse import unquote
 
 from state.actions.fields import (
     _DV_SCHEMA,
@@ -19,6 +21,7 @@ from state.actions.fields import (
     _shown,
 )
 from state.errors import DeletionVectorError, InvalidLogError
+from state.paths import resolve_logged_path
 from state.schema import StructType, parse_schema
 from state.z85 import z85_decode
 
@@ -69,16 +72,20 @@ class DeletionVector:
         name = f"deletion_vector_{uuid}.bin"
         return f"{prefix}/{name}" if prefix else name
 
-    def absolute_path(self, table_root: str) -> str:
-        """The DV file's location: ``<table_root>/<relative path>`` for ``u``, the stored URI for ``p``.
+    def absolute_path(self, table_root: str, external_roots: Sequence[str] = ()) -> str:
+        """The DV file's location: ``<table_root>/<relative path>`` for ``u``, the percent-decoded URI for ``p``.
+
+        Both go through :func:`state.paths.resolve_logged_path`: a ``u`` prefix must not climb out
+        of the table root, a ``p`` path must fall under the table root or an external root.
 
         Raises:
-            InvalidLogError: for inline (``i``) DVs, which have no file.
+            UnsafePathError: if the location is outside the table root and every external root.
+            InvalidLogError: for inline (``i``) DVs, which have no file, or a ``u`` path whose UUID does not decode.
         """
         if self.storage_type == "p":
-            return self.path_or_inline_dv
+            return resolve_logged_path(table_root, unquote(self.path_or_inline_dv), external_roots)
         if self.storage_type == "u":
-            return f"{table_root.rstrip('/')}/{self.relative_path()}"
+            return resolve_logged_path(table_root, self.relative_path(), external_roots)
         raise InvalidLogError(f"deletion vector of storage type {self.storage_type!r} has no file")
 
     @staticmethod

@@ -69,6 +69,11 @@ OPERATIONS = {
     116: "UserOperation",
 }
 
+#: The most physical rows a fragment (and a row-id range) may claim: row offsets within a fragment
+#: are 32-bit in Lance, and deltatail allocates per row when it plans a fragment, so a manifest
+#: claiming more is refused (an :class:`InvalidLogError` naming the dataset, version and manifest)
+#: instead of allocating by an untrusted number.
+MAX_FRAGMENT_ROWS = 1 << 30
 #: The ``DataFragment`` fields deltatail reads or may ignore (row version sequences, 7-10, do not
 #: change a row's values). Any other field is a feature it does not know.
 _FRAGMENT_FIELDS = frozenset(range(1, 11))
@@ -379,6 +384,10 @@ def _fragment(buf: bytes) -> tuple[Fragment, bool]:
             deletion_bytes = as_bytes(value, "DataFragment.deletion_file")
         elif number == 4:
             rows = as_int(value, "DataFragment.physical_rows")
+            if rows > MAX_FRAGMENT_ROWS:
+                raise InvalidLogError(
+                    f"fragment claims {rows} physical rows, more than deltatail's limit of {MAX_FRAGMENT_ROWS}"
+                )
         elif number == 5:
             row_ids = as_bytes(value, "DataFragment.inline_row_ids")
         elif number == 6:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state.errors import InvalidLogError
+from state.lance.manifest import MAX_FRAGMENT_ROWS
 from state.lance.protobuf import as_bytes, as_int, fields
 
 
@@ -38,6 +39,8 @@ def _range(start: int, end: int) -> pa.Array:
     n = end - start
     if n <= 0:
         return pa.array([], pa.uint64())
+    if n > MAX_FRAGMENT_ROWS:
+        raise InvalidLogError(f"row-id range of {n} ids, more than deltatail's limit of {MAX_FRAGMENT_ROWS}")
     ones = pa.repeat(pa.scalar(1, pa.uint64()), n)
     return (
         pc.add(pc.cumulative_sum(ones), pa.scalar(start - 1, pa.uint64()))

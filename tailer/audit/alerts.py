@@ -87,7 +87,7 @@ def load_audit_settings(path: str, *, env: Mapping[str, str] | None = None) -> A
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file: {e}", file=path) from e
     return audit_settings(data, env=os.environ if env is None else env, source=path)
 

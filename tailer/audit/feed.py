@@ -88,13 +88,19 @@ def parquet_row_count(storage: Storage, location: str) -> int:
 class _FooterRows:
     """``row_count`` for :func:`build_audit_event`: a data file's rows from its footer, or ``None``."""
 
-    def __init__(self, table: str, storage: Storage) -> None:
+    def __init__(self, table: str, storage: Storage, external_roots: tuple[str, ...] = ()) -> None:
         self.table = table
         self.storage = storage
+        self.external_roots = external_roots
         self.reads = 0
 
     def __call__(self, path: str) -> int | None:
-        location = resolve_data_path(self.table, path)
+        """The file's rows; ``None`` if it is gone or unreadable.
+
+        Raises:
+            UnsafePathError: if the path is outside the table root and every external root (never opened).
+        """
+        location = resolve_data_path(self.table, path, self.external_roots)
         self.reads += 1
         try:
             return parquet_row_count(self.storage, location)
@@ -106,12 +112,15 @@ class _FooterRows:
             return None
 
 
-def table_row_count(snapshot: Snapshot, storage: Storage) -> int | None:
+def table_row_count(snapshot: Snapshot, storage: Storage, external_roots: tuple[str, ...] = ()) -> int | None:
     """The live rows of ``snapshot``: footer row counts of its live files less their DV cardinalities.
 
     ``None`` if a live file cannot be read (its rows are then unknown).
+
+    Raises:
+        UnsafePathError: if a live file is outside the table root and every external root (never opened).
     """
-    rows = _FooterRows(snapshot.table, storage)
+    rows = _FooterRows(snapshot.table, storage, external_roots)
     total = 0
     for f in snapshot.live_files():
         n = rows(f.path)
@@ -128,11 +137,19 @@ class AuditTracker:
         table: the table root.
         storage: how to read data-file footers when a figure needs a file's rows.
         table_rows: the table's live rows before the first commit given, or ``None`` not to track them.
+        external_roots: roots outside the table whose files footers may be read from (:mod:`state.paths`).
     """
 
-    def __init__(self, table: str, storage: Storage, *, table_rows: int | None = None) -> None:
+    def __init__(
+        self,
+        table: str,
+        storage: Storage,
+        *,
+        table_rows: int | None = None,
+        external_roots: tuple[str, ...] = (),
+    ) -> None:
         self.table_rows = table_rows
-        self._rows = _FooterRows(table, storage)
+        self._rows = _FooterRows(table, storage, external_roots)
 
     @property
     def footer_reads(self) -> int:
@@ -178,11 +195,16 @@ class AuditFeed:
         ...     print(event.version, event.operation, event.user, event.counts.rows_deleted)
     """
 
-    def __init__(self, table_root: str, storage: Storage | None = None) -> None:
+    def __init__(
+        self, table_root: str, storage: Storage | None = None, *, external_roots: tuple[str, ...] = ()
+    ) -> None:
         # The change feed reads change rows for counted figures; it never refuses a schema change here.
         self._changes = ChangeFeed(
-            table_root, storage, ChangeOptions(allow_non_additive=True, read_ahead=0, reader_processes=0)
+            table_root,
+            storage,
+            ChangeOptions(allow_non_additive=True, read_ahead=0, reader_processes=0, external_roots=external_roots),
         )
+        self.external_roots = external_roots
         self.log: DeltaLog = self._changes.log
         self.storage = self.log.storage
         self.table = self.log.table
@@ -246,8 +268,8 @@ class AuditFeed:
             previous = snapshot_time(self.log, before, listing if listing is not None else self._one(before.version))
         rows = None
         if track_table_rows:
-            rows = 0 if starting_version == 0 else table_row_count(before, self.storage)
-        tracker = AuditTracker(self.table, self.storage, table_rows=rows)
+            rows = 0 if starting_version == 0 else table_row_count(before, self.storage, self.external_roots)
+        tracker = AuditTracker(self.table, self.storage, table_rows=rows, external_roots=self.external_roots)
         last_read = end
         times: list[int | None] | None = None
         if listing is not None:

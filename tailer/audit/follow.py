@@ -100,6 +100,8 @@ class AuditFollowConfig:
     counted: bool = False
     #: Carry the table's live row count (rules on the share of the table deleted need it).
     track_table_rows: bool = False
+    #: Roots outside the table whose files its log may name (:mod:`state.paths`); none by default.
+    external_roots: tuple[str, ...] = ()
     #: Options of the table's object store; never shown, logged or saved.
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -257,12 +259,16 @@ class AuditFollower:
             log.info("auditing %s from version %d", self.log.table, start)
         rows = None
         if c.track_table_rows:
-            rows = 0 if snap.version < 0 else table_row_count(snap, storage)
-        tracker = AuditTracker(self.log.table, storage, table_rows=rows)
+            rows = 0 if snap.version < 0 else table_row_count(snap, storage, c.external_roots)
+        tracker = AuditTracker(self.log.table, storage, table_rows=rows, external_roots=c.external_roots)
         follower = self._new_follower(snap, prev, owner, tracker)
         if c.counted:
             self._changes = ChangeFeed(
-                self.log.table, storage, ChangeOptions(allow_non_additive=True, read_ahead=0, reader_processes=0)
+                self.log.table,
+                storage,
+                ChangeOptions(
+                    allow_non_additive=True, read_ahead=0, reader_processes=0, external_roots=c.external_roots
+                ),
             )
         self._table_id, self._snap, self._prev_ts, self._cursor = owner, snap, prev, cursor
         checkpoints = Checkpointer(

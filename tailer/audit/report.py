@@ -46,6 +46,18 @@ CHART_WIDTH = 1100
 _CHANGE_COLOURS = {"inserted": "#1b9e77", "deleted": "#d95f02", "updated": "#7570b3"}
 
 
+def require_report_extra() -> None:
+    """Check that the report's extra (``vl-convert-python``) can be imported, before any work is done.
+
+    Raises:
+        ConfigError: if ``vl-convert-python`` is not installed (or its import fails).
+    """
+    try:
+        import vl_convert  # noqa: F401
+    except ImportError as e:
+        raise ConfigError("the HTML audit report needs vl-convert-python: pip install 'deltatail[report]'") from e
+
+
 @functools.cache
 def vega_bundle() -> str:
     """The Vega, Vega-Lite and Vega-Embed JavaScript bundle (computed once per process, ~2 s).

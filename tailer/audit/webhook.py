@@ -6,7 +6,10 @@ timeout, and retries a failure (a connection error, a timeout, HTTP 408, 429 or
 5xx) with exponential backoff: ``backoff_s``, twice that, ... at most
 ``max_backoff_s``, for ``retries`` more attempts. A document that still fails,
 or that the server refuses (another 4xx), is dropped and the failure logged; a
-document that finds the queue full is dropped and logged too. So a failing or
+document that finds the queue full is dropped and logged too. Redirects (3xx)
+are never followed: the request would carry the document and the headers
+(``Authorization``...) to wherever the answer points. A redirect is a failed
+delivery, not retried, and logged with its status only (not its ``Location``). So a failing or
 slow webhook costs the tail nothing but log lines.
 
 The URL often holds a secret (a token in the path or the query, as chat
@@ -49,6 +52,22 @@ import orjson
 from state.errors import ConfigError
 
 log = logging.getLogger("deltatail.webhook")
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Refuses every redirect: urllib then raises the 3xx as an :class:`urllib.error.HTTPError`."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        return None
+
 
 #: HTTP statuses worth another attempt: the server may recover.
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -189,7 +208,7 @@ class Webhook:
         self._queue: queue.Queue[tuple[bytes, str] | _Stop] = queue.Queue(maxsize=config.queue_size)
         self._closing = threading.Event()
         self._deadline: float | None = None
-        self._opener = urllib.request.build_opener()
+        self._opener = urllib.request.build_opener(_NoRedirects())
         self._thread = threading.Thread(target=self._run, name="deltatail-webhook", daemon=True)
         self._thread.start()
 
@@ -334,6 +353,8 @@ class Webhook:
                 status = int(response.status)
         except urllib.error.HTTPError as e:
             e.close()
+            if 300 <= e.code < 400:
+                return False, f"HTTP {e.code}: a redirect (redirects are not followed; fix the webhook URL)"
             return e.code in RETRY_STATUSES, f"HTTP {e.code}"
         except urllib.error.URLError as e:
             if isinstance(e.reason, TimeoutError):

@@ -11,6 +11,11 @@ commits land and restarts where it stopped; ``--output`` appends to the audit lo
 (a ``.parquet`` log is then a directory of part files, see :mod:`tailer.audit.log`), and alerts
 also go to the webhooks of ``[audit.webhook]``.
 
+``--fail-on warning|critical`` makes the exit code :data:`EXIT_ALERTS` (3) when an alert of at
+least that severity was raised (in a range, or in a ``--follow`` run until it stops), for a CI job
+or a cron check; errors keep exit code 1 (2 for usage and configuration). ``--html`` checks that
+its extra (``vl-convert-python``) is installed before anything is read.
+
 Alert rules come from ``[[audit.alerts]]`` in the settings file (``--config`` or
 ``DELTATAIL_CONFIG``); each alert is logged to stderr. The follower's settings (state
 directory, starting point, poll and checkpoint intervals, ``[storage]``) are those of
@@ -28,22 +33,25 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from state.alerts import Alert
+from state.alerts import SEVERITIES, Alert
 from state.audit import AuditEvent
 from state.errors import ConfigError
 from tailer.audit.alerts import AlertNotifier, AuditSettings
 from tailer.audit.feed import AuditFeed
 from tailer.audit.follow import AuditFollowConfig, AuditFollower
 from tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
-from tailer.audit.report import write_report
+from tailer.audit.report import require_report_extra, write_report
 from tailer.cli.process import stop_on_signals
-from tailer.cli.settings import STORAGE, audit_config, merge
+from tailer.cli.settings import STORAGE, audit_config, external_root_option, flag_type, merge
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
 from tailer.storage.factory import storage_for
 
 log = logging.getLogger("deltatail.audit")
+
+EXIT_ALERTS = 3
+"""The exit code of ``--fail-on SEVERITY`` when an alert of at least that severity was raised."""
 
 #: The columns of the table format: heading, width (``None``: the rest of the line), right-aligned.
 COLUMNS: tuple[tuple[str, int | None, bool], ...] = (
@@ -176,6 +184,45 @@ class EventPrinter(AuditOutput):
         self.stream.flush()
 
 
+class SeverityWatch(AuditOutput):
+    """An output that writes nothing and remembers the alerts at or above a severity (for ``--fail-on``)."""
+
+    def __init__(self, threshold: str) -> None:
+        super().__init__("<fail-on>")
+        self.rank = SEVERITIES.index(threshold)
+        self.fired: list[Alert] = []
+
+    def open(self, table_id: str) -> int | None:
+        """Nothing to open."""
+        return None
+
+    def write(self, event: AuditEvent, alerts: Sequence[Alert]) -> None:
+        """Remember the alerts of at least the threshold's severity."""
+        self.fired += [a for a in alerts if SEVERITIES.index(a.severity) >= self.rank]
+
+    def flush(self) -> None:
+        """Nothing to flush."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+    def exit_code(self) -> int:
+        """:data:`EXIT_ALERTS` if an alert at or above the threshold was raised, else 0 (and logs why)."""
+        if not self.fired:
+            return 0
+        worst = max(self.fired, key=lambda a: SEVERITIES.index(a.severity))
+        log.error(
+            "--fail-on %s: %d alerts of that severity or worse (the first: %s, %s, version %d); exit code %d",
+            SEVERITIES[self.rank],
+            len(self.fired),
+            self.fired[0].rule,
+            worst.severity,
+            self.fired[0].event.version,
+            EXIT_ALERTS,
+        )
+        return EXIT_ALERTS
+
+
 # -- the command ------------------------------------------------------------------------------
 
 
@@ -190,6 +237,7 @@ def add_parser(sub: Any) -> None:
     start = p.add_mutually_exclusive_group()
     start.add_argument(
         "--starting-version",
+        type=flag_type("starting_version"),
         default=None,
         help="first version (default: the oldest the log can audit), or latest (--follow: only new commits)",
     )
@@ -207,15 +255,40 @@ def add_parser(sub: Any) -> None:
         help="the audit log, FILE.jsonl or FILE.parquet, instead of stdout (--follow appends exactly once)",
     )
     p.add_argument("--alert-output", default=None, metavar="FILE.jsonl", help="append the alerts raised, as JSON lines")
+    p.add_argument(
+        "--fail-on",
+        choices=("warning", "critical"),
+        default=None,
+        help=f"exit with {EXIT_ALERTS} if an alert of at least this severity was raised (a range, or until stopped)",
+    )
     p.add_argument("--config", default=None, help="TOML settings file: [[audit.alerts]], [audit.webhook], [storage]")
     p.add_argument("--follow", action="store_true", help="keep going as commits land (needs --state-dir)")
     p.add_argument("--state-dir", default=None, help="--follow: where the cursor and snapshot are kept")
-    p.add_argument("--poll-interval", type=float, default=None, help="--follow: seconds between looks")
-    p.add_argument("--max-poll-interval", type=float, default=None, help="--follow: longest idle wait (object stores)")
+    p.add_argument(
+        "--poll-interval", type=flag_type("poll_interval"), default=None, help="--follow: seconds between looks"
+    )
+    p.add_argument(
+        "--max-poll-interval",
+        type=flag_type("max_poll_interval"),
+        default=None,
+        help="--follow: longest idle wait (object stores)",
+    )
     p.add_argument("--no-watch", action="store_const", const=True, default=None, help="--follow: poll only")
-    p.add_argument("--checkpoint-commits", type=int, default=None, help="--follow: save the cursor every N commits")
-    p.add_argument("--checkpoint-seconds", type=float, default=None, help="--follow: or every S seconds")
-    p.add_argument("--snapshot-commits", type=int, default=None, help="--follow: save the snapshot every N commits")
+    p.add_argument(
+        "--checkpoint-commits",
+        type=flag_type("checkpoint_commits"),
+        default=None,
+        help="--follow: save the cursor every N commits",
+    )
+    p.add_argument(
+        "--checkpoint-seconds", type=flag_type("checkpoint_seconds"), default=None, help="--follow: or every S seconds"
+    )
+    p.add_argument(
+        "--snapshot-commits",
+        type=flag_type("snapshot_commits"),
+        default=None,
+        help="--follow: save the snapshot every N commits",
+    )
     p.add_argument(
         "--until-caught-up", action="store_const", const=True, default=None, help="--follow: exit when caught up"
     )
@@ -225,15 +298,20 @@ def add_parser(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="an object-store option as delta-rs spells it (AWS_REGION=..., AZURE_STORAGE_ACCOUNT_NAME=...)",
     )
+    external_root_option(p)
     p.set_defaults(handler=run_audit)
 
 
 def run_audit(args: argparse.Namespace) -> int:
     """The ``audit`` command: a range, or ``--follow``.
 
+    Returns 0, or :data:`EXIT_ALERTS` when ``--fail-on`` is given and an alert of at least that
+    severity was raised.
+
     Raises:
-        ConfigError: if flags contradict each other, a file name has the wrong extension, or the
-            settings file is invalid (naming the key).
+        ConfigError: if flags contradict each other, a file name has the wrong extension, the
+            settings file is invalid (naming the key), or ``--html`` is given without its extra
+            installed (checked before the table is read).
         DeltaTailError: what auditing the table raises.
     """
     flags = vars(args)
@@ -244,6 +322,8 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.alert_output is not None and not args.alert_output.endswith(".jsonl"):
         raise ConfigError(f"--alert-output must end in .jsonl, got {args.alert_output!r}")
     fmt = args.format or ("table" if sys.stdout.isatty() else "jsonl")
+    if args.html is not None and not args.follow:
+        require_report_extra()
     if args.follow:
         return _follow(args, settings, audit, fmt)
     for flag in FOLLOW_ONLY:
@@ -268,7 +348,7 @@ def _start_version(text: Any, latest: int | None) -> int | None:
 
 def _range(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSettings, fmt: str) -> int:
     storage = storage_for(args.table, settings.get(STORAGE) or None)
-    feed = AuditFeed(args.table, storage)
+    feed = AuditFeed(args.table, storage, external_roots=tuple(settings.get("external_roots", ())))
     starting = _start_version(
         args.starting_version, feed.log.latest_version() if args.starting_version == "latest" else None
     )
@@ -287,6 +367,9 @@ def _range(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSetti
         outputs.append(EventPrinter(fmt))
     if args.alert_output is not None:
         outputs.append(AlertLog(args.alert_output))
+    watch = SeverityWatch(args.fail_on) if args.fail_on else None
+    if watch is not None:
+        outputs.append(watch)
     notifier = AlertNotifier(audit.rules) if audit.rules else None  # a look back: no webhooks
     kept: list[AuditEvent] = []
     raised: list[Alert] = []
@@ -315,7 +398,7 @@ def _range(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSetti
     if args.html is not None:
         write_report(kept, raised, args.html)
         log.info("wrote the report of %d events and %d alerts to %s", len(kept), len(raised), args.html)
-    return 0
+    return 0 if watch is None else watch.exit_code()
 
 
 def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSettings, fmt: str) -> int:
@@ -346,6 +429,7 @@ def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSett
         until_caught_up=bool(settings.get("until_caught_up", d.until_caught_up)),
         counted=args.counted,
         track_table_rows=audit.needs_table_rows,
+        external_roots=tuple(settings.get("external_roots", ())),
         storage_options=storage_options,
     )
     outputs: list[AuditOutput] = []
@@ -355,6 +439,9 @@ def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSett
         outputs.append(EventPrinter(fmt))
     if args.alert_output is not None:
         outputs.append(AlertLog(args.alert_output))
+    watch = SeverityWatch(args.fail_on) if args.fail_on else None
+    if watch is not None:
+        outputs.append(watch)
     notifier = AlertNotifier.from_settings(audit) if audit.rules else None  # its webhooks start here
     try:
         follower = AuditFollower(config, outputs, notifier)
@@ -365,4 +452,4 @@ def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSett
     stop_on_signals(follower.stop)
     progress = follower.run()
     log.info("stopped: %d versions audited, %d alerts raised", progress.versions, progress.alerts)
-    return 0
+    return 0 if watch is None else watch.exit_code()

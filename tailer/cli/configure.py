@@ -125,6 +125,7 @@ def tailer_config(
             allow_non_additive=bool(s.get("allow_non_additive", READ_DEFAULTS.allow_non_additive)),
             reader_processes=reader_processes(s.get("reader_processes")),
             filter=change_filter(s),
+            external_roots=tuple(s.get("external_roots", ())),
         ),
         storage_options=storage_options,
     )

@@ -54,23 +54,22 @@ def status(args: argparse.Namespace) -> int:
     options = parse_option_pairs(args.storage_option or [])
     rows: list[TableState] = []
     for directory, path, name in _targets(Path(args.state), args.table):
+        recorded = read_status(directory)
         table = path
         if table is None:
             saved = StateStore(str(directory)).load()
             table = saved.table if saved is not None else None
+        if table is None and recorded is not None and isinstance(recorded.get("table"), str):
+            table = recorded["table"]  # a running tailer that has not saved a cursor yet
         store = storage(table, options) if table else None
-        rows.append(describe(directory, path, name, store, read_status(directory)))
+        rows.append(describe(directory, path, name, store, recorded))
     if args.json:
         sys.stdout.buffer.write(orjson.dumps([r.to_json() for r in rows], option=orjson.OPT_INDENT_2) + b"\n")
         return 0
     for r in rows:
-        cursor = (
-            "-"
-            if r.cursor is None
-            else f"{r.cursor.version}:{r.cursor.index}{' (snapshot)' if r.cursor.snapshot else ''}"
-        )
+        cursor = "-" if r.cursor is None else r.cursor.text()
         lag = "-" if r.versions_behind is None else f"{r.versions_behind} versions"
-        seconds = "" if r.seconds_behind is None else f", newest delivered commit {r.seconds_behind:.0f}s ago"
+        seconds = "" if r.seconds_behind is None else f" ({r.seconds_behind:.0f}s: the oldest undelivered commit's age)"
         print(f"{r.name}: {r.state}, cursor {cursor}, latest version {r.latest_version}, {lag} behind{seconds}")
         print(f"  {r.path}")
         if r.error:

@@ -125,7 +125,8 @@ def snapshot_text(doc: dict[str, Any]) -> str:
 def snapshot(args: argparse.Namespace) -> int:
     """``deltatail snapshot`` on a Lance dataset."""
     options = parse_option_pairs(args.storage_option or [])
-    dataset = LanceDataset(args.table, storage_for(args.table, options or None))
+    roots = tuple(args.external_roots or ())
+    dataset = LanceDataset(args.table, storage_for(args.table, options or None), external_roots=roots)
     version = dataset.latest_version() if args.version is None else args.version
     doc = snapshot_document(dataset.manifest(version), dataset.root)
     if args.json:
@@ -148,7 +149,9 @@ def changes(args: argparse.Namespace) -> int:
         raise ConfigError("--net-changes and --key apply to Delta tables, not to Lance datasets")
     options = parse_option_pairs(args.storage_option or [])
     feed = LanceFeed(
-        args.table, options=LanceOptions(filter=change_filter(vars(args))), storage_options=options or None
+        args.table,
+        options=LanceOptions(filter=change_filter(vars(args)), external_roots=tuple(args.external_roots or ())),
+        storage_options=options or None,
     )
     start_ms = None
     if args.starting_timestamp is not None:

@@ -1,7 +1,9 @@
 """The ``deltatail`` command line.
 
-Exit codes: 0 success, 2 usage error, 1 a deltatail error (the message names
-the table, version and file involved).
+Exit codes (:data:`EXIT_CODES`, the README's "Exit codes"): 0 success, 1 a deltatail error (the
+message names the table, version and file involved), 2 a usage or configuration error (argparse's
+own, and every :class:`~state.errors.ConfigError`), 3 ``deltatail audit --fail-on``: an alert of at
+least that severity fired.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.serve import serve
-from tailer.cli.settings import SINK_GAP_CHOICES, STORAGE, merge
+from tailer.cli.settings import SINK_GAP_CHOICES, STORAGE, external_root_option, flag_type, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
 from tailer.follow.stats import TableStats
@@ -45,6 +47,18 @@ from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.storage.options import parse_option_pairs
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_ALERTS = audit.EXIT_ALERTS
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_ERROR: "a deltatail error: bad or unreadable table, store, sink or state",
+    EXIT_USAGE: "a usage or configuration error: flags, environment, config file, URIs",
+    EXIT_ALERTS: "deltatail audit --fail-on: an alert of at least that severity fired",
+}
+"""Every exit code of the command line, and what it means."""
 
 
 def _snapshot(args: argparse.Namespace) -> int:
@@ -58,16 +72,6 @@ def _snapshot(args: argparse.Namespace) -> int:
     else:
         print(snapshot_text(snap))
     return 0
-
-
-def _version(text: str) -> int | str:
-    """A version number, or ``latest``."""
-    if text == "latest":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a version number or 'latest', got {text!r}") from None
 
 
 READER_PROCESSES_HELP = (
@@ -85,6 +89,7 @@ def _changes(args: argparse.Namespace) -> int:
         key_columns=keys(args.key),
         reader_processes=reader_processes(args.reader_processes),
         filter=change_filter(vars(args)),
+        external_roots=tuple(args.external_roots or ()),
     )
     feed = ChangeFeed(args.table, storage(args.table, parse_option_pairs(args.storage_option or [])), options)
     feed.check_filter()
@@ -122,13 +127,13 @@ def _run(args: argparse.Namespace) -> int:
         lance = None  # the store is unavailable now: each attempt of the service looks again
     config = tailer_config(args.table, s["state_dir"], s, start_of=lance_cli.run_start if lance else None)
     uri = s.get("sink", DEFAULT_SINK)
-    retries = s.get("sink_retries", -1)
+    retries = s.get("sink_retries")
     tune_for_latency()
     stats = TableStats(config.table, table_name(config.table))
     service = TailerService(
         config,
         lambda: open_sink(uri),
-        retries=None if retries < 0 else retries,
+        retries=retries,
         make_tailer=lance_cli.tailer_maker(lance, stats),
         stats=stats,
     )
@@ -174,7 +179,9 @@ def _storage_option(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="deltatail", description="Follow a Delta table's log as a change feed.")
+    parser: argparse.ArgumentParser = logs.JsonErrorParser(
+        prog="deltatail", description="Follow a Delta table's log as a change feed."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
     parser.add_argument(
         "--log-format", choices=("text", "json"), default=None, help="stderr logs as text (default) or JSON lines"
@@ -185,21 +192,28 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--version", type=int, default=None, help="version to show (default: latest)")
     snap.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     _storage_option(snap)
+    external_root_option(snap)  # Lance manifests are checked when read; Delta snapshots read no data file
     lance_cli.add_format_option(snap)
     snap.set_defaults(handler=_snapshot)
 
     ch = sub.add_parser("changes", help="print the change rows of a range of versions")
     ch.add_argument("table", help="table root")
     start = ch.add_mutually_exclusive_group()
-    start.add_argument("--starting-version", type=_version, default=None, help="first version, or latest (default 0)")
+    start.add_argument(
+        "--starting-version",
+        type=flag_type("starting_version"),
+        default=None,
+        help="first version, or latest (default 0)",
+    )
     start.add_argument("--starting-timestamp", default=None, help="first commit at or after this time (ISO-8601)")
     ch.add_argument("--ending-version", type=int, default=None, help="last version (default: latest)")
     ch.add_argument("--initial-snapshot", action="store_true", help="emit the live rows at the start first")
     ch.add_argument("--net-changes", action="store_true", help="cancel rewrite noise in commits without cdc files")
     ch.add_argument("--key", default=None, help="key columns (COL,...) pairing net changes into updates")
     ch.add_argument("--output", default=None, help="FILE.jsonl or FILE.parquet (default: JSON lines on stdout)")
-    ch.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
+    ch.add_argument("--reader-processes", type=flag_type("reader_processes"), default=None, help=READER_PROCESSES_HELP)
     _storage_option(ch)
+    external_root_option(ch)
     _filter_options(ch)
     lance_cli.add_format_option(ch)
     ch.set_defaults(handler=_changes)
@@ -214,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_start = run.add_mutually_exclusive_group()
     run_start.add_argument(
         "--starting-version",
-        type=_version,
+        type=flag_type("starting_version"),
         default=None,
         help="first version on a new state dir, or latest (only commits after the current latest)",
     )
@@ -223,25 +237,34 @@ def build_parser() -> argparse.ArgumentParser:
     d = RUN_DEFAULTS
     run.add_argument(
         "--poll-interval",
-        type=float,
+        type=flag_type("poll_interval"),
         default=None,
         help=f"seconds between looks (default {RUN_DEFAULTS.poll_interval:g})",
     )
     run.add_argument(
         "--max-poll-interval",
-        type=float,
+        type=flag_type("max_poll_interval"),
         default=None,
         help=f"object stores: the longest idle wait; the interval doubles up to it (default {d.max_poll_interval:g})",
     )
     run.add_argument("--no-watch", action="store_const", const=True, default=None, help="poll only, no inotify")
     run.add_argument(
-        "--checkpoint-commits", type=int, default=None, help=f"checkpoint every N commits ({d.checkpoint_commits})"
+        "--checkpoint-commits",
+        type=flag_type("checkpoint_commits"),
+        default=None,
+        help=f"checkpoint every N commits ({d.checkpoint_commits})",
     )
     run.add_argument(
-        "--checkpoint-seconds", type=float, default=None, help=f"or every S seconds ({d.checkpoint_seconds:g})"
+        "--checkpoint-seconds",
+        type=flag_type("checkpoint_seconds"),
+        default=None,
+        help=f"or every S seconds ({d.checkpoint_seconds:g})",
     )
     run.add_argument(
-        "--snapshot-commits", type=int, default=None, help=f"save the snapshot every N commits ({d.snapshot_commits})"
+        "--snapshot-commits",
+        type=flag_type("snapshot_commits"),
+        default=None,
+        help=f"save the snapshot every N commits ({d.snapshot_commits})",
     )
     run.add_argument("--until-caught-up", action="store_const", const=True, default=None, help="exit when caught up")
     run.add_argument("--net-changes", action="store_const", const=True, default=None, help="cancel rewrite noise")
@@ -249,9 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-non-additive", action="store_const", const=True, default=None, help="cross drops/renames")
     run.add_argument(
         "--sink-retries",
-        type=int,
+        type=flag_type("sink_retries"),
         default=None,
-        help="restarts from the saved cursor while the sink is unavailable (default -1: keep retrying)",
+        help="restarts from the saved cursor while the sink is unavailable (default: keep retrying; 0: fail at once)",
     )
     run.add_argument(
         "--on-sink-gap",
@@ -260,8 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the sink holds fewer rows than were delivered to it (file truncated, deleted, rotated): "
         "fail (default) or accept (warn and go on)",
     )
-    run.add_argument("--reader-processes", type=int, default=None, help=READER_PROCESSES_HELP)
+    run.add_argument("--reader-processes", type=flag_type("reader_processes"), default=None, help=READER_PROCESSES_HELP)
     _storage_option(run)
+    external_root_option(run)
     _filter_options(run)
     lance_cli.add_format_option(run)
     run.set_defaults(handler=_run)
@@ -275,25 +299,65 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_parser(sub)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")
-    demo.add_argument("--commits", type=int, default=8, help="how many commits the writer makes (default 8)")
-    demo.add_argument("--interval", type=float, default=1.0, help="seconds between the writer's commits (default 1)")
+    demo.add_argument(
+        "--commits", type=flag_type("demo_commits"), default=8, help="how many commits the writer makes (default 8)"
+    )
+    demo.add_argument(
+        "--interval",
+        type=flag_type("demo_interval"),
+        default=1.0,
+        help="seconds between the writer's commits (default 1)",
+    )
     demo.set_defaults(handler=_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    log_format = args.log_format or os.environ.get("DELTATAIL_LOG_FORMAT", "text")
+    """Run the command line; returns the exit code (:data:`EXIT_CODES`)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    log_format = _log_format(args_list)
     if log_format not in ("text", "json"):
-        print(f"deltatail: error: log format must be text or json, got {log_format!r}", file=sys.stderr)
-        return 2
+        logs.fatal_line(f"log format must be text or json, got {log_format!r}", json_lines=False)
+        return EXIT_USAGE
+    logs.JsonErrorParser.json_lines = log_format == "json"
+    args = build_parser().parse_args(args_list)
     logs.configure(verbose=args.verbose, json_lines=log_format == "json")
     try:
         code: int = args.handler(args)
         return code
+    except ConfigError as e:
+        logs.fatal(e, verbose=args.verbose, json_lines=log_format == "json", exit_code=EXIT_USAGE)
+        return EXIT_USAGE
     except DeltaTailError as e:
-        print(f"deltatail: error: {e}", file=sys.stderr)
-        return 1
+        logs.fatal(e, verbose=args.verbose, json_lines=log_format == "json", exit_code=EXIT_ERROR)
+        return EXIT_ERROR
     except BrokenPipeError:
-        return 0
+        return EXIT_OK
+    except OSError as e:  # a fault no layer below named: still one line (each layer names table and file first)
+        error = DeltaTailError(
+            f"file system error: {e.strerror or e}", file=None if e.filename is None else str(e.filename)
+        )
+        logs.fatal(error, verbose=args.verbose, json_lines=log_format == "json", exit_code=EXIT_ERROR)
+        return EXIT_ERROR
+
+
+def _log_format(argv: Sequence[str]) -> str:
+    """``--log-format`` as given before the subcommand (the last one wins, as argparse does), else the environment.
+
+    Read before parsing, so that usage errors come out in the chosen format too.
+    """
+    chosen = os.environ.get("DELTATAIL_LOG_FORMAT", "text")
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            break
+        if a == "--log-format" and i + 1 < len(argv):
+            chosen = argv[i + 1]
+            i += 1
+        elif a.startswith("--log-format="):
+            chosen = a.split("=", 1)[1]
+        elif not a.startswith("-"):
+            break  # the subcommand: its own arguments follow
+        i += 1
+    return chosen

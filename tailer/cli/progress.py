@@ -17,6 +17,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
+from tailer.cli import logs
 from tailer.follow.stats import TableStats
 
 
@@ -27,12 +28,14 @@ class ServiceProgress:
         tables: the tables' figures, read on every refresh.
         interval: seconds between refreshes.
         force: draw even when stderr is not a terminal (tests).
+
+    Never drawn with JSON logs (:func:`tailer.cli.logs.json_mode`): every line on stderr is JSON then.
     """
 
     def __init__(self, tables: Callable[[], list[TableStats]], interval: float = 0.5, *, force: bool = False) -> None:
         self._tables = tables
         self._interval = interval
-        self._enabled = force or sys.stderr.isatty()
+        self._enabled = force or (sys.stderr.isatty() and not logs.json_mode())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._tasks: dict[str, tuple[TaskID, int]] = {}

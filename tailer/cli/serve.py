@@ -5,11 +5,15 @@ The file::
     [service]
     state_root = "/var/lib/deltatail"    # required: one state directory per table, by table id
     listen = "127.0.0.1:9108"            # /metrics, /healthz, /readyz ("off": none)
+    auth_token_file = "/run/secrets/t"   # optional: /metrics and /readyz details need this bearer token
+                                         # (or auth_token_env = "NAME": the token in that variable)
     ready_lag_seconds = 300              # /readyz: a catching-up table within this lag counts as ready
     workers = 2                          # threads stepping tables
     step_versions = 50                   # versions a table delivers before the others get their turn
     safety_poll_seconds = 10             # watched local tables are looked at this often without a signal
     discover_seconds = 30                # how often discovery roots are scanned again
+    fatal_seconds = 60                   # the state root unusable this long: exit non-zero (restart me)
+    stall_seconds = 30                   # a table's step running this long: reported unavailable
 
     [defaults]                           # settings of every table (those of `deltatail run`)
     sink = "kafka://broker:9092/cdc.{table_name}?format=debezium&key=id&exactly_once=true"
@@ -38,8 +42,13 @@ hold ``{table_name}`` and ``{table_id}`` (for a Lance dataset, its
 :func:`~tailer.lance.follow.lance_state_id`). A discovered table is
 named by its path relative to the root, ``/`` written ``.``. Everything is
 checked before anything starts: an unknown key, a table path that does not
-exist, two tables that are one, a filter naming a missing column, an address
-in use — each is an error naming the key or table.
+exist, two tables that are one, a filter naming a missing column, a bad sink
+URI (scheme, options, Kafka options; nothing is connected to), a state root
+that cannot be written, an address in use — each is an error naming the key or
+table. A table whose store is unavailable at start-up (it fails, throttles,
+times out) is not an error of the configuration: that table starts
+``unavailable`` and is retried while the others run. A discovered table whose
+sink URI is bad is not followed, and said so once in the log.
 """
 
 from __future__ import annotations
@@ -47,20 +56,21 @@ from __future__ import annotations
 import logging
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from state.errors import ConfigError, DeltaTailError
+from state.errors import ConfigError, DeltaTailError, StorageError
 from tailer.cli.configure import DEFAULT_SINK, tailer_config
 from tailer.cli.lance import PREFIX as LANCE_PREFIX
 from tailer.cli.lance import run_start as lance_run_start
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
-from tailer.cli.settings import RUN_SETTINGS, STORAGE, coerce, option_text
+from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, STORAGE, coerce, storage_table
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.sink import Sink
 from tailer.follow.tailer import table_name
+from tailer.follow.transient import is_transient
 from tailer.lance.dataset import looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import lance_state_id
@@ -68,8 +78,8 @@ from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.read.feed import ChangeFeed
 from tailer.serve.discovery import find_tables, is_lance_dataset
-from tailer.serve.http import HealthServer
-from tailer.serve.service import Service, ServiceOptions, TableSource
+from tailer.serve.http import HealthServer, load_auth_token
+from tailer.serve.service import Service, ServiceOptions, TableSource, probe_state_root
 from tailer.serve.state_root import StateRoot
 from tailer.storage.factory import storage_for
 
@@ -78,17 +88,8 @@ log = logging.getLogger("deltatail")
 #: Settings of ``run`` that make no sense per table in a service.
 _NOT_PER_TABLE = frozenset({"state_dir", "until_caught_up", "sink_retries"})
 TABLE_SETTINGS = frozenset(RUN_SETTINGS) - _NOT_PER_TABLE
-SERVICE_KEYS = {
-    "state_root": str,
-    "listen": str,
-    "ready_lag_seconds": float,
-    "workers": int,
-    "step_versions": int,
-    "safety_poll_seconds": float,
-    "discover_seconds": float,
-    "status_seconds": float,
-}
-DISCOVER_KEYS = frozenset({"root", "include", "exclude", "max_depth"})
+SERVICE_KEYS = SERVICE_SETTINGS
+DISCOVER_KEYS = frozenset(DISCOVER_SETTINGS)
 #: A ``[[tables]]`` entry's ``format``: its table format, when its path or layout should not decide.
 FORMATS = ("delta", "lance")
 #: Settings of ``run`` that apply to Delta tables only.
@@ -106,6 +107,7 @@ class ServeConfig:
     defaults: dict[str, Any]
     tables: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (name, settings incl. path)
     discover: list[dict[str, Any]] = field(default_factory=list)
+    auth_token: str | None = field(default=None, repr=False)  # the secret: never in a repr or a log
 
 
 def load_serve_config(path: str) -> ServeConfig:
@@ -117,7 +119,7 @@ def load_serve_config(path: str) -> ServeConfig:
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file: {e}", file=path) from e
     unknown = set(data) - {"service", "defaults", STORAGE, "tables", "discover"}
     if unknown:
@@ -128,7 +130,7 @@ def load_serve_config(path: str) -> ServeConfig:
     for key in service:
         if key not in SERVICE_KEYS:
             raise ConfigError(f"unknown key {key!r} in [service] (known: {', '.join(SERVICE_KEYS)})", file=path)
-    values = {k: _typed(SERVICE_KEYS[k], v, f"[service] {k}", path) for k, v in service.items()}
+    values = {k: _typed(k, v, "[service]", path) for k, v in service.items()}
     if "state_root" not in values:
         raise ConfigError("[service] needs state_root (where each table's state lives)", file=path)
     listen = values.get("listen", "127.0.0.1:9108")
@@ -139,9 +141,9 @@ def load_serve_config(path: str) -> ServeConfig:
         safety_poll_seconds=values.get("safety_poll_seconds", d.safety_poll_seconds),
         discover_seconds=values.get("discover_seconds", d.discover_seconds),
         status_seconds=values.get("status_seconds", d.status_seconds),
+        fatal_seconds=values.get("fatal_seconds", d.fatal_seconds),
+        stall_seconds=values.get("stall_seconds", d.stall_seconds),
     )
-    if options.workers < 1 or options.step_versions < 1:
-        raise ConfigError("[service] workers and step_versions must be at least 1", file=path)
     defaults = _settings(_table(data, "defaults", path), "[defaults]", path)
     storage = _storage(data.get(STORAGE, {}), "[storage]", path)
     if storage:
@@ -152,6 +154,7 @@ def load_serve_config(path: str) -> ServeConfig:
         ready_lag_seconds=values.get("ready_lag_seconds", 300.0),
         options=options,
         defaults=defaults,
+        auth_token=load_auth_token(values.get("auth_token_file"), values.get("auth_token_env"), file=path),
     )
     tables = data.get("tables", [])
     if not isinstance(tables, list):
@@ -192,7 +195,7 @@ def load_serve_config(path: str) -> ServeConfig:
                 raise ConfigError(
                     f"unknown key {key!r} in {where} (known: {', '.join(sorted(DISCOVER_KEYS))})", file=path
                 )
-        config.discover.append(raw)
+        config.discover.append({k: _typed(k, v, where, path) for k, v in raw.items()})
     if not config.tables and not config.discover:
         raise ConfigError("the file names no tables ([[tables]]) and no discovery roots ([[discover]])", file=path)
     return config
@@ -205,12 +208,12 @@ def _table(data: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _typed(kind: type, value: Any, where: str, path: str) -> Any:
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ConfigError(f"{where} must be a {kind.__name__}, got {value!r}", file=path)
-    return value
+def _typed(name: str, value: Any, where: str, path: str) -> Any:
+    """A ``[service]`` or ``[[discover]]`` setting in its type and bounds (:mod:`tailer.cli.settings`)."""
+    try:
+        return coerce(name, value, where)
+    except ConfigError as e:
+        raise e.at(file=path) from None
 
 
 def _settings(raw: Mapping[str, Any], where: str, path: str) -> dict[str, Any]:
@@ -227,9 +230,7 @@ def _settings(raw: Mapping[str, Any], where: str, path: str) -> dict[str, Any]:
 
 
 def _storage(raw: Any, where: str, path: str) -> dict[str, str]:
-    if not isinstance(raw, dict) or not all(isinstance(v, str | int | float | bool) for v in raw.values()):
-        raise ConfigError(f"{where} must be a table of KEY = value pairs (storage options)", file=path)
-    return {str(k).lower(): option_text(v) for k, v in raw.items()}
+    return storage_table(raw, where, path)
 
 
 # ---------------------------------------------------------------- tables --
@@ -271,7 +272,8 @@ def check_distinct_sinks(sources: list[TableSource], ids: Mapping[str, str]) -> 
 
     Args:
         sources: the configured tables.
-        ids: each table's id, by name (:func:`check_tables`).
+        ids: each table's id, by name (:func:`check_tables`); a table missing here (its store was
+            unavailable at start) is checked only if its sink URI does not depend on its id.
 
     Raises:
         ConfigError: naming both tables and the file, or the default sink shared by discovered tables.
@@ -279,7 +281,9 @@ def check_distinct_sinks(sources: list[TableSource], ids: Mapping[str, str]) -> 
     seen: dict[Path, str] = {}
     for s in sources:
         make = s.make_sink
-        target = _sink_file(make.filled(ids[s.name])) if isinstance(make, SinkFactory) else None
+        if not isinstance(make, SinkFactory) or (s.name not in ids and "{table_id}" in make.uri):
+            continue
+        target = _sink_file(make.filled(ids.get(s.name, "")))
         if target is None:
             continue
         if target in seen:
@@ -319,7 +323,14 @@ def source(name: str, settings: Mapping[str, Any]) -> TableSource:
             raise ConfigError(f"table {name!r}: {table} is a lance:// path, but format is delta")
         table, fmt = table[len(LANCE_PREFIX) :], "lance"
     if fmt is None:
-        fmt = "lance" if looks_like_lance(table, storage_for(table, settings.get(STORAGE) or None)) else "delta"
+        try:
+            fmt = "lance" if looks_like_lance(table, storage_for(table, settings.get(STORAGE) or None)) else "delta"
+        except StorageError as e:
+            if not e.transient:
+                raise
+            log.warning("table %r: its format cannot be told now (%s); it is looked at again when it opens", name, e)
+            delta = source(name, {**settings, "format": "delta"})
+            return replace(delta, resolve=lambda: source(name, settings))
     sink = SinkFactory(str(settings.get("sink", DEFAULT_SINK)), name)
     if fmt == "lance":
         refused = [k for k in DELTA_ONLY if settings.get(k)]
@@ -329,22 +340,34 @@ def source(name: str, settings: Mapping[str, Any]) -> TableSource:
     return TableSource(name, tailer_config(table, "", settings), sink)
 
 
-def check_tables(sources: list[TableSource]) -> dict[str, str]:
-    """Check every configured table before anything starts; returns each table's id by name.
+def check_tables(sources: list[TableSource]) -> tuple[dict[str, str], dict[str, str]]:
+    """Check every configured table before anything starts.
+
+    Returns:
+        The id of every table it could check (by name), and the tables whose store is unavailable
+        now (by name, with why).
+
+    A table whose store fails transiently (:func:`~tailer.follow.transient.is_transient`: HTTP 5xx,
+    throttling, a timeout, a refused connection) cannot be checked now: it is logged and returned,
+    and the service starts it ``unavailable`` and retries it (its filter and identity are then
+    checked when it opens: a table that turns out to be another entry's is failed then).
 
     Raises:
         DeltaTailError: naming the table: a path with no Delta table, a filter naming a column the
             table does not have, or two entries that are one table.
     """
     ids: dict[str, str] = {}
+    unavailable: dict[str, str] = {}
     for s in sources:
-        c = s.config
         try:
+            if s.resolve is not None:  # its format could not be told a moment ago; the service looks again itself
+                s = s.resolve()
+            c = s.config
             if s.table_format == "lance":
                 o = c.options
                 lance = LanceFeed(
                     c.table,
-                    options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter),
+                    options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter, o.external_roots),
                     storage_options=c.storage_options or None,
                 )
                 lance.dataset.latest_version()
@@ -356,14 +379,36 @@ def check_tables(sources: list[TableSource]) -> dict[str, str]:
                 feed.check_filter()
                 tid = table_id(feed.log)
         except DeltaTailError as e:
+            if is_transient(e):
+                log.warning("table %r cannot be checked now (%s): it starts unavailable and is retried", s.name, e)
+                unavailable[s.name] = str(e)
+                continue
             raise type(e)(f"table {s.name!r}: {e.message}", table=e.table, version=e.version, file=e.file) from e
         if tid in ids:
             raise ConfigError(f"tables {ids[tid]!r} and {s.name!r} are the same table (id {tid}): follow it once")
         ids[tid] = s.name
-    return {name: tid for tid, name in ids.items()}
+    return {name: tid for tid, name in ids.items()}, unavailable
 
 
-def _discovered(config: ServeConfig, known_paths: set[str]) -> list[TableSource]:
+#: What a sink URI's ``{table_id}`` is filled with when it is checked before any table id is known.
+_SAMPLE_TABLE_ID = "00000000-0000-0000-0000-000000000000"
+
+
+def check_sink_uris(sources: list[TableSource]) -> None:
+    """Check every table's sink URI (scheme, path, options, Kafka options) without opening or connecting it.
+
+    Raises:
+        ConfigError: naming the table whose sink URI is bad.
+    """
+    for s in sources:
+        try:
+            s.make_sink(_SAMPLE_TABLE_ID)  # builds the sink (parses its URI); opening it is the tailer's
+        except DeltaTailError as e:
+            raise ConfigError(f"table {s.name!r}: {e.message}", table=s.config.table) from e
+
+
+def _discovered(config: ServeConfig, known_paths: set[str], refused: set[str]) -> list[TableSource]:
+    """The discovered tables to follow; one that cannot be followed is logged once (its path goes to ``refused``)."""
     out: list[TableSource] = []
     for spec in config.discover:
         root = str(spec["root"])
@@ -375,9 +420,15 @@ def _discovered(config: ServeConfig, known_paths: set[str]) -> list[TableSource]
             name = Path(path).relative_to(Path(root).resolve()).as_posix().replace("/", ".")
             fmt = "lance" if is_lance_dataset(path) else "delta"
             try:
-                out.append(source(name, {**config.defaults, "path": path, "format": fmt}))
+                found = source(name, {**config.defaults, "path": path, "format": fmt})
+                check_sink_uris([found])
             except DeltaTailError as e:
-                log.error("discovered table %s cannot be followed: %s", path, e)
+                if path not in refused:
+                    refused.add(path)
+                    log.error("discovered table %s cannot be followed: %s", path, e)
+                continue
+            refused.discard(path)
+            out.append(found)
     return out
 
 
@@ -398,26 +449,52 @@ def serve(config_path: str) -> int:
     """
     config = load_serve_config(config_path)
     sources = [source(name, settings) for name, settings in config.tables]
-    check_distinct_sinks(sources, check_tables(sources))
-    if config.discover:
+    check_sink_uris(sources)
+    if config.discover:  # every discovered table's sink is [defaults]'s, {table_name} filled
+        try:
+            SinkFactory(str(config.defaults.get("sink", DEFAULT_SINK)), "table")(_SAMPLE_TABLE_ID)
+        except DeltaTailError as e:
+            raise ConfigError(f"[defaults] sink: {e.message}", file=config_path) from e
         check_discovered_sink(config.defaults)
+    ids, unavailable = check_tables(sources)
+    check_distinct_sinks(sources, ids)
     for spec in config.discover:
         find_tables(str(spec["root"]), max_depth=0)  # the root exists and is local
+    probe_state_root(Path(config.state_root))
     explicit = {_normalized(s) for s in sources}
+    refused: set[str] = set()
+    state_root = StateRoot(config.state_root)
+    state_root.create()
     service = Service(
-        StateRoot(config.state_root),
+        state_root,
         sources,
         config.options,
-        discover=(lambda: _discovered(config, explicit)) if config.discover else None,
+        discover=(lambda: _discovered(config, explicit, refused)) if config.discover else None,
+        unavailable=unavailable,
     )
     server = None
     if config.listen is not None:
         host, _, port = config.listen.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"[service] listen must be HOST:PORT, got {config.listen!r}", file=config_path)
-        server = HealthServer(host, int(port), lambda: service.stats, config.ready_lag_seconds)
+        if not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+            raise ConfigError(
+                f"[service] listen must be HOST:PORT with a port of 0 to 65535, got {config.listen!r}", file=config_path
+            )
+        server = HealthServer(
+            host,
+            int(port),
+            lambda: service.stats,
+            config.ready_lag_seconds,
+            service.health,
+            auth_token=config.auth_token,
+        )
         server.start()
         log.info("metrics and health on http://%s:%d/ (/metrics, /healthz, /readyz)", host, server.port)
+        if config.auth_token is None and host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning(
+                "metrics and health listen on %s with no auth_token_file or auth_token_env: anyone who can "
+                "reach it reads /metrics and /readyz's table names, paths and errors",
+                host,
+            )
     tune_for_latency()
     stop_on_signals(service.stop)
     progress = ServiceProgress(lambda: service.stats)

@@ -12,24 +12,112 @@ settings, and its alert rules and webhooks from an ``[audit]`` table (:func:`aud
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from state.errors import ConfigError
+from state.paths import check_external_root
 from tailer.audit.alerts import AuditSettings, load_audit_settings
 from tailer.parse import parse_bool
-from tailer.storage.options import parse_option_pairs
+from tailer.storage.options import parse_option_pairs, resolve_references
+
+
+class Number:
+    """A numeric setting's type and bounds: the one place each bound lives.
+
+    Accepts a number of the kind (an ``int`` for a float setting too) or its text (flags,
+    environment); refuses booleans (``true`` is not ``1``), a fraction for a whole-number
+    setting, ``nan`` and infinities, and values outside ``[at_least, at_most]``.
+
+    Args:
+        kind: ``int`` or ``float``.
+        at_least: the smallest value accepted.
+        at_most: the largest value accepted (``None``: any finite value).
+        why: why there is an upper bound, for the error message.
+    """
+
+    def __init__(
+        self, kind: type[int] | type[float], at_least: float, at_most: float | None = None, why: str = ""
+    ) -> None:
+        self.kind = kind
+        self.at_least = at_least
+        self.at_most = at_most
+        self.why = why
+
+    def __call__(self, value: Any) -> int | float:
+        """``value`` in the setting's type.
+
+        Raises:
+            ValueError: for anything but a finite number of the kind within the bounds.
+        """
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError(f"expected a number, got {value!r}")
+        number: int | float
+        if self.kind is int:
+            if isinstance(value, float):
+                raise ValueError(f"expected a whole number, got {value!r}")
+            try:
+                number = value if isinstance(value, int) else int(value.strip())
+            except ValueError:
+                raise ValueError(f"expected a whole number, got {value!r}") from None
+        else:
+            try:
+                number = float(value)
+            except (ValueError, OverflowError):
+                raise ValueError(f"expected a number, got {value!r}") from None
+            if not math.isfinite(number):
+                raise ValueError(f"expected a finite number, got {value!r}")
+        if number < self.at_least:
+            raise ValueError(f"must be at least {self.at_least:g}, got {value!r}")
+        if self.at_most is not None and number > self.at_most:
+            why = f" ({self.why})" if self.why else ""
+            raise ValueError(f"must be at most {self.at_most:g}{why}, got {value!r}")
+        return number
 
 
 def version_value(value: Any) -> int | str:
-    """A version setting: a number, or ``latest``."""
+    """A version setting: a number (0 or more), or ``latest``.
+
+    Raises:
+        ValueError: for anything else.
+    """
     if value == "latest":
         return "latest"
+    try:
+        return int(Number(int, 0)(value))
+    except ValueError:
+        raise ValueError(f"expected a version number (0 or more) or 'latest', got {value!r}") from None
+
+
+def text(value: Any) -> str:
+    """A text setting (a path, a URI, a predicate).
+
+    Raises:
+        ValueError: for anything but a string.
+    """
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def flag(value: Any) -> bool:
+    """A boolean setting: a boolean, or its text (:func:`tailer.parse.parse_bool`).
+
+    Raises:
+        ValueError: for anything else.
+    """
     if isinstance(value, bool):
-        raise ValueError(f"not a version: {value!r}")
-    return int(value)
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected true or false, got {value!r}")
+    try:
+        return parse_bool(value, name="value")
+    except ConfigError:
+        raise ValueError(f"expected true or false, got {value!r}") from None
 
 
 #: The values of ``on_sink_gap`` (see :meth:`tailer.follow.loop.FollowLoop._open_sink`).
@@ -56,53 +144,120 @@ def names(value: Any) -> tuple[str, ...]:
     raise ValueError(f"expected a list of names or a comma-separated string, got {value!r}")
 
 
+def roots(value: Any) -> tuple[str, ...]:
+    """``external_roots``: a TOML list of strings (or ``a,b`` text), each an absolute path or a URI.
+
+    Raises:
+        ConfigError: for a root that is relative, the file system root, or holds ``..``.
+        ValueError: for a value that is neither a list of strings nor text.
+    """
+    return tuple(check_external_root(r) for r in names(value))
+
+
 #: The TOML table (and merged setting) of storage options (:mod:`tailer.storage.options`).
 STORAGE = "storage"
 #: The TOML table of ``deltatail audit``'s alert rules and webhooks.
 AUDIT = "audit"
 
-#: Settings of ``deltatail run`` and their types (or converters).
+#: The longest interval of any timer setting: a day. Longer is surely a typo (and ``inf`` or
+#: ``1e300`` would overflow the waits), and a tailer that looks less than daily is not following.
+DAY = 86400.0
+#: The most reader processes: each is a Python process of its own (tens of MB before it reads
+#: anything) and reading is CPU-bound, so more than the cores gives nothing; 64 is well above
+#: the cores of the machines this runs on, and keeps a typo (100000) from forking the host to death.
+MAX_READER_PROCESSES = 64
+#: The most ``serve`` worker threads: steps are CPU-bound under one interpreter lock, so more
+#: threads add contention, not throughput.
+MAX_WORKERS = 64
+#: The deepest ``[[discover]]`` walk: deep enough for any lake layout, shallow enough that a
+#: mistaken root (``/``) ends.
+MAX_DISCOVER_DEPTH = 64
+
+#: Every setting of ``run`` (and ``audit --follow``, and a ``serve`` table): its type and bounds.
+#: Flags, environment variables and TOML files all go through these (:func:`coerce`, :func:`flag_type`).
 RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
-    "state_dir": str,
-    "sink": str,
+    "state_dir": text,
+    "sink": text,
     "starting_version": version_value,
-    "starting_timestamp": str,
-    "initial_snapshot": bool,
-    "poll_interval": float,
-    "max_poll_interval": float,
-    "no_watch": bool,
-    "checkpoint_commits": int,
-    "checkpoint_seconds": float,
-    "snapshot_commits": int,
-    "until_caught_up": bool,
-    "net_changes": bool,
-    "key": str,
-    "allow_non_additive": bool,
+    "starting_timestamp": text,
+    "initial_snapshot": flag,
+    "poll_interval": Number(float, 0.01, DAY),
+    "max_poll_interval": Number(float, 0.01, DAY),
+    "no_watch": flag,
+    "checkpoint_commits": Number(int, 1),
+    "checkpoint_seconds": Number(float, 0.01, DAY),
+    "snapshot_commits": Number(int, 1),
+    "until_caught_up": flag,
+    "net_changes": flag,
+    "key": text,
+    "allow_non_additive": flag,
     "columns": names,
-    "where": str,
+    "where": text,
     "change_types": names,
     "skip_operations": names,
-    "sink_retries": int,
+    "sink_retries": Number(int, 0),
     "on_sink_gap": sink_gap_value,
-    "reader_processes": int,
+    "reader_processes": Number(int, 0, MAX_READER_PROCESSES, "each is a process of its own"),
+    "external_roots": roots,
 }
+
+#: The ``[service]`` settings of ``deltatail serve``, with their types and bounds.
+SERVICE_SETTINGS: dict[str, Callable[[Any], Any]] = {
+    "state_root": text,
+    "listen": text,
+    "ready_lag_seconds": Number(float, 0),
+    "workers": Number(int, 1, MAX_WORKERS, "steps share one interpreter lock"),
+    "step_versions": Number(int, 1),
+    "safety_poll_seconds": Number(float, 0.1, DAY),
+    "discover_seconds": Number(float, 0.1, DAY),
+    "status_seconds": Number(float, 0.1, DAY),
+    "auth_token_file": text,
+    "auth_token_env": text,
+    "fatal_seconds": Number(float, 1, DAY),
+    "stall_seconds": Number(float, 1, DAY),
+}
+
+#: The settings of a ``[[discover]]`` entry of ``deltatail serve``.
+DISCOVER_SETTINGS: dict[str, Callable[[Any], Any]] = {
+    "root": text,
+    "include": names,
+    "exclude": names,
+    "max_depth": Number(int, 0, MAX_DISCOVER_DEPTH, "a deeper walk is a mistaken root"),
+}
+
+#: The flags of ``deltatail demo``: a writer making ``commits`` commits ``interval`` seconds apart.
+DEMO_SETTINGS: dict[str, Callable[[Any], Any]] = {
+    "demo_commits": Number(int, 1, 10_000, "a demo, not a load test"),
+    "demo_interval": Number(float, 0, 3600),
+}
+
+#: Every setting by name (the names of the tables do not overlap).
+SETTINGS: dict[str, Callable[[Any], Any]] = {**RUN_SETTINGS, **SERVICE_SETTINGS, **DISCOVER_SETTINGS, **DEMO_SETTINGS}
 
 
 def coerce(name: str, value: Any, source: str) -> Any:
-    """Setting ``name``'s value in its type (``source`` names where it came from, for errors).
+    """Setting ``name``'s value in its type, within its bounds (``source`` names where it came from).
 
     Raises:
-        ConfigError: if the value does not convert.
+        ConfigError: if the value does not convert or is out of bounds.
     """
-    kind = RUN_SETTINGS[name]
     try:
-        if kind is bool:
-            return value if isinstance(value, bool) else parse_bool(str(value), name=name)
-        return kind(value)
-    except ConfigError as e:
-        raise ConfigError(f"invalid value for {name} in {source}: {e.message}") from e
+        return SETTINGS[name](value)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"invalid value for {name} in {source}: {e}") from e
+
+
+def flag_type(name: str) -> Callable[[str], Any]:
+    """An argparse ``type=`` for setting ``name``'s flag: its bounds refused as usage errors (exit 2)."""
+
+    def convert(value: str) -> Any:
+        try:
+            return SETTINGS[name](value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = name
+    return convert
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -114,7 +269,7 @@ def load_toml(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file: {e}", file=path) from e
     section = dict(data.get("run", data))
     section.pop(AUDIT, None)  # read by `deltatail audit` (audit_config), with its own checks
@@ -125,11 +280,22 @@ def load_toml(path: str) -> dict[str, Any]:
         if name not in RUN_SETTINGS:
             raise ConfigError(f"unknown setting {key!r} in config file", file=path)
         out[name] = coerce(name, value, path)
-    if not isinstance(storage, dict) or not all(isinstance(v, str | int | float | bool) for v in storage.values()):
-        raise ConfigError("[storage] must be a table of KEY = value pairs (storage options)", file=path)
-    if storage:
-        out[STORAGE] = {str(k).lower(): option_text(v) for k, v in storage.items()}
+    storage_options = storage_table(storage, "[storage]", path)
+    if storage_options:
+        out[STORAGE] = storage_options
     return out
+
+
+def storage_table(raw: Any, where: str, path: str) -> dict[str, str]:
+    """A TOML table of storage options as text, ``env:NAME`` and ``@FILE`` values resolved.
+
+    Raises:
+        ConfigError: if it is not a table of scalar values, or a reference cannot be resolved
+            (:func:`~tailer.storage.options.resolve_references`), naming the file.
+    """
+    if not isinstance(raw, dict) or not all(isinstance(v, str | int | float | bool) for v in raw.values()):
+        raise ConfigError(f"{where} must be a table of KEY = value pairs (storage options)", file=path)
+    return resolve_references({str(k).lower(): option_text(v) for k, v in raw.items()}, where=path)
 
 
 def option_text(value: str | int | float | bool) -> str:
@@ -148,7 +314,7 @@ def from_environment(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def merge(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Flags (``None`` = not given) over environment over TOML file.
+    """Flags (``None`` = not given) over environment over TOML file, each checked against its bounds.
 
     Storage options (``storage``: the TOML ``[storage]`` table, under ``--storage-option`` flags
     given as ``storage_option``) are merged key by key, the flags winning.
@@ -160,7 +326,9 @@ def merge(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dic
     config_path = flags.get("config") or env.get("DELTATAIL_CONFIG")
     merged: dict[str, Any] = load_toml(config_path) if config_path else {}
     merged.update(from_environment(env))
-    merged.update({k: v for k, v in flags.items() if k in RUN_SETTINGS and v is not None})
+    merged.update(
+        {k: coerce(k, v, f"--{k.replace('_', '-')}") for k, v in flags.items() if k in RUN_SETTINGS and v is not None}
+    )
     storage = {**merged.get(STORAGE, {}), **parse_option_pairs(flags.get("storage_option") or [])}
     if storage:
         merged[STORAGE] = storage
@@ -177,3 +345,24 @@ def audit_config(flags: Mapping[str, Any], env: Mapping[str, str] | None = None)
     env = os.environ if env is None else env
     config_path = flags.get("config") or env.get("DELTATAIL_CONFIG")
     return load_audit_settings(config_path, env=env) if config_path else AuditSettings()
+
+
+def _external_root_type(text: str) -> str:
+    try:
+        return check_external_root(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
+def external_root_option(parser: argparse.ArgumentParser) -> None:
+    """``--external-root URI`` (repeatable): a root outside the table its log may name (:mod:`state.paths`)."""
+    parser.add_argument(
+        "--external-root",
+        dest="external_roots",
+        action="append",
+        type=_external_root_type,
+        default=None,
+        metavar="URI",
+        help="a root outside the table (absolute path or URI) whose files the log may name, e.g. a shallow "
+        "clone's source; read with the table's storage options. Repeatable; other outside paths are refused",
+    )

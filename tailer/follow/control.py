@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from state.cursor import Position
-from state.errors import ConfigError, StateError, VersionNotFoundError
+from state.errors import ConfigError, DeltaTailError, StateError, VersionNotFoundError
 from state.snapshot import Snapshot
 from tailer.follow.state_store import CURSOR_FILE, SavedState, StateStore
 from tailer.log.delta_log import DeltaLog
@@ -63,38 +63,57 @@ def describe(
 ) -> TableState:
     """Where the tailer of one state directory stands: cursor, the table's latest version, lag, state.
 
-    ``recorded`` is the status a service wrote; its state is taken unless the directory is
-    unlocked while it says the table is following (the service is gone: ``stopped``). A table
-    whose log cannot be read shows the error instead of its lag.
+    ``recorded`` is the status the tailer wrote (``status.json``, :mod:`tailer.follow.status_file`);
+    its state is taken unless the directory is unlocked while it says the table is following (the
+    tailer is gone: ``stopped``). While a tailer holds the directory, its recorded delivered version
+    (written within about a second of a delivery) counts when it is past the saved cursor's, which
+    only moves at checkpoints; a stopped table shows its cursor, where it resumes. The lag
+    (``seconds_behind``) is the age of the oldest version not yet delivered (its commit file's
+    modification time: one request), 0 when caught up. A table whose log cannot be read shows the
+    error instead of its lag.
     """
     store = StateStore(str(directory))
     try:
         saved = store.load()
     except StateError as e:
         return TableState(name, path or "", str(directory), None, None, None, None, None, None, "damaged", e.message)
-    table = path or (saved.table if saved is not None else "")
     holder = store.locked_by()
+    live = holder is not None and recorded is not None and isinstance(recorded.get("delivered_version"), int)
+    table = path or (saved.table if saved is not None else "")
+    if not table and live and recorded is not None:
+        table = str(recorded.get("table") or "")
     state = "following" if holder is not None else "stopped"
     error = None
     if recorded is not None and isinstance(recorded.get("state"), str):
         if recorded["state"] in ("failed", "unavailable") or holder is not None:
             state = recorded["state"]
         error = recorded.get("error") if state == recorded["state"] else None
-    if saved is None:
+    if saved is None and not live:
         return TableState(name, table, str(directory), None, None, None, None, None, None, "not started", error)
-    delivered = saved.cursor.base_version
+    delivered = -1 if saved is None else saved.cursor.base_version
+    if live and recorded is not None:
+        delivered = max(delivered, recorded["delivered_version"])
     latest: int | None = None
+    seconds: float | None = None
     try:
-        latest = DeltaLog(table, storage).latest_version()
+        log = DeltaLog(table, storage)
+        latest = log.latest_version()
     except Exception as e:
         error = error or f"cannot read the table's log: {e}"
+    else:
+        seconds = 0.0 if latest <= delivered else _age_of_commit(log, delivered + 1)
     behind = None if latest is None else max(latest - delivered, 0)
-    seconds = None
-    if saved.previous_timestamp_ms is not None:
-        seconds = round(max(time.time() - saved.previous_timestamp_ms / 1000, 0.0), 3)
-    return TableState(
-        name, table, str(directory), saved.table_id, saved.cursor, delivered, latest, behind, seconds, state, error
-    )
+    tid, cursor = (None, None) if saved is None else (saved.table_id, saved.cursor)
+    return TableState(name, table, str(directory), tid, cursor, delivered, latest, behind, seconds, state, error)
+
+
+def _age_of_commit(log: DeltaLog, version: int) -> float | None:
+    """Seconds since commit ``version``'s file was written (``None``: it cannot be looked at)."""
+    try:
+        committed = log.storage.stat(log.commit_path(version)).modification_time
+    except DeltaTailError:
+        return None
+    return round(max(time.time() - committed / 1000, 0.0), 3)
 
 
 def _locked(store: StateStore) -> None:

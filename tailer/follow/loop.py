@@ -33,6 +33,7 @@ from tailer.follow.sink import Sink
 from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import Progress, count_change_types, status
+from tailer.follow.status_file import StatusWriter
 from tailer.log.watch import LogWatcher, Watcher
 
 log = logging.getLogger("deltatail")
@@ -93,6 +94,8 @@ class FollowLoop(ABC):
         self._idle_polls = 0
         self._open = False
         self._status = (-2, 0.0)
+        self._status_file = StatusWriter(self.store.dir, self.stats, clock=clock, wall_clock=wall_clock)
+        self._status_failure_logged = False
 
     # -- what a subclass says ------------------------------------------------------------------
 
@@ -133,6 +136,10 @@ class FollowLoop(ABC):
     @abstractmethod
     def _seconds_until_due(self) -> float | None:
         """Seconds until a checkpoint falls due (``None``: none pending)."""
+
+    def _commit_time_ms(self, version: int) -> int | None:
+        """When ``version`` was committed, if the last look found it (its file's modification time), else ``None``."""
+        return None
 
     @abstractmethod
     def _head(self) -> tuple[int, float | None]:
@@ -216,23 +223,29 @@ class FollowLoop(ABC):
         return len(versions)
 
     def rest(self) -> None:
-        """Caught up: flush what was delivered, report, and let the sink send a heartbeat if one is due."""
+        """Caught up: flush what was delivered, report, and let the sink send a heartbeat if one is due.
+
+        The table is ``following`` only once the flush succeeded: rows that are not durable are not
+        delivered, and a sink that cannot flush must not be reported as followed.
+        """
+        self._flush_idle()
         if self.stats.state is not TableState.FOLLOWING:
             self.stats.set_state(TableState.FOLLOWING)
-        self._flush_idle()
+        self._write_status()
         self._report_following()
         self.sink.heartbeat(self._follow_status())  # the sink decides whether one is due
 
     def close(self) -> None:
         """Close the sink and unlock the state directory (checkpoint first: :meth:`checkpoint`)."""
+        if self.stats.state not in (TableState.FAILED, TableState.UNAVAILABLE):
+            self.stats.set_state(TableState.STOPPED)
         if self._open:
             self._open = False
             try:
+                self._write_status(force=True)  # while the state directory is still this tailer's
                 self.sink.close()
             finally:
                 self.store.unlock()
-        if self.stats.state not in (TableState.FAILED, TableState.UNAVAILABLE):
-            self.stats.set_state(TableState.STOPPED)
 
     def checkpoint(self) -> None:
         """Flush the sink and save the cursor now.
@@ -252,10 +265,25 @@ class FollowLoop(ABC):
         c = self.config
         timeout = c.poll_interval if poll is None else poll
         if poll is None and self._remote:
-            backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
+            doublings = min(max(self._idle_polls - 1, 0), 60)  # 2**60 outgrows any interval; 2**1024 overflows
+            backoff = c.poll_interval * 2**doublings
             timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
-        due_in = self._seconds_until_due()
-        return timeout if due_in is None else min(timeout, due_in)
+        status_due = None if self._status_file.failure else self._status_file.seconds_until_due()
+        for due_in in (self._seconds_until_due(), status_due):  # a status that cannot be written waits its turn
+            if due_in is not None:
+                timeout = min(timeout, due_in)
+        return timeout
+
+    def _write_status(self, *, force: bool = False) -> None:
+        """Write ``status.json`` if the figures changed (at most about once a second unless ``force``).
+
+        A failed write is logged once (until a write succeeds again) and never stops the table.
+        """
+        self._status_file.maybe_write(force=force)
+        failure = self._status_file.failure
+        if failure is not None and not self._status_failure_logged:
+            log.warning("%s: cannot write its status file in %s: %s", self.stats.name, self.store.dir, failure)
+        self._status_failure_logged = failure is not None
 
     # -- delivering ----------------------------------------------------------------------------
 
@@ -336,10 +364,9 @@ class FollowLoop(ABC):
     def _delivered(self, version: int, timestamp_ms: int, remaining: int) -> None:
         """Count a delivered version; every 100 while catching up, a status line."""
         self.progress.versions += 1
-        self.stats.delivered_version = version
-        self.stats.delivered_commit_ms = timestamp_ms
-        self.stats.newest_version = max(self.stats.newest_version, version)
+        self.stats.delivered(version, timestamp_ms, self._commit_time_ms(version + 1))
         self.stats.commits += 1
+        self._write_status()
         if remaining > 0 and self.progress.versions % 100 == 0:
             rate = self.progress.rows / max(self._clock() - self.progress.started, 1e-9)
             status(
@@ -390,6 +417,7 @@ class FollowLoop(ABC):
     def _failed(self, e: DeltaTailError) -> None:
         self.stats.errors[type(e).__name__] += 1
         self.stats.set_state(TableState.FAILED, str(e))
+        self._write_status(force=True)
 
     # -- idle ----------------------------------------------------------------------------------
 
@@ -428,15 +456,15 @@ class FollowLoop(ABC):
         if version == self._status[0] and now - self._status[1] < STATUS_SECONDS:
             return
         self._status = (version, now)
-        behind = self._seconds_behind()
+        age = self._seconds_behind()
         status(
             "following",
-            f"{self.stats.name}: following: at version {version}, 0 versions behind, "
-            f"newest {self.unit} {behind:.1f}s ago",
+            f"{self.stats.name}: following: at version {version}, 0 versions behind, newest {self.unit} {age:.1f}s ago",
             table=self.stats.name,
             version=version,
             versions_behind=0,
-            seconds_behind=round(behind, 3),
+            seconds_behind=0.0,  # the lag: caught up
+            seconds_since_newest_commit=round(age, 3),
         )
 
 

@@ -7,11 +7,13 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from state.errors import DeltaTailError, SinkUnavailableError, StorageError
+from state.errors import DeltaTailError, StateError, StorageError
 from tailer.follow.sink import Sink
+from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import Progress, status
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
+from tailer.follow.transient import as_deltatail_error, describe, fault_of, is_transient
 
 
 class Runner(Protocol):
@@ -32,8 +34,11 @@ class TailerService:
     """Runs tailers one after another while the sink or the table's store is unavailable.
 
     A :class:`~state.errors.SinkUnavailableError` (broker down, delivery not
-    acknowledged in time), or a transient :class:`~state.errors.StorageError`
-    (an object store that cannot be reached, throttles or fails), ends a tailer
+    acknowledged in time), a transient :class:`~state.errors.StorageError`
+    (an object store that cannot be reached, throttles or fails), or an
+    ``OSError`` of the sink, the state directory or the table's files (too many
+    open files, disk full, a file too large, a read-only or replaced path: the
+    rule of :mod:`tailer.follow.transient`) ends a tailer
     run with its cursor at the last checkpoint whose flush succeeded. The service waits (exponential backoff,
     capped at ``max_backoff`` seconds), reports it in the status line, and starts
     a new tailer from the saved state, which resends everything after the cursor:
@@ -82,8 +87,13 @@ class TailerService:
             SinkUnavailableError: when ``retries`` runs in a row have failed on an unavailable sink.
             StorageError: when ``retries`` runs in a row have failed on an unreachable store (or at once
                 when the store refuses access: that does not pass by waiting).
-            DeltaTailError: whatever else stops a tailer (see :meth:`Tailer.run`).
+            StateError: at once when the state directory cannot be made, locked or read before the first
+                tailer starts (a file in its place, a read-only file system): a mistake to fix, not to wait
+                out; or when a tailer finds its saved state damaged.
+            DeltaTailError: when ``retries`` runs in a row have failed on an ``OSError`` (its errno,
+                text and file, as a deltatail error); whatever else stops a tailer (see :meth:`Tailer.run`).
         """
+        self._check_state_dir()
         total = Progress()
         failures = 0
         while not self._stopping.is_set():
@@ -96,8 +106,8 @@ class TailerService:
                 total.rows += done.rows
                 total.held += done.held
                 return total
-            except (SinkUnavailableError, StorageError) as e:
-                if isinstance(e, StorageError) and not e.transient:
+            except Exception as e:
+                if not is_transient(e):
                     raise
                 delivered = tailer.progress.versions if tailer is not None else 0
                 total.versions += delivered
@@ -105,25 +115,51 @@ class TailerService:
                 total.held += tailer.progress.held if tailer is not None else 0
                 failures = 1 if delivered else failures + 1
                 if self.retries is not None and failures > self.retries:
-                    raise
+                    if isinstance(e, DeltaTailError):
+                        raise
+                    raise as_deltatail_error(e) from e
                 self.stats.retries += 1
-                self.stats.set_state(TableState.UNAVAILABLE, str(e))
+                self.stats.set_state(TableState.UNAVAILABLE, describe(e))
                 self._wait_before_retry(e, failures)
             finally:
                 self._current = None
         return total
 
-    def _wait_before_retry(self, error: DeltaTailError, failures: int) -> None:
+    def _check_state_dir(self) -> None:
+        """Lock and read the state directory once before the first tailer starts, retrying nothing.
+
+        A state directory that cannot be made, locked or read when ``run`` starts (a file in its
+        place, a read-only file system, a directory where ``cursor.json`` should be) is a mistake for
+        the operator who just started it, reported at once; the same faults after the start are
+        retried like any other (the state directory may come back).
+
+        Raises:
+            StateError: naming the state directory or file.
+        """
+        store = StateStore(self.config.state_dir)
+        try:
+            store.lock()
+        except OSError as e:
+            raise StateError(f"cannot use the state directory: {e.strerror or e}", file=self.config.state_dir) from e
+        try:
+            store.load()
+        finally:
+            store.unlock()
+
+    def _wait_before_retry(self, error: Exception, failures: int) -> None:
         """Report the failure in a status line and wait (exponential backoff) before the next run."""
-        delay = min(self.max_backoff, 0.5 * 2 ** (failures - 1))
-        sink = isinstance(error, SinkUnavailableError)
-        what, event = ("sink", "sink_unavailable") if sink else ("store", "store_unavailable")
+        delay = min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 30))
+        what = fault_of(error)
+        event = f"{what.replace(' ', '_')}_unavailable"
+        text = describe(error)  # a deltatail error with its table and file
         status(
             event,
-            f"{what} unavailable: {error.message}; holding the cursor at the last checkpoint, "
+            f"{what} unavailable: {text}; holding the cursor at the last checkpoint, "
             f"retrying in {delay:.1f}s (attempt {failures})",
             level=logging.WARNING,
             retry_in_seconds=delay,
             attempt=failures,
         )
+        if isinstance(error, StorageError) and error.detail:
+            logging.getLogger("deltatail").debug("the store's failure: %s", error.detail)
         self._stopping.wait(delay)

@@ -15,6 +15,7 @@ silent restart from version 0.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import zlib
@@ -56,14 +57,35 @@ class SavedState:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically and durably (temp file, fsync, rename, fsync directory)."""
+    """Write ``data`` to ``path`` atomically and durably (temp file, fsync, rename, fsync directory).
+
+    On failure ``path`` is as it was and the temporary file is removed.
+
+    Raises:
+        OSError: as the file system raises it (disk full, file too large, read-only, ...).
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
     fsync_dir(path.parent)
+
+
+def _remove(path: Path) -> None:
+    """Remove a temporary file if it is there (a failed write's; errors are the write's to report)."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
+
+
+def _problem(e: OSError) -> str:
+    """An OS error in words, without the path (errors name their file separately)."""
+    return e.strerror or str(e)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -100,7 +122,7 @@ class StateStore:
         Raises:
             StateError: if another process holds it.
         """
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.create()
         dir_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -130,6 +152,21 @@ class StateStore:
         except OSError:
             return "unknown"
 
+    def create(self) -> None:
+        """Make the state directory if it is not there.
+
+        Raises:
+            StateError: if it cannot be made (a regular file in its place, a read-only file system, ...).
+        """
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            where = f" ({e.filename} is in the way)" if isinstance(e, FileExistsError | NotADirectoryError) else ""
+            raise StateError(
+                f"cannot create the state directory: {_problem(e)}{where}; --state-dir must be a directory",
+                file=str(self.dir),
+            ) from None
+
     def locked_by(self) -> str | None:
         """The pid holding the lock, or ``None`` if no process does (a tailer following the table holds it)."""
         if not self.dir.is_dir() or self._lock_fd is not None:
@@ -158,8 +195,9 @@ class StateStore:
         """The saved state, or ``None`` for a new state directory.
 
         Raises:
-            StateError: if ``cursor.json`` is corrupt, truncated, of another format, or names a
-                missing snapshot file; the message says how to recover.
+            StateError: if ``cursor.json`` cannot be read (a directory in its place, ...), is corrupt,
+                truncated, of another format, or names a missing snapshot file; the message says how to
+                recover.
         """
         path = self.dir / CURSOR_FILE
         if not path.exists():
@@ -169,7 +207,11 @@ class StateStore:
             "with --starting-version set to the version after the last one your sink holds"
         )
         try:
-            raw = orjson.loads(path.read_bytes())
+            try:
+                data = path.read_bytes()
+            except OSError as e:
+                raise StateError(f"{_problem(e)}") from None
+            raw = orjson.loads(data)
             body, crc = raw["state"], raw["crc32"]
             if zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)) != crc:
                 raise ValueError("checksum mismatch")
@@ -185,13 +227,20 @@ class StateStore:
                 rows_end=None if body.get("rows_end") is None else Position.from_json(body["rows_end"]),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, StateError) as e:
-            raise StateError(f"cannot read the tailer's cursor ({e}); {hint}", file=str(path)) from e
+            damaged = not isinstance(e, StateError)  # a file that reads but is wrong; a read that fails may pass
+            raise StateError(f"cannot read the tailer's cursor ({e}); {hint}", permanent=damaged, file=str(path)) from e
         if saved.snapshot_version >= 0 and not (self.dir / saved.snapshot_file).exists():
-            raise StateError(f"the saved snapshot {saved.snapshot_file} is missing; {hint}", file=str(path))
+            raise StateError(
+                f"the saved snapshot {saved.snapshot_file} is missing; {hint}", permanent=True, file=str(path)
+            )
         return saved
 
     def save(self, saved: SavedState) -> None:
-        """Write ``cursor.json`` atomically, then drop snapshot files it no longer names."""
+        """Write ``cursor.json`` atomically, then drop snapshot files it no longer names.
+
+        Raises:
+            StateError: if it cannot be written (disk full, read-only, ...); the previous cursor stays.
+        """
         body: dict[str, Any] = {
             "format": FORMAT_VERSION,
             "table": saved.table,
@@ -204,7 +253,16 @@ class StateStore:
         if saved.rows_end is not None:
             body["rows_end"] = saved.rows_end.to_json()
         crc = zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
-        atomic_write(self.dir / CURSOR_FILE, orjson.dumps({"state": body, "crc32": crc}, option=orjson.OPT_INDENT_2))
+        path = self.dir / CURSOR_FILE
+        try:
+            atomic_write(path, orjson.dumps({"state": body, "crc32": crc}, option=orjson.OPT_INDENT_2))
+        except OSError as e:
+            raise StateError(
+                f"cannot save the tailer's cursor: {_problem(e)}; the previous cursor is kept, and a restart "
+                "after the fault is fixed resumes from it",
+                table=saved.table,
+                file=str(path),
+            ) from None
         for old in self.dir.glob("snapshot-*.parquet"):
             if old.name != saved.snapshot_file:
                 old.unlink(missing_ok=True)
@@ -212,14 +270,26 @@ class StateStore:
     # -- snapshots -------------------------------------------------------------------------------
 
     def save_snapshot(self, snap: Snapshot) -> str:
-        """Write ``snap`` as a Delta-format checkpoint file; returns its file name."""
+        """Write ``snap`` as a Delta-format checkpoint file; returns its file name.
+
+        Raises:
+            StateError: if it cannot be written (disk full, read-only, ...); no partial file is left.
+        """
         name = f"snapshot-{snap.version:020d}.parquet"
         tmp = self.dir / f".{name}.tmp-{os.getpid()}"
-        pq.write_table(snapshot_table(snap), tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.dir / name)
-        fsync_dir(self.dir)
+        try:
+            pq.write_table(snapshot_table(snap), tmp)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.dir / name)
+            fsync_dir(self.dir)
+        except OSError as e:
+            _remove(tmp)
+            raise StateError(
+                f"cannot save the snapshot: {_problem(e)}; the previous cursor and snapshot are kept",
+                table=snap.table,
+                file=str(self.dir / name),
+            ) from None
         return name
 
     def load_snapshot(self, saved: SavedState) -> Snapshot:

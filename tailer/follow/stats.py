@@ -35,6 +35,7 @@ class TableStats:
     delivered_version: int = -1
     newest_version: int = -1
     delivered_commit_ms: int | None = None
+    pending_commit_ms: int | None = None
     rows: Counter[str] = field(default_factory=Counter)
     bytes: Counter[str] = field(default_factory=Counter)
     commits: int = 0
@@ -54,8 +55,42 @@ class TableStats:
         return max(self.newest_version - self.delivered_version, 0)
 
     def seconds_behind(self, now: float) -> float:
-        """Seconds since the delivered version's commit time (0 when unknown)."""
-        return 0.0 if self.delivered_commit_ms is None else max(now - self.delivered_commit_ms / 1000, 0.0)
+        """The lag: seconds since the oldest version not yet delivered was committed; 0 when caught up.
+
+        The commit time is the modification time of the version's file as the look that found it
+        reported it (a listing or a probe: no request of its own); Delta commits carry that time as
+        their timestamp. While the next version's time is not known yet (a step delivered the versions
+        it found, the next look has not run), the time of the last known undelivered version stands
+        in: older, so the figure errs high, never low. 0 when nothing is known to be behind.
+        """
+        if self.versions_behind == 0 or self.pending_commit_ms is None:
+            return 0.0
+        return max(now - self.pending_commit_ms / 1000, 0.0)
+
+    def seconds_since_delivered_commit(self, now: float) -> float | None:
+        """Seconds since the newest delivered version was committed (``None`` before any): grows on an idle table."""
+        return None if self.delivered_commit_ms is None else max(now - self.delivered_commit_ms / 1000, 0.0)
+
+    def found(self, newest: int, next_commit_ms: int | None) -> None:
+        """The log holds versions up to ``newest``; ``next_commit_ms``: when ``delivered_version + 1`` was committed."""
+        self.newest_version = max(self.newest_version, newest)
+        if self.newest_version > self.delivered_version and next_commit_ms is not None:
+            self.pending_commit_ms = next_commit_ms
+
+    def delivered(self, version: int, commit_ms: int | None, next_commit_ms: int | None) -> None:
+        """``version`` (committed at ``commit_ms``) is delivered; ``next_commit_ms``: the next one's time, if known.
+
+        Caught up, the lag is 0; else, with the next version's time unknown, the last known pending
+        time stays (see :meth:`seconds_behind`).
+        """
+        self.delivered_version = version
+        if commit_ms is not None:
+            self.delivered_commit_ms = commit_ms
+        self.newest_version = max(self.newest_version, version)
+        if self.newest_version <= version:
+            self.pending_commit_ms = None
+        elif next_commit_ms is not None:
+            self.pending_commit_ms = next_commit_ms
 
     def set_state(self, state: TableState, error: str | None = None) -> None:
         """Move to ``state`` (with the error that caused a failure)."""

@@ -131,6 +131,7 @@ class Tailer(FollowLoop):
             table_id=table_id,
             allow_non_additive=c.options.allow_non_additive,
             require_cdf=c.options.require_cdf,
+            external_roots=c.options.external_roots,
             hints=TAILER_HINTS,
             gap_check_seconds=c.gap_check_seconds,
             parse_retries=c.parse_retries,
@@ -143,7 +144,7 @@ class Tailer(FollowLoop):
         """Builds each commit's audit event for a sink that wants them; ``None`` (nothing built) otherwise."""
         if not self.sink.wants_audit_events:
             return None
-        return AuditTracker(self.log.table, self.log.storage).build
+        return AuditTracker(self.log.table, self.log.storage, external_roots=self.config.options.external_roots).build
 
     def _checkpointer(self) -> Checkpointer:
         c = self.config
@@ -228,8 +229,11 @@ class Tailer(FollowLoop):
         versions = follower.discover(check_gaps=self.config.until_caught_up, limit=limit)
         if versions:
             newest = versions[-1] if limit is None or len(versions) < limit else self.log.latest_version()
-            self.stats.newest_version = max(self.stats.newest_version, newest)
+            self.stats.found(newest, follower.discovered_ms(versions[0]))
         return versions
+
+    def _commit_time_ms(self, version: int) -> int | None:
+        return None if self._follower is None else self._follower.discovered_ms(version)
 
     def _following(self) -> LogFollower:
         if self._follower is None:
@@ -324,7 +328,9 @@ class Tailer(FollowLoop):
         if snap is None:
             raise RuntimeError("the tailer has not started")
         ts = snapshot_time(self.log, snap)
-        with contextlib.closing(self.feed.read_plans(iter([plan_snapshot(snap, ts)]))) as reading:
+        with contextlib.closing(
+            self.feed.read_plans(iter([plan_snapshot(snap, ts, self.config.options.external_roots)]))
+        ) as reading:
             for plan, task_batches in reading:  # one plan: its files read ahead (by the reader processes if small)
                 if not self._deliver(plan, task_batches):
                     return

@@ -29,7 +29,9 @@ from state.errors import (
     DeltaTailError,
     InvalidLogError,
     MissingFileError,
+    StorageError,
     TableNotFoundError,
+    UnsafePathError,
     VersionNotFoundError,
 )
 from state.lance.manifest import (
@@ -46,10 +48,15 @@ from state.lance.manifest import (
 )
 from state.lance.planning import VersionDiff
 from state.lance.row_ids import decode_row_ids
+from state.paths import resolve_logged_path
 from tailer.storage import FileInfo, Storage
 from tailer.storage.factory import storage_for
 
 VERSIONS_DIR = "_versions"
+#: Where a fragment's data files are, below the root.
+DATA_DIR = "data"
+#: Where transaction files are, below the root (a manifest names one by its name).
+TRANSACTIONS_DIR = "_transactions"
 #: What a user can do when the version a tailer or range needs was cleaned up.
 CLEANED_UP_HINT = (
     "it was removed by cleanup_old_versions (or never existed); read from a version the dataset still holds "
@@ -63,11 +70,36 @@ def join(root: str, *parts: str) -> str:
 
 
 def looks_like_lance(root: str, storage: Storage) -> bool:
-    """Whether ``root`` holds a Lance dataset: a ``_versions/`` directory with at least one manifest (one listing)."""
+    """Whether ``root`` holds a Lance dataset: a ``_versions/`` directory with at least one manifest (one listing).
+
+    The probe's own failure is never the error a user sees: when the store refuses to list
+    ``_versions/`` (access denied, no such bucket), ``_delta_log/`` is listed instead, and a table
+    whose ``_delta_log/`` lists is a Delta table; when the store cannot be reached at all (a
+    transient failure: no second wait), or refuses ``_delta_log/`` too, the error is the table's,
+    naming the table and its ``_delta_log`` (what a Delta reader reads first).
+
+    Raises:
+        StorageError: if the store cannot be reached or refuses access, with ``table`` set to ``root``
+            and ``file`` to its ``_delta_log``.
+    """
     try:
         listed = storage.list_from(join(root, VERSIONS_DIR))
     except MissingFileError:
         return False
+    except StorageError as e:
+        log_dir = join(root, "_delta_log")
+        if not e.transient:
+            try:
+                storage.list_from(log_dir)
+            except MissingFileError:
+                return False  # the Delta reader reports the table missing
+            except StorageError as again:
+                raise StorageError(
+                    again.message, transient=again.transient, table=root, file=log_dir, detail=again.detail
+                ) from None
+            else:
+                return False
+        raise StorageError(e.message, transient=e.transient, table=root, file=log_dir, detail=e.detail) from None
     return any(parse_manifest_name(f.name) is not None for f in listed)
 
 
@@ -108,10 +140,14 @@ class LanceDataset:
         root: the dataset's root (a path or URI): the directory that holds ``_versions/``.
         storage: where it is; by default :func:`~tailer.storage.factory.storage_for` the root.
         cache: how many decoded manifests to keep.
+        external_roots: roots outside the dataset whose files a manifest may name (:mod:`state.paths`).
     """
 
-    def __init__(self, root: str, storage: Storage | None = None, *, cache: int = 8) -> None:
+    def __init__(
+        self, root: str, storage: Storage | None = None, *, cache: int = 8, external_roots: tuple[str, ...] = ()
+    ) -> None:
         self.root = root.rstrip("/") or root
+        self.external_roots = external_roots
         self.storage = storage if storage is not None else storage_for(root)
         self.versions_dir = join(self.root, VERSIONS_DIR)
         self._v2: bool | None = None
@@ -164,11 +200,19 @@ class LanceDataset:
 
     def exists(self, version: int) -> bool:
         """Whether ``version``'s manifest is there (one request; both naming schemes if needed)."""
-        if self.storage.exists(self.manifest_path(version)):
-            return True
+        return self.manifest_file(version) is not None
+
+    def manifest_file(self, version: int) -> FileInfo | None:
+        """``version``'s manifest file (size, modification time) if it is there, as :meth:`exists` looks."""
+        paths = [self.manifest_path(version)]
         if self._v2 is None:
-            return self.storage.exists(join(self.versions_dir, manifest_name(version, v2=False)))
-        return False
+            paths.append(join(self.versions_dir, manifest_name(version, v2=False)))
+        for path in paths:
+            try:
+                return self.storage.stat(path)
+            except MissingFileError:
+                continue
+        return None
 
     # -- manifests -----------------------------------------------------------------------------
 
@@ -185,6 +229,30 @@ class LanceDataset:
                 self._v2 = name == manifest_name(version, v2=True)
             return data
         raise self._missing_version(version)
+
+    def _check_paths(self, manifest: Manifest, version: int) -> None:
+        """Check every file the manifest names before anything reads it (pylance reads data files itself).
+
+        Data files are below ``data/``, external row-id files below the root; deletion file names are
+        built from numbers. See :func:`state.paths.resolve_logged_path`.
+
+        Raises:
+            UnsafePathError: naming the version and the manifest.
+        """
+        data_dir = join(self.root, DATA_DIR)
+        for fragment in manifest.fragments:
+            try:
+                for data_file in fragment.files:
+                    resolve_logged_path(data_dir, data_file.path, self.external_roots)
+                if isinstance(fragment.row_ids, ExternalRowIds):
+                    resolve_logged_path(self.root, fragment.row_ids.path, self.external_roots)
+            except UnsafePathError as e:
+                raise UnsafePathError(
+                    f"fragment {fragment.id} of the manifest: {e.message}",
+                    table=self.root,
+                    version=version,
+                    file=f"{self.manifest_path(version)} ({e.file})",
+                ) from None
 
     def _missing_version(self, version: int) -> VersionNotFoundError:
         try:
@@ -205,10 +273,11 @@ class LanceDataset:
         )
 
     def manifest(self, version: int) -> Manifest:
-        """``version``'s manifest, decoded (cached).
+        """``version``'s manifest, decoded (cached), every file it names checked by the containment rule.
 
         Raises:
             VersionNotFoundError: if the version is not there (cleaned up, or not written yet).
+            UnsafePathError: if a data or row-id file it names is outside the dataset and every external root.
             InvalidLogError: if the manifest does not decode, or names another version.
         """
         return self._manifest_and_bytes(version)[0]
@@ -231,6 +300,7 @@ class LanceDataset:
                 version=version,
                 file=self.manifest_path(version),
             )
+        self._check_paths(manifest, version)
         with self._lock:
             self._manifests[version] = (manifest, data)
             while len(self._manifests) > self._cache:
@@ -243,14 +313,20 @@ class LanceDataset:
         Raises:
             VersionNotFoundError: as :meth:`manifest`.
             MissingFileError: if the manifest names a transaction file that is not there.
+            UnsafePathError: if that file is outside ``_transactions/`` (never opened).
             InvalidLogError: if the transaction does not decode.
         """
         manifest, data = self._manifest_and_bytes(version)
         file = self.manifest_path(version)
+        if manifest.transaction_file:
+            try:
+                resolve_logged_path(join(self.root, TRANSACTIONS_DIR), manifest.transaction_file)
+            except UnsafePathError as e:
+                raise UnsafePathError(e.message, table=self.root, version=version, file=file) from None
         try:
             message = transaction_bytes(data, manifest)
             if message is None and manifest.transaction_file:
-                file = join(self.root, "_transactions", manifest.transaction_file)
+                file = resolve_logged_path(join(self.root, TRANSACTIONS_DIR), manifest.transaction_file)
                 message = self.storage.read(file)
             return None if message is None else decode_transaction(message)
         except DeltaTailError as e:

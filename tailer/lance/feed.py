@@ -39,11 +39,14 @@ class LanceOptions:
         batch_size: the most rows in one batch.
         filter: what to deliver (:mod:`state.filters`; ``skip_operations`` names Lance operations:
             ``Rewrite``, ``Delete``, ...). Rows keep their unfiltered positions.
+        external_roots: roots outside the dataset whose files its manifests may name; every other
+            path outside the dataset is refused before anything is read (:mod:`state.paths`).
     """
 
     allow_non_additive: bool = False
     batch_size: int = 65536
     filter: ChangeFilter = field(default_factory=ChangeFilter)
+    external_roots: tuple[str, ...] = ()
 
 
 class LanceFeed:
@@ -70,9 +73,9 @@ class LanceFeed:
         storage_options: Mapping[str, str] | None = None,
     ) -> None:
         self.storage = storage if storage is not None else storage_for(root, storage_options)
-        self.dataset = LanceDataset(root, self.storage)
-        self.table = self.dataset.root
         self.options = options or LanceOptions()
+        self.dataset = LanceDataset(root, self.storage, external_roots=self.options.external_roots)
+        self.table = self.dataset.root
         self._storage_options = dict(storage_options or {})
         self._rows: LanceRows | None = None
         self._filters: dict[tuple[str, ...], ChangeFilter] = {}

@@ -104,7 +104,8 @@ class LanceTailer(FollowLoop):
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
     ) -> None:
-        options = LanceOptions(config.options.allow_non_additive, config.options.batch_size, config.options.filter)
+        o = config.options
+        options = LanceOptions(o.allow_non_additive, o.batch_size, o.filter, o.external_roots)
         if feed is None:
             feed = LanceFeed(config.table, options=options, storage_options=config.storage_options or None)
         super().__init__(
@@ -119,6 +120,7 @@ class LanceTailer(FollowLoop):
         self._since = 0
         self._last_checkpoint = clock()
         self._last_gap_check = -float("inf")
+        self._found_ms: dict[int, int] = {}  # the last look's versions' manifest modification times
 
     @property
     def table_id(self) -> str:
@@ -214,12 +216,14 @@ class LanceTailer(FollowLoop):
         found: list[int] = []
         nxt = base + 1
         ahead = DISCOVER_AHEAD if limit is None else limit
-        while len(found) < ahead and self.dataset.exists(nxt):
+        self._found_ms = {}
+        while len(found) < ahead and (info := self.dataset.manifest_file(nxt)) is not None:
             found.append(nxt)
+            self._found_ms[nxt] = info.modification_time
             nxt += 1
         if found:
             newest = found[-1] if len(found) < ahead else self.dataset.latest_version()
-            self.stats.newest_version = max(self.stats.newest_version, newest)
+            self.stats.found(newest, self._found_ms[found[0]])
         now = self._clock()
         if found or (not self.config.until_caught_up and now - self._last_gap_check < self.config.gap_check_seconds):
             return found
@@ -240,6 +244,9 @@ class LanceTailer(FollowLoop):
                 file=self.config.state_dir,
             )
         return [base + 1] if latest > base else []
+
+    def _commit_time_ms(self, version: int) -> int | None:
+        return self._found_ms.get(version)
 
     def _deliver_initial_snapshot(self) -> None:
         base = self._base

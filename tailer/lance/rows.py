@@ -23,7 +23,7 @@ import pyarrow as pa
 from state.errors import ConfigError, DataFileError, DeltaTailError, MissingFileError, SchemaChangeError
 from state.feed import COMMIT_TIMESTAMP_TYPE
 from state.lance.planning import LancePlan, RowTask
-from tailer.lance.dataset import join
+from tailer.lance.dataset import DATA_DIR, join
 from tailer.lance.store import pylance_options, scrub
 from tailer.storage import Storage
 
@@ -226,7 +226,7 @@ class LanceRows:
 
     def _read_error(self, task: RowTask, error: Exception) -> DeltaTailError:
         for data_file in task.fragment.files:
-            path = join(self.root, "data", data_file.path)
+            path = join(self.root, DATA_DIR, data_file.path)
             if not self.storage.exists(path):
                 return MissingFileError(
                     f"data file of fragment {task.fragment.id} is missing",

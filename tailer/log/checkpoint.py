@@ -35,8 +35,9 @@ from state.actions import (
     parse_action,
     parse_json_actions,
 )
-from state.errors import DeltaTailError, IncompleteCheckpointError, InvalidLogError, MissingFileError
+from state.errors import DeltaTailError, IncompleteCheckpointError, InvalidLogError, MissingFileError, UnsafePathError
 from state.files import FileTable, PartitionValuesPool
+from state.paths import resolve_logged_path
 from state.snapshot import Snapshot
 from tailer.storage import Storage, to_local_path
 
@@ -311,6 +312,7 @@ def load_checkpoint(
 
     Raises:
         IncompleteCheckpointError: if a part or a sidecar is missing or unreadable.
+        UnsafePathError: if a sidecar's path is outside ``_delta_log/_sidecars`` (never opened).
         InvalidLogError: if the checkpoint holds malformed actions or lacks protocol or metadata.
         UnsupportedFeatureError: if the checkpoint's protocol needs unsupported reader features.
     """
@@ -326,9 +328,17 @@ def load_checkpoint(
             if not isinstance(e, InvalidLogError):
                 e = IncompleteCheckpointError(f"checkpoint part is missing or unreadable: {e.message}")
             raise e.at(table=table, version=version, file=path) from None
+    sidecars = f"{log_dir}/_sidecars"
     for sidecar in state.sidecars:
-        path = sidecar.path if "/" in sidecar.path else f"{log_dir}/_sidecars/{sidecar.path}"
-        path = to_local_path(path)
+        try:  # "sidecar files must always reside in the table's own _delta_log/_sidecars directory"
+            path = to_local_path(resolve_logged_path(sidecars, sidecar.path))
+        except UnsafePathError as e:
+            raise UnsafePathError(
+                f"checkpoint sidecar {sidecar.path!r} is not in {sidecars}: refused before reading",
+                table=table,
+                version=version,
+                file=e.file,
+            ) from None
         if not storage.exists(path):
             raise IncompleteCheckpointError("checkpoint sidecar is missing", table=table, version=version, file=path)
         try:

@@ -33,6 +33,7 @@ from state.errors import (
     DeltaTailError,
     IncompleteCheckpointError,
     MissingFileError,
+    StorageError,
     TableNotFoundError,
     VersionGapError,
     VersionNotFoundError,
@@ -88,12 +89,22 @@ def _complete_refs(version: int, files: list[LogFile]) -> list[CheckpointRef]:
         if f.kind is LogFileKind.CHECKPOINT_MULTI_PART:
             by_total.setdefault(f.parts, {})[f.part] = f.name
     for total, parts in sorted(by_total.items()):
-        if set(parts) == set(range(1, total + 1)):
+        # The total comes from a file name: never allocate by it (a name claiming 10^9 parts is 4 bytes).
+        present = sum(1 for p in parts if 1 <= p <= total)
+        if present == total:
             refs.append(CheckpointRef(version, "parquet", tuple(parts[i] for i in range(1, total + 1))))
-        else:
-            missing = sorted(set(range(1, total + 1)) - set(parts))
+        elif total - present <= _MISSING_PARTS_LISTED:
+            missing = [i for i in range(1, total + 1) if i not in parts]
             log.warning("multi-part checkpoint %d of %d parts lacks parts %s; not used", version, total, missing)
+        else:
+            log.warning(
+                "multi-part checkpoint %d of %d parts lacks %d of them; not used", version, total, total - present
+            )
     return refs
+
+
+#: A warning about an incomplete multi-part checkpoint lists its missing parts up to this many.
+_MISSING_PARTS_LISTED = 20
 
 
 #: On an object store, commits found by name before the rest of a backlog is listed.
@@ -130,11 +141,14 @@ class DeltaLog:
 
         Raises:
             TableNotFoundError: if there is no ``_delta_log`` directory.
+            StorageError: if the store cannot be reached or refuses access (naming the table).
         """
         try:
             infos = self.storage.list_from(self.log_dir, start_after_for(from_version))
         except MissingFileError as e:
             raise TableNotFoundError("no _delta_log directory: not a Delta table", table=self.table) from e
+        except StorageError as e:
+            raise e.at(table=self.table) from None
         listing = LogListing()
         for info in infos:
             f = classify(info.name)

@@ -103,6 +103,7 @@ class LogFollower:
         table_id: the table id the follower holds to; ``None`` takes the first one seen.
         allow_non_additive: plan across non-additive schema changes.
         require_cdf: refuse versions where the change data feed is off.
+        external_roots: roots outside the table its files may be read from (:mod:`state.paths`).
         hints: recovery advice for the errors.
         gap_check_seconds: the least time between two listings of the log by :meth:`discover`.
         parse_retries: how often a commit that does not parse is read again before it is reported.
@@ -122,6 +123,7 @@ class LogFollower:
         table_id: str | None = None,
         allow_non_additive: bool = False,
         require_cdf: bool = False,
+        external_roots: tuple[str, ...] = (),
         hints: Hints | None = None,
         gap_check_seconds: float = GAP_CHECK_SECONDS,
         parse_retries: int = 5,
@@ -135,6 +137,7 @@ class LogFollower:
         self.hints = hints or Hints()
         self.allow_non_additive = allow_non_additive
         self.require_cdf = require_cdf
+        self.external_roots = external_roots
         self.gap_check_seconds = gap_check_seconds
         self.parse_retries = parse_retries
         self.retry_delay = retry_delay
@@ -145,6 +148,7 @@ class LogFollower:
         self._hot = False  # the last discovery found commits (on a store, the next one lists)
         self._head_file: tuple[int, int] | None = None
         self._discovered: dict[int, FileInfo] = {}
+        self._found_ms: dict[int, int] = {}  # the last discovery's commits' modification times (kept when planned)
         self._newest_known = -1
         self.head = head
         self.previous_ms = previous_ms
@@ -203,6 +207,7 @@ class LogFollower:
             self.check_not_recreated()  # the new commits continue the commit read last, not a new table
         self._hot = bool(found)
         self._discovered = dict(found)
+        self._found_ms = {v: info.modification_time for v, info in found}
         if found:
             self.know_commits_up_to(found[-1][0])
         return [v for v, _ in found]
@@ -215,6 +220,10 @@ class LogFollower:
             raise VersionGapError(
                 _with_hint(e.message, self.hints.gap), table=e.table, version=e.version, file=e.file
             ) from e
+
+    def discovered_ms(self, version: int) -> int | None:
+        """The modification time (epoch ms) of commit ``version``'s file if the last :meth:`discover` found it."""
+        return self._found_ms.get(version)
 
     def know_commits_up_to(self, version: int) -> None:
         """Note that commit ``version`` exists (a listing found it): the commits before it are complete."""
@@ -335,6 +344,7 @@ class LogFollower:
                 self.previous_ms,
                 allow_non_additive=self.allow_non_additive,
                 require_cdf=self.require_cdf,
+                external_roots=self.external_roots,
             )
         except DeltaTailError as e:
             raise e.at(table=self.log.table, version=version, file=path) from None

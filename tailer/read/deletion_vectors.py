@@ -13,12 +13,12 @@ Inline DVs are the same ``magic + bitmap`` bytes, Z85-encoded, without framing.
 from __future__ import annotations
 
 import zlib
-from urllib.parse import unquote
+from collections.abc import Sequence
 
 from pyroaring import BitMap64
 
 from state.actions import DeletionVector
-from state.errors import DeletionVectorError, InvalidLogError, MissingFileError
+from state.errors import DeletionVectorError, InvalidLogError, MissingFileError, UnsafePathError
 from state.z85 import z85_decode
 from tailer.storage import Storage
 
@@ -59,6 +59,7 @@ def read_deletion_vector(
     *,
     data_file: str,
     version: int | None = None,
+    external_roots: Sequence[str] = (),
 ) -> BitMap64:
     """Read the rows a deletion vector marks as deleted in ``data_file``.
 
@@ -72,17 +73,23 @@ def read_deletion_vector(
         dv: the descriptor from the ``add`` or ``remove`` action.
         data_file: the data file the DV belongs to; named in errors.
         version: the table version whose action holds the descriptor; named in errors.
+        external_roots: roots outside the table a ``p`` DV may be read from (:mod:`state.paths`).
 
     Returns:
         The deleted row indexes (0-based positions in the data file).
 
     Raises:
+        UnsafePathError: if the DV file is outside the table root and every external root (never opened).
         MissingFileError: if the DV file does not exist (the message names the data file, ``file`` the DV file).
         DeletionVectorError: if the data is truncated, its size field or CRC-32 does not match, it does
             not decode, or its cardinality differs from the descriptor's.
     """
     try:
-        data = _inline_data(dv) if dv.storage_type == "i" else _file_data(storage, table_root, dv, data_file)
+        data = (
+            _inline_data(dv)
+            if dv.storage_type == "i"
+            else _file_data(storage, table_root, dv, data_file, external_roots)
+        )
         bitmap = decode_bitmap(data)
         if len(bitmap) != dv.cardinality:
             raise DeletionVectorError(
@@ -91,6 +98,10 @@ def read_deletion_vector(
     except (DeletionVectorError, MissingFileError) as e:
         e.at(table=table_root, version=version, file=data_file)
         raise
+    except UnsafePathError as e:
+        raise UnsafePathError(
+            f"deletion vector of data file {data_file}: {e.message}", table=table_root, version=version, file=e.file
+        ) from None
     except InvalidLogError as e:
         raise DeletionVectorError(e.message, table=table_root, version=version, file=data_file) from e
     return bitmap
@@ -104,19 +115,21 @@ def _inline_data(dv: DeletionVector) -> bytes:
     return raw[: dv.size_in_bytes]
 
 
-def dv_file_location(table_root: str, dv: DeletionVector) -> str:
-    """The location of a ``u`` or ``p`` DV's file; a ``p`` URI is percent-decoded.
+def dv_file_location(table_root: str, dv: DeletionVector, external_roots: Sequence[str] = ()) -> str:
+    """The location of a ``u`` or ``p`` DV's file (a ``p`` URI is percent-decoded), checked by the containment rule.
 
     Raises:
+        UnsafePathError: if the file is outside the table root and every external root (:mod:`state.paths`).
         InvalidLogError: for an inline DV or a ``u`` path whose UUID does not decode.
     """
-    location = dv.absolute_path(table_root)
-    return unquote(location) if dv.storage_type == "p" else location
+    return dv.absolute_path(table_root, external_roots)
 
 
-def _file_data(storage: Storage, table_root: str, dv: DeletionVector, data_file: str) -> bytes:
+def _file_data(
+    storage: Storage, table_root: str, dv: DeletionVector, data_file: str, external_roots: Sequence[str]
+) -> bytes:
     """Read one framed DV from its file and check its size field and CRC-32."""
-    location = dv_file_location(table_root, dv)
+    location = dv_file_location(table_root, dv, external_roots)
     offset = DEFAULT_OFFSET if dv.offset is None else dv.offset
     size = dv.size_in_bytes
     where = f"deletion vector of data file {data_file} in {location} at offset {offset}"

@@ -65,6 +65,9 @@ class ChangeOptions:
             in the process. 0 reads everything in-process.
         filter: what of the feed to deliver (columns, a row predicate, change types, skipped
             operations; :mod:`state.filters`). Rows keep their unfiltered positions.
+        external_roots: absolute paths or URIs outside the table whose files its log may name
+            (shallow clones); every other path outside the table root is refused before it is
+            opened (:mod:`state.paths`). A listed root is read with the table's store options.
     """
 
     net_changes: bool = False
@@ -76,6 +79,7 @@ class ChangeOptions:
     read_ahead_min_bytes: int = 512 << 10
     reader_processes: int = 2
     filter: ChangeFilter = field(default_factory=ChangeFilter)
+    external_roots: tuple[str, ...] = ()
 
 
 class RangeStart(TypedDict, total=False):
@@ -136,6 +140,7 @@ class ChangeFeed:
             previous_ms=previous_ms,
             allow_non_additive=self.options.allow_non_additive,
             require_cdf=self.options.require_cdf,
+            external_roots=self.options.external_roots,
         )
 
     # -- planning ------------------------------------------------------------------------------
@@ -172,7 +177,7 @@ class ChangeFeed:
         if initial_snapshot:
             snap = self.log.snapshot(starting_version)
             at = snapshot_time(self.log, snap, listing)
-            yield plan_snapshot(snap, at)
+            yield plan_snapshot(snap, at, self.options.external_roots)
             follower = self.follower(snap, at)
             first = starting_version + 1
         else:

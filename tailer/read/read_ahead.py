@@ -31,12 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 
 from state.changes import FileTask
-from state.errors import DeltaTailError
-from state.planning import VersionPlan
+from state.errors import DeltaTailError, UnsafePathError
+from state.planning import ReadContext, VersionPlan
 from tailer.read.prefetch import READ_THREADS, Prefetch
 from tailer.read.reader_pool import ReaderPool, RemoteRun
 from tailer.read.readers import PlanRows
-from tailer.read.rows import resolve_data_path
 from tailer.read.tasks import decode_task, finish_batch, read_task
 from tailer.storage import Storage
 
@@ -165,12 +164,13 @@ class ReadAheadReader:
 
     def _fetch_ahead(self, plan: VersionPlan) -> None:
         """On a remote store: start fetching the plan's small files whole, concurrently (large ones stream)."""
-        root = plan.context.table_root
         self.storage.prefetch(
             [
-                (resolve_data_path(root, t.path), t.size)
+                (location, t.size)
                 for t in plan.tasks
-                if t.size is not None and t.size < self.min_bytes
+                if t.size is not None
+                and t.size < self.min_bytes
+                and (location := _safe_location(plan.context, t.path)) is not None
             ]
         )
 
@@ -218,3 +218,11 @@ class ReadAheadReader:
         if run and whole:
             send()
         return run
+
+
+def _safe_location(context: ReadContext, path: str) -> str | None:
+    """``path``'s location to prefetch, or ``None`` if the containment rule refuses it (the read, in turn, raises)."""
+    try:
+        return context.location(path)
+    except UnsafePathError:
+        return None

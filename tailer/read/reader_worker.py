@@ -67,6 +67,7 @@ def wire(storage: Storage, batch_size: int, items: Sequence[tuple[ReadContext, F
                     ctx.column_mapping_mode,
                     ctx.version,
                     ctx.timestamp_ms,
+                    ctx.external_roots,
                 )
             )
         selection = task.selection

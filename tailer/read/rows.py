@@ -24,7 +24,6 @@ how the physical file is mapped onto that:
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Required, TypedDict, Unpack
@@ -34,15 +33,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
-from state.errors import DeletionVectorError, DeltaTailError
+from state.errors import DeletionVectorError, DeltaTailError, UnsafePathError
 from state.feed import CHANGE_TYPE_COLUMN
+from state.paths import resolve_logged_path
 from state.schema import StructType
 from tailer.read.column_plan import ColumnPlan, bind, file_plan, selected_fields
 from tailer.read.conform import cast, conform, nulls
 from tailer.read.parquet_file import DEFAULT_OPENING, ParquetOpening, open_parquet
 from tailer.storage import Storage
-
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,26 +82,39 @@ def _output_schema(schema: StructType, columns: tuple[str, ...] | None, keep_cha
     return pa.schema(fields)
 
 
-def resolve_data_path(table_root: str, path: str) -> str:
-    """The location of a data or cdc file: ``path`` itself if absolute (a URI or ``/...``), else under the root.
+def resolve_data_path(
+    table_root: str, path: str, external_roots: Sequence[str] = (), *, version: int | None = None
+) -> str:
+    """The location of a data or cdc file, by the containment rule of :func:`state.paths.resolve_logged_path`.
 
     ``path`` is already percent-decoded (see :mod:`state.actions`).
+
+    Raises:
+        UnsafePathError: if the path is outside the table root and every external root (naming the version).
     """
-    if path.startswith("/") or (":" in path and _SCHEME.match(path)):
-        return path
-    return f"{table_root.rstrip('/')}/{path}"
+    try:
+        return resolve_logged_path(table_root, path, external_roots)
+    except UnsafePathError as e:
+        raise e.at(version=version) from None
 
 
 def count_file_rows(
-    storage: Storage, table_root: str, path: str, *, size: int | None = None, version: int | None = None
+    storage: Storage,
+    table_root: str,
+    path: str,
+    *,
+    size: int | None = None,
+    version: int | None = None,
+    external_roots: Sequence[str] = (),
 ) -> int:
     """The number of rows in a Parquet file, from its footer alone (no column is read).
 
     Raises:
+        UnsafePathError: if the path is outside the table root and every external root (never opened).
         MissingFileError: if the file does not exist.
         DeltaTailError: if the file is not readable Parquet (naming the table, version and file).
     """
-    location = resolve_data_path(table_root, path)
+    location = resolve_data_path(table_root, path, external_roots, version=version)
     try:
         source = storage.open_input(location, size)
     except DeltaTailError as e:
@@ -137,6 +148,7 @@ class FileReadOptions(TypedDict, total=False):
     version: int | None
     size: int | None
     opening: ParquetOpening
+    external_roots: Sequence[str]
 
 
 def read_file_rows(
@@ -171,11 +183,14 @@ def read_file_rows(
             - ``size``: the file's size in bytes if the log records it (saves a request on an object store).
             - ``opening``: how the Parquet file is opened (see
               :class:`~tailer.read.parquet_file.ParquetOpening`).
+            - ``external_roots``: roots outside the table an absolute ``path`` may name
+              (:mod:`state.paths`); none by default.
 
     Yields:
         Record batches with the schema ``output_schema(schema, columns=..., keep_change_type=...)``.
 
     Raises:
+        UnsafePathError: if ``path`` is outside the table root and every external root (never opened).
         MissingFileError: if the file does not exist.
         InvalidLogError: if a partition value does not parse as its column's type, a file
             column cannot be converted to the schema's type, or ``_change_type`` is requested but absent.
@@ -185,15 +200,13 @@ def read_file_rows(
     """
     columns = options.get("columns")
     selected = None if columns is None else tuple(columns)
+    version = options.get("version")
+    location = resolve_data_path(table_root, path, options.get("external_roots", ()), version=version)
     try:
         out = _output_schema(options["schema"], selected, options.get("keep_change_type", False))
     except DeltaTailError as e:
         table = options.get("table")
-        e.at(
-            table=table if table is not None else table_root,
-            version=options.get("version"),
-            file=resolve_data_path(table_root, path),
-        )
+        e.at(table=table if table is not None else table_root, version=version, file=location)
         raise
     for file_batch in read_file_batches(storage, table_root, path, **options):
         yield pa.RecordBatch.from_arrays(file_batch.columns(), schema=out)
@@ -248,6 +261,7 @@ def read_file_batches(
     version: int | None = None,
     size: int | None = None,
     opening: ParquetOpening = DEFAULT_OPENING,
+    external_roots: Sequence[str] = (),
 ) -> Iterator[FileBatch]:
     """Stage one of :func:`read_file_rows`: open, plan, decode and row-filter, batch by batch.
 
@@ -255,6 +269,7 @@ def read_file_batches(
     :meth:`FileBatch.columns` finishes it.
 
     Raises:
+        UnsafePathError: if ``path`` is outside the table root and every external root (never opened).
         MissingFileError: if the file does not exist.
         InvalidLogError: if a partition value does not parse, or ``_change_type``
             is requested but absent.
@@ -262,7 +277,7 @@ def read_file_batches(
         ConfigError: if ``columns`` names a column the schema does not have.
         DeltaTailError: if the file is not readable Parquet.
     """
-    location = resolve_data_path(table_root, path)
+    location = resolve_data_path(table_root, path, external_roots, version=version)
     table_name = table if table is not None else table_root
     selected = None if columns is None else tuple(columns)
     try:

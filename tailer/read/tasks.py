@@ -32,7 +32,6 @@ from tailer.read.rows import (
     check_row_filter,
     count_file_rows,
     read_file_batches,
-    resolve_data_path,
 )
 from tailer.storage import Storage
 
@@ -40,7 +39,9 @@ from tailer.storage import Storage
 def _bitmap(storage: Storage, ctx: ReadContext, dv: DeletionVector | None, data_file: str) -> BitMap64 | None:
     if dv is None:
         return None
-    return read_deletion_vector(storage, ctx.table_root, dv, data_file=data_file, version=ctx.version)
+    return read_deletion_vector(
+        storage, ctx.table_root, dv, data_file=data_file, version=ctx.version, external_roots=ctx.external_roots
+    )
 
 
 def _row_filter(storage: Storage, ctx: ReadContext, task: FileTask) -> RowFilter | None:
@@ -68,13 +69,15 @@ def count_task_rows(storage: Storage, ctx: ReadContext, task: FileTask) -> int:
     row_filter = _row_filter(storage, ctx, task)
     if row_filter is not None and row_filter.keep and len(row_filter.rows) == 0:
         return 0  # as reading: the file is not opened
-    rows = count_file_rows(storage, ctx.table_root, task.path, size=task.size, version=ctx.version)
+    rows = count_file_rows(
+        storage, ctx.table_root, task.path, size=task.size, version=ctx.version, external_roots=ctx.external_roots
+    )
     if row_filter is None:
         return rows
     try:
         check_row_filter(row_filter, rows)
     except DeltaTailError as e:
-        e.at(table=ctx.table_root, version=ctx.version, file=resolve_data_path(ctx.table_root, task.path))
+        e.at(table=ctx.table_root, version=ctx.version, file=ctx.location(task.path))
         raise
     return len(row_filter.rows) if row_filter.keep else rows - len(row_filter.rows)
 
@@ -120,6 +123,7 @@ def decode_task(
         version=ctx.version,
         size=task.size,
         opening=REMOTE_OPENING if storage.remote else DEFAULT_OPENING,
+        external_roots=ctx.external_roots,
     )
 
 

@@ -20,36 +20,78 @@ gets a :class:`~tailer.lance.follow.LanceTailer` (the same open/step/rest/close 
 ``_versions/`` directory is watched as a Delta table's log is, and its state directory in the state
 root is keyed by :func:`~tailer.lance.follow.lance_state_id` (Lance datasets have no table id).
 
-Failures stay with their table: an error that stops a tailer (a gap, a schema
-change, a broken file, a table removed) marks that table failed and reports
-it; the others go on. An unavailable sink or store holds the table's cursor
-and retries it with backoff, as ``deltatail run`` does.
+Failures stay with their table: one place (:meth:`Service._step`) turns whatever a
+table's step raises into that table's state, by the rule of :mod:`tailer.follow.transient`.
+A transient fault (the sink or the store unavailable, or any ``OSError``: too many open
+files, disk full, a file too large, a read-only or replaced path) makes the table
+``unavailable``: its tailer and sink are closed, its cursor is held at the last
+checkpoint, and it is opened again from there with backoff (0.5 s doubling to
+``max_backoff``), as ``deltatail run`` does. Anything else (a gap, a schema change, a
+broken file, a table removed, or an unexpected exception: a bug) makes it ``failed``
+with the error's text, logged once in one line (its traceback at debug level); the
+others go on. No fault of a table ends a worker thread or the dispatcher.
+
+The process itself cannot serve when its dispatcher stalls, a worker thread has died,
+or the state root has been unusable for every table (a probe file cannot be written
+in it) for ``fatal_seconds``: :meth:`Service.health` then says why (``/healthz``
+answers 503), and :meth:`Service.run` closes the tables and raises, so that the
+command exits non-zero and an orchestrator restarts it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
-from state.errors import DeltaTailError, SinkUnavailableError, StorageError
+from state.errors import DeltaTailError, StateError
 from tailer.follow.sink import Sink
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import status
 from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.follow.transient import describe, fault_of, is_transient
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_state_id
 from tailer.log.starts import table_id
 from tailer.log.watch_many import DirectoryWatcher
 from tailer.read.feed import ChangeFeed
 from tailer.serve.state_root import StateRoot, write_status
+from tailer.storage.base import Storage
 from tailer.storage.factory import storage_for
 
 log = logging.getLogger("deltatail")
+
+#: The file :func:`probe_state_root` writes and removes in the state root.
+PROBE_FILE = ".deltatail-probe"
+#: Seconds without a turn of the dispatcher after which the service is reported unhealthy.
+DISPATCHER_STALL_SECONDS = 30.0
+
+
+def probe_state_root(root: Path) -> None:
+    """Check that the state root can hold state now: create it if needed, write, fsync and remove a file in it.
+
+    Raises:
+        StateError: naming the state root, if any of that fails (a file where the directory should
+            be, a read-only or full file system, no file descriptor left...).
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / PROBE_FILE
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"deltatail\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        probe.unlink()
+    except OSError as e:
+        raise StateError(f"the state root is unusable: {e.strerror or e}", file=str(root)) from e
 
 
 @dataclass
@@ -61,12 +103,16 @@ class TableSource:
         config: the tailer's settings (``state_dir`` is set by the service from the state root).
         make_sink: makes a new, unopened sink for the table, given its table id.
         table_format: ``delta`` or ``lance``.
+        resolve: when set, the format could not be told yet (the store was unavailable): called
+            before the table is first opened for the table's real source (and retried, as any
+            transient fault, while it raises one).
     """
 
     name: str
     config: TailerConfig
     make_sink: Callable[[str], Sink]
     table_format: Literal["delta", "lance"] = "delta"
+    resolve: Callable[[], TableSource] | None = None
 
 
 @dataclass
@@ -81,6 +127,12 @@ class _Table:
     failures: int = 0
     watched: bool = False
     reported: tuple[object, ...] = field(default=())
+    #: The table's storage, kept across reopenings: an object store's client is made once, not again
+    #: while a fault lasts (making one needs file descriptors, certificates...).
+    storage: Storage | None = None
+    remote: bool = False  # on an object store: a step that found a commit does not show it caught up
+    started: float | None = None  # when the step in hand began
+    stalled: bool = False  # the step in hand was reported as not answering
 
 
 @dataclass(frozen=True)
@@ -94,6 +146,10 @@ class ServiceOptions:
         discover_seconds: how often :attr:`Service.discover` is called for new tables.
         status_seconds: how often each table's figures go to the status lines.
         max_backoff: the longest wait before retrying a table whose sink or store is unavailable.
+        fatal_seconds: how long the state root may stay unusable (its probe failing) before the
+            service gives up and :meth:`Service.run` raises (the process exits non-zero).
+        stall_seconds: a table whose step has not returned for this long (a store or sink that
+            does not answer) is reported ``unavailable`` until the step returns.
     """
 
     workers: int = 2
@@ -102,6 +158,8 @@ class ServiceOptions:
     discover_seconds: float = 30.0
     status_seconds: float = 30.0
     max_backoff: float = 60.0
+    fatal_seconds: float = 60.0
+    stall_seconds: float = 30.0
 
 
 class Service:
@@ -113,6 +171,8 @@ class Service:
         options: scheduling settings.
         discover: called every ``discover_seconds`` for the tables to follow now (discovered ones);
             tables already followed (by name) are left as they are.
+        unavailable: tables whose store was found unavailable at start-up, with why: they start
+            ``unavailable`` (and are tried at once, then with backoff).
         clock: monotonic seconds.
     """
 
@@ -123,6 +183,7 @@ class Service:
         options: ServiceOptions | None = None,
         *,
         discover: Callable[[], list[TableSource]] | None = None,
+        unavailable: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state_root = state_root
@@ -136,8 +197,18 @@ class Service:
         self._watcher = DirectoryWatcher()
         self._last_discovery = -float("inf")
         self._last_status = clock()
+        self._workers: list[threading.Thread] = []
+        self._heartbeat: float | None = None
+        self._last_probe = -float("inf")
+        self._root_failing: tuple[float, str] | None = None
+        self._dispatch_failing: str | None = None
+        #: Why the service gave up (``None`` while it serves); set once, read by :meth:`health`.
+        self.fatal: str | None = None
         for source in tables:
             self._add(source)
+        for name, why in (unavailable or {}).items():
+            if name in self._tables:
+                self._tables[name].stats.set_state(TableState.UNAVAILABLE, why)
 
     # -- tables ---------------------------------------------------------------------------------
 
@@ -162,32 +233,107 @@ class Service:
         self._watcher.wake()
 
     def run(self) -> None:
-        """Follow the tables until :meth:`stop`; each is checkpointed and closed on the way out."""
-        workers = [
+        """Follow the tables until :meth:`stop`; each is checkpointed and closed on the way out.
+
+        Raises:
+            DeltaTailError: when the service gave up (see :meth:`health`): the state root unusable
+                for ``fatal_seconds``, or a worker thread died; the tables are checkpointed where
+                they can be and closed first.
+        """
+        self._workers = [
             threading.Thread(target=self._work, name=f"deltatail-serve-{i}", daemon=True)
             for i in range(self.options.workers)
         ]
-        for w in workers:
+        for w in self._workers:
             w.start()
         try:
-            while not self._stopping.is_set():
-                self._maybe_discover()
-                timeout = self._dispatch()
-                self._maybe_report()
-                changed = self._watcher.wait(timeout)
-                if changed:
-                    with self._lock:
-                        for name in changed:
-                            table = self._tables.get(name)
-                            if table is not None:
-                                table.due = 0.0
+            while not self._stopping.is_set() and self.fatal is None:
+                self._heartbeat = self._clock()
+                try:
+                    self._turn()
+                    self._dispatch_failing = None
+                except Exception as e:  # the dispatcher never dies of one bad turn: it says so and goes on
+                    self._dispatcher_fault(e)
+                self._watchdog()
         finally:
-            for _ in workers:
+            for _ in self._workers:
                 self._ready.put(None)
-            for w in workers:
+            for w in self._workers:
                 w.join()
             self._close_all()
             self._watcher.close()
+        if self.fatal is not None:
+            raise DeltaTailError(f"the service cannot serve and stops: {self.fatal}")
+
+    def _turn(self) -> None:
+        """One turn of the dispatcher: discover, queue what is due, report, wait for a change or the next due."""
+        self._maybe_discover()
+        timeout = self._dispatch()
+        self._maybe_report()
+        changed = self._watcher.wait(timeout)
+        if changed:
+            with self._lock:
+                for name in changed:
+                    table = self._tables.get(name)
+                    if table is not None:
+                        table.due = 0.0
+
+    def _dispatcher_fault(self, error: Exception) -> None:
+        text = describe(error)
+        if text != self._dispatch_failing:  # once per distinct error, not once per turn
+            log.error("the dispatcher failed a turn (it goes on): %s", text)
+            log.debug("the dispatcher's error", exc_info=error)
+        self._dispatch_failing = text
+        self._stopping.wait(1.0)
+
+    def _watchdog(self) -> None:
+        """Give up (:attr:`fatal`) when a worker thread has died or the state root stays unusable."""
+        dead = [w.name for w in self._workers if not w.is_alive()]
+        if dead and not self._stopping.is_set():
+            self.fatal = f"worker thread {', '.join(dead)} died"
+            log.error("%s: the service stops so that it can be restarted", self.fatal)
+            return
+        now = self._clock()
+        if now - self._last_probe < min(5.0, self.options.fatal_seconds / 4):
+            return
+        self._last_probe = now
+        try:
+            probe_state_root(self.state_root.root)
+        except DeltaTailError as e:
+            if self._root_failing is None:
+                self._root_failing = (now, str(e))
+                log.error("%s; the service stops if it stays so for %gs", e, self.options.fatal_seconds)
+            elif now - self._root_failing[0] >= self.options.fatal_seconds:
+                self.fatal = f"{e}, for {now - self._root_failing[0]:.0f}s"
+                log.error("%s: the service stops so that it can be restarted", self.fatal)
+            else:
+                self._root_failing = (self._root_failing[0], str(e))
+            return
+        if self._root_failing is not None:
+            log.info("the state root %s is usable again", self.state_root.root)
+        self._root_failing = None
+
+    def health(self) -> str | None:
+        """Why the process cannot serve now, or ``None`` when it can (``/healthz``).
+
+        It cannot when it gave up (:attr:`fatal`), a worker thread is dead, its dispatcher has not
+        turned for ``DISPATCHER_STALL_SECONDS``, or the state root is unusable (the service gives
+        up when that lasts ``fatal_seconds``). A table that is unavailable or failed is that
+        table's state (``/readyz``), not the process's.
+        """
+        if self.fatal is not None:
+            return self.fatal
+        dead = [w.name for w in self._workers if not w.is_alive()]
+        if dead and not self._stopping.is_set():
+            return f"worker thread {', '.join(dead)} died"
+        if self._heartbeat is not None and not self._stopping.is_set():
+            idle = self._clock() - self._heartbeat
+            if idle > DISPATCHER_STALL_SECONDS:
+                return f"the dispatcher has not turned for {idle:.0f}s"
+        failing = self._root_failing
+        if failing is not None:
+            return failing[1]
+        return None
 
     def _maybe_discover(self) -> None:
         if self.discover is None or self._clock() - self._last_discovery < self.options.discover_seconds:
@@ -208,6 +354,8 @@ class Service:
         wait = 1.0
         with self._lock:
             for table in self._tables.values():
+                if table.busy:
+                    self._check_stall(table, now)
                 if table.done or table.busy or table.queued:
                     continue
                 if table.due <= now:
@@ -217,73 +365,128 @@ class Service:
                     wait = min(wait, table.due - now)
         return max(wait, 0.0)
 
+    def _check_stall(self, table: _Table, now: float) -> None:
+        """A step that has not returned for ``stall_seconds``: the table is not delivering; say so (under the lock)."""
+        if table.stalled or table.started is None or now - table.started < self.options.stall_seconds:
+            return
+        table.stalled = True
+        why = f"its step has not returned for {now - table.started:.0f}s (the store or the sink does not answer)"
+        table.stats.set_state(TableState.UNAVAILABLE, why)
+        log.warning("table %s: %s", table.source.name, why)
+
     def _work(self) -> None:
         while (table := self._ready.get()) is not None:
-            with self._lock:
-                table.queued = False
-                table.busy = True
+            caught_up: bool | None = None
             try:
+                with self._lock:
+                    table.queued = False
+                    table.busy = True
+                    table.started = self._clock()
                 if not self._stopping.is_set():
-                    self._step(table)
+                    caught_up = self._step(table)
+            except Exception as e:  # a bug in the handling below; still the table's, never the worker's end
+                log.error("table %s: %s", table.source.name, describe(e))
+                log.debug("table %s: the error", table.source.name, exc_info=e)
             finally:
                 with self._lock:
                     table.busy = False
+                    table.started = None
+                    if table.stalled:  # reported as not answering while it ran: it answered
+                        table.stalled = False
+                        if caught_up is not None:
+                            table.stats.set_state(TableState.FOLLOWING if caught_up else TableState.CATCHING_UP)
                 self._record(table)
-                self._watcher.wake()  # the dispatcher looks again: this table may be due at once
+                self._wake()  # the dispatcher looks again: this table may be due at once
 
-    def _step(self, table: _Table) -> None:
+    def _wake(self) -> None:
+        try:
+            self._watcher.wake()
+        except Exception as e:  # the dispatcher turns at least every second anyway
+            log.debug("cannot wake the dispatcher: %s", describe(e))
+
+    def _step(self, table: _Table) -> bool | None:
+        """Step one table; whatever it raises becomes that table's state (see the module docstring).
+
+        Returns whether it caught up (``None``: it failed or is unavailable).
+        """
         now = self._clock()
         try:
             if table.tailer is None:
                 table.tailer = self._open(table)
             tailer = table.tailer
-            delivered = tailer.step(self.options.step_versions)
+            limit = self.options.step_versions
+            found = delivered = tailer.step(limit)
+            while table.remote and found and delivered < limit:
+                # On an object store a step probes one commit by name; only the listing after it tells
+                # whether more came: the table is caught up (following) once a look finds nothing.
+                found = tailer.step(limit - delivered)
+                delivered += found
             table.failures = 0
-            if delivered >= self.options.step_versions:
+            if delivered >= limit:
                 table.due = 0.0  # more to do: its turn again after the others
-                return
+                return False
             tailer.rest()
             table.due = self._clock() + tailer.idle_timeout(self.options.safety_poll_seconds if table.watched else None)
-        except (SinkUnavailableError, StorageError) as e:
-            if isinstance(e, StorageError) and not e.transient:
+            return True
+        except Exception as e:
+            if is_transient(e):
+                self._unavailable(table, e, now)
+            else:
                 self._fail(table, e)
-                return
-            self._close(table, checkpoint=False)
-            table.failures += 1
-            table.stats.retries += 1
-            delay = min(self.options.max_backoff, 0.5 * 2 ** (table.failures - 1))
-            table.stats.set_state(TableState.UNAVAILABLE, str(e))
-            status(
-                "table_unavailable",
-                f"{table.source.name}: {e.message}; holding its cursor, retrying in {delay:.1f}s",
-                level=logging.WARNING,
-                table=table.source.name,
-                retry_in_seconds=delay,
-            )
-            table.due = now + delay
-        except DeltaTailError as e:
-            self._fail(table, e)
+            return None
+
+    def _unavailable(self, table: _Table, error: Exception, now: float) -> None:
+        """A transient fault: close the table's tailer and sink, hold its cursor, retry with backoff."""
+        self._close(table, checkpoint=False)
+        table.failures += 1
+        table.stats.retries += 1
+        delay = min(self.options.max_backoff, 0.5 * 2 ** min(table.failures - 1, 30))
+        text = describe(error)
+        table.stats.set_state(TableState.UNAVAILABLE, text)
+        status(
+            "table_unavailable",
+            f"{table.source.name}: {fault_of(error)} unavailable: {text}; holding its cursor, "
+            f"retrying in {delay:.1f}s (attempt {table.failures})",
+            level=logging.WARNING,
+            table=table.source.name,
+            retry_in_seconds=delay,
+            attempt=table.failures,
+        )
+        table.due = now + delay
 
     def _open(self, table: _Table) -> Tailer | LanceTailer:
+        if table.source.resolve is not None:
+            table.source = table.source.resolve()
         if table.source.table_format == "lance":
             return self._open_lance(table)
         config = table.source.config
-        feed = ChangeFeed(config.table, storage_for(config.table, config.storage_options or None), config.options)
+        if table.storage is None:
+            table.storage = storage_for(config.table, config.storage_options or None)
+        feed = ChangeFeed(config.table, table.storage, config.options)
         tid = table_id(feed.log)
         entry = self.state_root.register(tid, feed.log.table, table.source.name)
         config = replace(config, state_dir=str(entry.directory), status_lines=False)
         tailer = Tailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
+        table.remote = feed.storage.remote
         tailer.open()
         if config.watch and not feed.storage.remote:
-            table.watched = self._watcher.add(table.source.name, feed.log.log_dir)
+            self._watch(table, tailer, feed.log.log_dir)
         return tailer
+
+    def _watch(self, table: _Table, tailer: Tailer | LanceTailer, directory: str) -> None:
+        """Watch an opened table's directory; on failure the tailer is closed again (its lock released)."""
+        try:
+            table.watched = self._watcher.add(table.source.name, directory)
+        except BaseException:
+            tailer.close()
+            raise
 
     def _open_lance(self, table: _Table) -> LanceTailer:
         config = table.source.config
         o = config.options
         feed = LanceFeed(
             config.table,
-            options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter),
+            options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter, o.external_roots),
             storage_options=config.storage_options or None,
         )
         tid = lance_state_id(feed.table)
@@ -291,32 +494,43 @@ class Service:
         config = replace(config, state_dir=str(entry.directory), status_lines=False)
         table.stats.table_id = tid
         tailer = LanceTailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
+        table.remote = feed.storage.remote
         tailer.open()
         if config.watch and not feed.storage.remote:
-            table.watched = self._watcher.add(table.source.name, feed.dataset.versions_dir)
+            self._watch(table, tailer, feed.dataset.versions_dir)
         return tailer
 
-    def _fail(self, table: _Table, error: DeltaTailError) -> None:
+    def _fail(self, table: _Table, error: Exception) -> None:
+        """A permanent fault: the table stops, failed, with the error's text; an unexpected one's traceback at debug."""
         table.done = True
         if table.stats.state is not TableState.FAILED:  # the tailer counts the errors it raises itself
             table.stats.errors[type(error).__name__] += 1
-        table.stats.set_state(TableState.FAILED, str(error))
-        log.error("table %s stopped: %s", table.source.name, error)
+        table.stats.set_state(TableState.FAILED, describe(error))
+        log.error("table %s stopped: %s", table.source.name, describe(error))
+        if not isinstance(error, DeltaTailError):
+            log.debug("table %s: the unexpected error", table.source.name, exc_info=error)
         self._close(table, checkpoint=False)
 
     def _close(self, table: _Table, *, checkpoint: bool) -> None:
+        """Close the table's tailer (checkpointing first if asked); never raises: failures are logged."""
         tailer, table.tailer = table.tailer, None
-        self._watcher.remove(table.source.name)
+        try:
+            self._watcher.remove(table.source.name)
+        except Exception as e:
+            log.debug("table %s: cannot stop watching: %s", table.source.name, describe(e))
         table.watched = False
         if tailer is None:
             return
         try:
             if checkpoint:
                 tailer.checkpoint()
-        except DeltaTailError as e:
-            log.error("table %s: the last checkpoint failed: %s", table.source.name, e)
+        except Exception as e:
+            log.error("table %s: the last checkpoint failed: %s", table.source.name, describe(e))
         finally:
-            tailer.close()
+            try:
+                tailer.close()
+            except Exception as e:  # a sink that cannot close (its last write failing) is closed all the same
+                log.warning("table %s: closing it failed: %s", table.source.name, describe(e))
 
     def _close_all(self) -> None:
         for table in list(self._tables.values()):
@@ -336,8 +550,9 @@ class Service:
         table.reported = key
         try:
             write_status(self.state_root.root / s.table_id, s)
-        except OSError as e:
-            log.warning("cannot write the status of table %s: %s", table.source.name, e)
+        except Exception as e:
+            table.reported = ()  # written again on the next turn
+            log.warning("cannot write the status of table %s: %s", table.source.name, describe(e))
 
     def _maybe_report(self) -> None:
         now = self._clock()

@@ -5,7 +5,7 @@ Layout::
     STATE_ROOT/
       <table id>/
         table.json      the table's path (or URI) and name, written when it is first followed
-        status.json     where the table stands (state, error, versions), rewritten on every change
+        status.json     where the table stands (state, error, versions): tailer.follow.status_file
         LOCK, cursor.json, snapshot-<v>.parquet    the tailer's own state (tailer.follow.state_store)
 
 A table deleted and recreated at the same path gets a new id; its path is
@@ -16,17 +16,16 @@ then registered to another id already, and following it is refused (with
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from state.errors import StateError
 from tailer.follow.state_store import atomic_write
-from tailer.follow.stats import TableStats
+from tailer.follow.status_file import STATUS_FILE, read_status, write_status
+
+__all__ = ["STATUS_FILE", "TABLE_FILE", "StateRoot", "TableEntry", "read_status", "write_status"]
 
 TABLE_FILE = "table.json"
-STATUS_FILE = "status.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +43,19 @@ class StateRoot:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+
+    def create(self) -> None:
+        """Make the state root if it is not there (checked before a service starts).
+
+        Raises:
+            StateError: if it cannot be made (a regular file in its place, a read-only file system, ...).
+        """
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StateError(
+                f"cannot create the state root: {e.strerror or e}; state_root must be a directory", file=str(self.root)
+            ) from None
 
     def entries(self) -> list[TableEntry]:
         """Every registered table, by name.
@@ -70,7 +82,8 @@ class StateRoot:
 
         Raises:
             StateError: if ``path`` is registered to another table id (deleted and recreated), or this
-                id to another path (two configured tables are one table).
+                id to another path (two configured tables are one table), or its state directory
+                cannot be made (disk full, read-only, a file in the way).
         """
         for entry in self.entries():
             if entry.path == path and entry.table_id != table_id:
@@ -88,10 +101,13 @@ class StateRoot:
                     file=str(entry.directory),
                 )
         directory = self.root / table_id
-        directory.mkdir(parents=True, exist_ok=True)
         file = directory / TABLE_FILE
-        if not file.exists():
-            atomic_write(file, json.dumps({"path": path, "name": name}, indent=2).encode())
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            if not file.exists():
+                atomic_write(file, json.dumps({"path": path, "name": name}, indent=2).encode())
+        except OSError as e:
+            raise StateError(f"cannot register the table: {e.strerror or e}", table=path, file=str(file)) from None
         return TableEntry(table_id, path, name, directory)
 
     def forget(self, entry: TableEntry) -> None:
@@ -113,26 +129,3 @@ class StateRoot:
             what = "no table" if not matches else "several tables"
             raise StateError(f"{what} named {key!r} in this state root (tables: {known})", file=str(self.root))
         return matches[0]
-
-
-def write_status(directory: Path, stats: TableStats, now: float | None = None) -> None:
-    """Record where a table stands (``status.json``), for ``deltatail status``."""
-    doc: dict[str, Any] = {
-        "state": stats.state.value,
-        "error": stats.error,
-        "delivered_version": stats.delivered_version,
-        "newest_version": stats.newest_version,
-        "delivered_commit_ms": stats.delivered_commit_ms,
-        "updated": stats.updated,
-        "written": time.time() if now is None else now,
-    }
-    atomic_write(directory / STATUS_FILE, json.dumps(doc, indent=2).encode())
-
-
-def read_status(directory: Path) -> dict[str, Any] | None:
-    """The last recorded status of a table, or ``None``."""
-    try:
-        doc = json.loads((directory / STATUS_FILE).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None

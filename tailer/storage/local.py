@@ -43,16 +43,25 @@ class LocalStorage:
                     out.append(FileInfo(entry.name, st.st_size, st.st_mtime_ns // 1_000_000))
         except FileNotFoundError as e:
             raise MissingFileError("directory does not exist", file=directory) from e
+        except NotADirectoryError as e:  # a path under a regular file: /etc/passwd/_delta_log
+            raise MissingFileError(f"not a directory: {e.filename}", file=directory) from e
         out.sort(key=lambda f: f.name)
         return out
 
     def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
-        """See :meth:`Storage.read`."""
+        """See :meth:`Storage.read`.
+
+        ``length`` is clamped to what the file holds before anything is allocated: lengths often come
+        from a table (a deletion vector's ``sizeInBytes``, a Lance row-id file's size), and Python's
+        ``read(n)`` allocates ``n`` bytes up front.
+        """
         try:
             with open(to_local_path(path), "rb") as fh:
                 if offset:
                     fh.seek(offset)
-                return fh.read() if length is None else fh.read(length)
+                if length is None:
+                    return fh.read()
+                return fh.read(min(length, max(os.fstat(fh.fileno()).st_size - offset, 0)))
         except (FileNotFoundError, NotADirectoryError) as e:
             raise MissingFileError("file does not exist", file=path) from e
 
@@ -60,7 +69,7 @@ class LocalStorage:
         """See :meth:`Storage.open_input` (a memory-unmapped OS file; ``size`` is not needed locally)."""
         try:
             return pa.OSFile(to_local_path(path))
-        except FileNotFoundError as e:
+        except (FileNotFoundError, NotADirectoryError) as e:
             raise MissingFileError("file does not exist", file=path) from e
 
     def prefetch(self, files: Sequence[tuple[str, int | None]]) -> None:

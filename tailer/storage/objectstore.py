@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import io
-import re
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import obstore as obs
-import obstore.exceptions as oe
 import pyarrow as pa
 
-from state.errors import DeltaTailError, MissingFileError, StorageError
+from state.errors import DeltaTailError, MissingFileError
 from tailer.storage.base import FileInfo
+from tailer.storage.failures import translate
 from tailer.storage.options import Store, build_store, merge_options, redacted, retry_config
 from tailer.storage.prefetch import Prefetcher
 from tailer.storage.uris import Cloud, ObjectUri, parse_uri
@@ -49,52 +48,6 @@ DEFAULT_TAIL_BYTES = 64 << 10
 
 DEFAULT_CONCURRENCY = 16
 """Requests in flight in :meth:`ObjectStoreStorage.read_many`."""
-
-
-_STATUS = re.compile(r"status code: (\d{3})")
-
-
-def describe_failure(e: BaseException) -> tuple[str, bool]:
-    """A phrase for an obstore failure, and whether it may pass: never obstore's own text.
-
-    obstore's messages hold request URLs (an Azure SAS token travels in the query string) and
-    response bodies; only the HTTP status and the kind of connection failure are taken from them.
-    """
-    text = str(e)
-    m = _STATUS.search(text)
-    if isinstance(e, oe.PermissionDeniedError | oe.UnauthenticatedError):
-        status = f" (HTTP {m.group(1)})" if m else ""
-        return f"access denied{status}: check the credentials and their permissions", False
-    if m is not None:
-        code = int(m.group(1))
-        if code in (429, 503):
-            return f"the store is throttling requests (HTTP {code}), still after retries", True
-        if code >= 500:
-            return f"the store failed (HTTP {code}), still after retries", True
-        if code in (401, 403):
-            return f"access denied (HTTP {code}): check the credentials and their permissions", False
-        if code == 404:
-            return "not found (HTTP 404): no such bucket or container?", False
-        return f"the store refused the request (HTTP {code})", False
-    low = text.lower()
-    if "connection refused" in low or "connect error" in low or "tcp connect" in low:
-        return "cannot connect to the store (connection refused), still after retries", True
-    if "timed out" in low or "timeout" in low:
-        return "the store did not answer in time, still after retries", True
-    if "dns error" in low or "failed to lookup address" in low:
-        return "cannot resolve the store's host name", True
-    if "error sending request" in low or "connection" in low or "http error" in low:
-        return "the connection to the store failed, still after retries", True
-    return f"the store's client failed ({type(e).__name__})", False
-
-
-def _translate(e: Exception, op: str, uri: str) -> DeltaTailError:
-    if isinstance(e, FileNotFoundError):  # obstore's NotFoundError is one
-        return MissingFileError("file does not exist", file=uri)
-    if isinstance(e, oe.InvalidPathError) or (isinstance(e, ValueError) and "parse path" in str(e)):
-        return DeltaTailError(f"cannot {op}: not a valid object key (empty, '.' or '..' segments?)", file=uri)
-    reason, transient = describe_failure(e)
-    return StorageError(f"cannot {op}: {reason}", transient=transient, file=uri)
 
 
 class RequestCounter:
@@ -218,7 +171,7 @@ class ObjectInputFile(io.RawIOBase):
         try:
             bufs = obs.get_ranges(self._store, self._key, starts=[s for s, _ in wanted], lengths=[n for _, n in wanted])
         except Exception as e:
-            raise _translate(e, "read", self._uri) from None
+            raise translate(e, "read", self._uri) from None
         self._counter.add("get_ranges")
         self._counter.add("get_range", len(wanted))
         self._cached.extend((s, bytes(b)) for (s, _), b in zip(wanted, bufs, strict=True))
@@ -240,7 +193,7 @@ class ObjectInputFile(io.RawIOBase):
         try:
             buf = obs.get_range(self._store, self._key, start=start, length=length)
         except Exception as e:
-            raise _translate(e, "read", self._uri) from None
+            raise translate(e, "read", self._uri) from None
         self._counter.add("get_range")
         return bytes(buf)
 
@@ -352,7 +305,7 @@ class ObjectStoreStorage:
             except DeltaTailError:
                 raise
             except Exception as e:
-                raise _translate(e, "list", directory) from None
+                raise translate(e, "list", directory) from None
             if skip_to is None:
                 break
             floor = skip_to  # strictly greater than before: the loop ends
@@ -384,7 +337,7 @@ class ObjectStoreStorage:
                 return b""
             return bytes(obs.get_range(store, u.key, start=offset, length=length))
         except Exception as e:
-            raise _translate(e, "read", path) from None
+            raise translate(e, "read", path) from None
 
     def _fetch(self, path: str) -> bytes:
         """The whole object: one GET.
@@ -398,7 +351,7 @@ class ObjectStoreStorage:
         try:
             return bytes(obs.get(store, u.key).bytes())
         except Exception as e:
-            raise _translate(e, "read", path) from None
+            raise translate(e, "read", path) from None
 
     def read_many(self, paths: Sequence[str]) -> list[bytes]:
         """The whole contents of each of ``paths``, in order, fetched :attr:`concurrency` at a time.
@@ -428,7 +381,7 @@ class ObjectStoreStorage:
             if isinstance(r, BaseException):
                 if not isinstance(r, Exception):
                     raise r
-                raise _translate(r, "read", path) from None
+                raise translate(r, "read", path) from None
             out.append(r)
         return out
 
@@ -470,7 +423,7 @@ class ObjectStoreStorage:
         try:
             meta = obs.head(store, u.key)
         except Exception as e:
-            raise _translate(e, "stat", path) from None
+            raise translate(e, "stat", path) from None
         return _info(meta, u.key.rsplit("/", 1)[-1])
 
     def stat_keeping(self, path: str) -> FileInfo:
@@ -488,7 +441,7 @@ class ObjectStoreStorage:
             result = obs.get(store, u.key)
             data = bytes(result.bytes())
         except Exception as e:
-            raise _translate(e, "stat", path) from None
+            raise translate(e, "stat", path) from None
         self._prefetcher.keep(path, data)
         return _info(result.meta, u.key.rsplit("/", 1)[-1])
 

@@ -12,10 +12,18 @@ itself and lose to explicit options. Retries take delta-rs's keys
 delta-rs (locking, unsafe rename) are accepted and ignored: deltatail only
 reads tables. Values never appear in messages; :func:`redacted` hides
 secret-looking ones wherever options are shown.
+
+A value may be a reference instead, so that secrets stay out of ``ps`` and of config files:
+``env:NAME`` is the environment variable ``NAME``, ``@/path/to/file`` the file's content with
+surrounding white space stripped (a mounted secret). :func:`resolve_references` resolves them where
+options are read (``--storage-option``, a TOML ``[storage]`` table); a variable that is not set, a
+file that cannot be read or an empty one is a :class:`~state.errors.ConfigError` naming the option
+and the variable or file, never a value.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
@@ -90,11 +98,12 @@ def merge_options(*layers: Mapping[str, str] | None) -> dict[str, str]:
     return out
 
 
-def parse_option_pairs(pairs: Iterable[str]) -> dict[str, str]:
-    """``--storage-option KEY=VALUE`` arguments as a dict.
+def parse_option_pairs(pairs: Iterable[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``--storage-option KEY=VALUE`` arguments as a dict, ``env:NAME`` and ``@FILE`` values resolved.
 
     Raises:
-        ConfigError: if an argument has no ``=`` or an empty key (the value is never echoed).
+        ConfigError: if an argument has no ``=`` or an empty key, or a reference cannot be resolved
+            (:func:`resolve_references`); the value is never echoed.
     """
     out: dict[str, str] = {}
     for pair in pairs:
@@ -103,6 +112,72 @@ def parse_option_pairs(pairs: Iterable[str]) -> dict[str, str]:
             shown = key.strip() if eq else "(no '=')"
             raise ConfigError(f"a storage option must be KEY=VALUE; got key {shown!r}")
         out[key.strip().lower()] = value
+    return resolve_references(out, env)
+
+
+ENV_PREFIX = "env:"
+FILE_PREFIX = "@"
+MAX_SECRET_FILE = 64 << 10
+"""The largest file an ``@PATH`` option value may name (a key file or token; larger is a mistake)."""
+
+
+def resolve_references(
+    options: Mapping[str, str], env: Mapping[str, str] | None = None, *, where: str | None = None
+) -> dict[str, str]:
+    """``options`` with ``env:NAME`` and ``@PATH`` values resolved; other values as they are.
+
+    ``env:NAME`` is the environment variable ``NAME``, ``@PATH`` the content of the file (at most
+    :data:`MAX_SECRET_FILE` bytes), stripped of surrounding white space.
+
+    Args:
+        options: storage options.
+        env: the environment (``os.environ`` if not given).
+        where: the file the options come from, for errors.
+
+    Raises:
+        ConfigError: naming the option and the variable or file (never a value) if the variable is
+            not set or empty, or the file cannot be read, is larger than :data:`MAX_SECRET_FILE`, is
+            not UTF-8 text or is empty.
+    """
+    env = os.environ if env is None else env
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        if value.startswith(ENV_PREFIX):
+            name = value[len(ENV_PREFIX) :].strip()
+            resolved = env.get(name, "") if name else ""
+            if not resolved:
+                state = "is empty" if name in env else "is not set"
+                raise ConfigError(
+                    f"storage option {key} refers to environment variable {name or '(no name)'}, which {state}",
+                    file=where,
+                )
+            out[key] = resolved
+        elif value.startswith(FILE_PREFIX):
+            path = value[len(FILE_PREFIX) :].strip()
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read(MAX_SECRET_FILE + 1)
+            except OSError as e:
+                raise ConfigError(
+                    f"storage option {key} refers to file {path}, which cannot be read ({e.strerror or 'error'})",
+                    file=where,
+                ) from None
+            if len(data) > MAX_SECRET_FILE:
+                raise ConfigError(
+                    f"storage option {key} refers to file {path}, which is larger than {MAX_SECRET_FILE} bytes",
+                    file=where,
+                )
+            try:
+                text = data.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise ConfigError(
+                    f"storage option {key} refers to file {path}, which is not UTF-8 text", file=where
+                ) from None
+            if not text:
+                raise ConfigError(f"storage option {key} refers to file {path}, which is empty", file=where)
+            out[key] = text
+        else:
+            out[key] = value
     return out
 
 

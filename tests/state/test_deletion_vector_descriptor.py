@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from state.actions import Add, DeletionVector, Remove, parse_json_actions
-from state.errors import DeletionVectorError, InvalidLogError
+from state.errors import DeletionVectorError, InvalidLogError, UnsafePathError
 from state.z85 import z85_decode
 
 
@@ -112,7 +112,9 @@ def test_offset_distinguishes_descriptors_in_one_file() -> None:
 
 def test_absolute_path_example_is_used_as_is() -> None:
     dv = _descriptor(_P_EXAMPLE)
-    assert dv.absolute_path("s3://othertable/") == _P_EXAMPLE["pathOrInlineDv"]
+    assert dv.absolute_path("s3://othertable/", ("s3://mytable",)) == _P_EXAMPLE["pathOrInlineDv"]
+    with pytest.raises(UnsafePathError):  # another bucket, not listed: refused (state/paths.py)
+        dv.absolute_path("s3://othertable/")
     with pytest.raises(InvalidLogError):
         dv.relative_path()
 

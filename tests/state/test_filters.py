@@ -93,7 +93,7 @@ def test_change_types_and_where_together() -> None:
         (ChangeFilter(where="nope = 1"), "unknown column 'nope'"),
         (ChangeFilter(where="region = "), "cannot parse"),
         (ChangeFilter(where="1 = 1"), "a comparison needs a column"),
-        (ChangeFilter(where="s.x = 1"), "nested fields are not supported"),
+        (ChangeFilter(where="s.x = 1"), "qualified names"),
         (ChangeFilter(where="upper(region) = 'EMEA'"), "is not a column or a literal"),
         (ChangeFilter(where="day = DATE 'not a date'"), "is not a valid date"),
     ],
@@ -158,3 +158,56 @@ def test_change_types_drop_the_files_of_other_types() -> None:
     assert not f.drops_every_row(constants(), "delete")
     assert not f.drops_every_row(constants(), None)
     assert not ChangeFilter(columns=("id",)).compile(NAMES).prunes
+
+
+# ---------------------------------------------------------------- what is not a row predicate --
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("id IN (SELECT 1)", "subqueries are not supported"),
+        ("id NOT IN (SELECT 1)", "subqueries are not supported"),
+        ("id IN UNNEST(ids)", "IN takes a list of literals"),
+        ("id = (SELECT max(id) FROM other)", "subqueries are not supported"),
+        ("EXISTS (SELECT 1 FROM other WHERE other.id = id)", "subqueries are not supported"),
+        ("id = ANY (SELECT 1)", "subqueries are not supported"),
+        ("count(*) > 1", "'COUNT\\(\\*\\)' is an aggregate"),
+        ("sum(amount) > 10", "is an aggregate"),
+        ("row_number() OVER (ORDER BY id) = 1", "is a window function"),
+        ("no_such_function(id) = 1", "is not a column or a literal"),
+        ("other.id = id", "qualified names"),
+        ("id = 1; DROP TABLE t", "is not supported"),
+    ],
+)
+def test_what_is_not_a_row_predicate_is_refused(where: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ChangeFilter(where=where).compile(ROWS.schema.names)
+
+
+def test_a_long_and_chain_is_evaluated_without_recursion() -> None:
+    # 3,000 ANDs raised RecursionError; a chain is evaluated in a loop, whatever its length.
+    where = " AND ".join(["id > 1"] * 1500 + ["id < 6"] * 1501)
+    assert kept(ChangeFilter(where=where)) == [(101, [2, 3, 4, 5])]
+    either = " OR ".join([f"id = {i}" for i in (2, 5)] + ["id = 99"] * 2998)
+    assert kept(ChangeFilter(where=either)) == [(101, [2]), (104, [5])]
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("(" * 5000 + "id = 1" + ")" * 5000, "parentheses nest 5000 deep; at most 16"),
+        ("(" * 17 + "id = 1" + ")" * 17, "parentheses nest 17 deep; at most 16"),
+        ("NOT " * 3000 + "id = 1", "nests too deeply"),
+        ("NOT " * 60 + "id = 1", "levels deep; at most 40|nests too deeply"),
+        (" AND ".join(["id > 1"] * 20000), "characters long; at most 65536"),
+    ],
+)
+def test_predicates_too_deep_or_too_long_are_refused(where: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ChangeFilter(where=where).compile(ROWS.schema.names)
+
+
+def test_nesting_within_the_bound_works_and_quoted_parentheses_do_not_count() -> None:
+    where = "(" * 16 + "id = 3 OR name = '((((((((((((((((((('" + ")" * 16
+    assert kept(ChangeFilter(where=where)) == [(102, [3])]

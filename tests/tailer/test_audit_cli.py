@@ -167,14 +167,25 @@ def test_outputs_report_and_alerts(ops: Path, config: Path, tmp_path: Path) -> N
         (["--follow", "--state-dir", "S", "--html", "r.html"], "--html writes the report of a range"),
         (["--state-dir", "S"], "--state-dir is a setting of --follow"),
         (["--until-caught-up"], "--until-caught-up is a setting of --follow"),
-        (["--starting-version", "soon"], "--starting-version must be a number or 'latest'"),
-        (["--ending-version", "20"], "ending version 20 is after the latest version 9"),
     ],
 )
 def test_bad_flags(ops: Path, args: list[str], message: str) -> None:
     result = run("audit", str(ops), *args, check=False)
-    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert result.returncode == 2 and message in result.stderr, result.stderr  # a usage error
     assert "Traceback" not in result.stderr
+
+
+def test_a_version_after_the_latest_is_an_error_not_a_usage_error(ops: Path) -> None:
+    result = run("audit", str(ops), "--ending-version", "20", check=False)
+    assert result.returncode == 1 and "ending version 20 is after the latest version 9" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_starting_version_is_a_usage_error(ops: Path) -> None:
+    for value in ("soon", "-1"):
+        result = run("audit", str(ops), "--starting-version", value, check=False)
+        assert result.returncode == 2, result.stderr
+        assert f"--starting-version: expected a version number (0 or more) or 'latest', got '{value}'" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -193,7 +204,7 @@ def test_bad_config_names_the_key(ops: Path, tmp_path: Path, toml: str, message:
     path = tmp_path / "bad.toml"
     path.write_text(toml)
     result = run("audit", str(ops), "--config", str(path), check=False)
-    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert result.returncode == 2 and message in result.stderr, result.stderr
     assert str(path) in result.stderr and "Traceback" not in result.stderr
     with pytest.raises(ConfigError, match=r"bad\.toml"):
         audit_config({"config": str(path)}, env={})

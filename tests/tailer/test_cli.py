@@ -76,13 +76,13 @@ def test_changes_outputs_agree_with_load_cdf(tmp_path: Path) -> None:
     assert sorted(r["id"] for r in first) == [1, 2, 3]
 
 
-def test_errors_exit_one_with_the_table_named(tmp_path: Path) -> None:
+def test_errors_exit_one_with_the_table_named_and_config_errors_two(tmp_path: Path) -> None:
     result = _run("snapshot", str(tmp_path / "nothing"), check=False)
     assert result.returncode == 1
     assert "deltatail: error:" in result.stderr and str(tmp_path / "nothing") in result.stderr
     _table(tmp_path / "t")
     bad_output = _run("changes", str(tmp_path / "t"), "--output", str(tmp_path / "x.csv"), check=False)
-    assert bad_output.returncode == 1 and ".jsonl or .parquet" in bad_output.stderr
+    assert bad_output.returncode == 2 and ".jsonl or .parquet" in bad_output.stderr
     future = _run("snapshot", str(tmp_path / "t"), "--version", "99", check=False)
     assert future.returncode == 1 and "version 99 does not exist" in future.stderr
 
@@ -105,7 +105,7 @@ def test_reader_processes_flag(tmp_path: Path) -> None:
     assert default == in_process
     assert [json.loads(line)["id"] for line in default.splitlines()] == list(range(12))
     negative = _run("changes", str(tmp_path / "t"), "--reader-processes", "-1", check=False)
-    assert negative.returncode == 1 and "--reader-processes must be 0 or more, got -1" in negative.stderr
+    assert negative.returncode == 2 and "--reader-processes: must be at least 0, got '-1'" in negative.stderr
     state = tmp_path / "state"
     run = _run(
         "run",
@@ -117,7 +117,7 @@ def test_reader_processes_flag(tmp_path: Path) -> None:
         "-2",
         check=False,
     )
-    assert run.returncode == 1 and "--reader-processes must be 0 or more, got -2" in run.stderr
+    assert run.returncode == 2 and "--reader-processes: must be at least 0, got '-2'" in run.stderr
 
 
 def test_usage_errors_exit_two(tmp_path: Path) -> None:

@@ -94,7 +94,7 @@ def test_reset_needs_yes_and_starts_over_with_the_current_rows(tmp_path: Path) -
     root, state = make(tmp_path), tmp_path / "state"
     run(root, state, tmp_path / "a.jsonl")
     refused = deltatail("reset", str(state))
-    assert refused.returncode == 1 and "--yes" in refused.stderr
+    assert refused.returncode == 2 and "--yes" in refused.stderr
     done = deltatail("reset", str(state), "--yes")
     assert done.returncode == 0, done.stderr
     run(root, state, tmp_path / "b.jsonl")

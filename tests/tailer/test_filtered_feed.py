@@ -122,7 +122,7 @@ def test_run_with_filters_delivers_exactly_once_across_restarts(tmp_path: Path) 
 def test_a_bad_filter_is_a_config_error_on_the_command_line(tmp_path: Path) -> None:
     write_deltalake(str(tmp_path / "t"), rows(range(3), "emea"))
     done = deltatail("changes", str(tmp_path / "t"), "--where", "amount >")
-    assert done.returncode == 1 and "where: cannot parse" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "where: cannot parse" in done.stderr and "Traceback" not in done.stderr
 
 
 # ---------------------------------------------------------------- pruning --

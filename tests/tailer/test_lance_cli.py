@@ -89,7 +89,7 @@ def test_filters_on_a_lance_dataset_keep_unfiltered_positions(
         if r["id"] >= 2 and r["_commit_version"] not in appends
     ]
     assert some == expected and [r["id"] for r in some] == [2]  # the delete of id 2, at its own position
-    assert main(["changes", str(root), "--where", "colour = 'red'"]) == 1
+    assert main(["changes", str(root), "--where", "colour = 'red'"]) == 2
     assert "unknown column 'colour'" in capsys.readouterr().err
 
 
@@ -97,11 +97,11 @@ def test_detection_and_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     root = dataset(tmp_path / "ds")
     assert looks_like_lance(str(root), LocalStorage())
     assert not looks_like_lance(str(tmp_path), LocalStorage())
-    assert main(["changes", f"lance://{root}", "--format", "delta"]) == 1
+    assert main(["changes", f"lance://{root}", "--format", "delta"]) == 2
     assert "lance:// URI" in capsys.readouterr().err
-    assert main(["changes", str(root), "--net-changes"]) == 1
+    assert main(["changes", str(root), "--net-changes"]) == 2
     assert "not to Lance" in capsys.readouterr().err
-    assert main(["changes", str(root), "--output", "x.csv"]) == 1
+    assert main(["changes", str(root), "--output", "x.csv"]) == 2
     assert main(["changes", str(root), "--format", "delta"]) == 1  # not a Delta table: a named error
     assert main(["changes", str(root), "--starting-version", "9"]) == 1
     assert "after the latest version" in capsys.readouterr().err

@@ -255,7 +255,8 @@ def test_initial_snapshot_then_changes_and_the_saved_state_is_the_cursor_alone(t
     lance.dataset(str(root)).delete("id = 5")
     LanceTailer(config, JsonLinesSink(str(out))).run()
     assert jsonl(out)[-1]["_position"] == [3, 0, False] and jsonl(out)[-1]["id"] == 5
-    assert sorted(p.name for p in state.iterdir()) == ["LOCK", "cursor.json"]
+    # No snapshot file: the cursor alone (and status.json, the report deltatail status reads).
+    assert sorted(p.name for p in state.iterdir()) == ["LOCK", "cursor.json", "status.json"]
     saved = StateStore(str(state)).load()
     assert saved is not None and saved.snapshot_file == "" and saved.snapshot_version == 3
 

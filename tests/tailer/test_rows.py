@@ -29,7 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.p
 from corpus import corpus_root, corpus_table
 
 from state.actions import Add, AddCDCFile, Metadata, Remove, parse_json_actions
-from state.errors import ConfigError, DeletionVectorError, DeltaTailError, InvalidLogError, MissingFileError
+from state.errors import (
+    ConfigError,
+    DeletionVectorError,
+    DeltaTailError,
+    InvalidLogError,
+    MissingFileError,
+    UnsafePathError,
+)
 from state.feed import CHANGE_TYPE_COLUMN
 from state.schema import StructField, StructType, parse_schema
 from tailer.read.column_plan import ColumnPlan, PlansByParquetSchema
@@ -439,8 +446,8 @@ def test_absolute_file_uri_reads_the_same_rows(tmp_path: Path) -> None:
     write_deltalake(str(root), pa.table({"a": [1, 2, 3]}))
     metadata, [(version, add)] = replay(root)
     relative = batches_rows(read_add(root, metadata, version, add))
-    absolute = Add(f"file://{root}/{add.path}", {}, add.size, 0, True)
-    assert batches_rows(read_add(tmp_path / "elsewhere", metadata, version, absolute)) == relative
+    absolute = Add(f"file://{root}/{add.path}", {}, add.size, 0, True)  # under the table root: allowed
+    assert batches_rows(read_add(root, metadata, version, absolute)) == relative
     assert [r["a"] for r in relative] == [1, 2, 3]
 
 
@@ -889,13 +896,19 @@ def test_nested_partition_column_type_is_an_invalid_log() -> None:
     [
         ("part-0.parquet", "/t/part-0.parquet"),
         ("ts=2020-01-01 08:09:10/part-0.parquet", "/t/ts=2020-01-01 08:09:10/part-0.parquet"),
-        ("/abs/part-0.parquet", "/abs/part-0.parquet"),
-        ("file:///abs/part-0.parquet", "file:///abs/part-0.parquet"),
-        ("s3://bucket/t/part-0.parquet", "s3://bucket/t/part-0.parquet"),
+        ("/t/part-0.parquet", "/t/part-0.parquet"),
+        ("file:///t/part-0.parquet", "/t/part-0.parquet"),
+        ("/abs/part-0.parquet", None),
+        ("s3://bucket/t/part-0.parquet", None),
     ],
 )
-def test_relative_paths_resolve_under_the_root_and_absolute_ones_stay(path: str, expected: str) -> None:
-    assert resolve_data_path("/t/", path) == expected
+def test_relative_paths_resolve_under_the_root_and_absolute_ones_stay(path: str, expected: str | None) -> None:
+    if expected is None:  # outside the table root: state/paths.py's rule (tests/state/test_paths.py)
+        with pytest.raises(UnsafePathError):
+            resolve_data_path("/t/", path)
+    else:
+        assert resolve_data_path("/t/", path) == expected
+    assert resolve_data_path("/t/", "/abs/part-0.parquet", ("/abs",)) == "/abs/part-0.parquet"
 
 
 # ------------------------------------------------------------------ unreadable files

@@ -926,7 +926,7 @@ def test_cli_settings_precedence(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr.decode()  # ... and the flag's sink beats the environment's
     assert_rows(rows_of(read_jsonl(flag_out)), expected_cdf(root, 2, version))
     bad = run_cli("run", str(root), "--state-dir", str(tmp_path / "s3"), env=cli_env(DELTATAIL_CHECKPOINT_COMMITS="x"))
-    assert bad.returncode == 1 and b"DELTATAIL_CHECKPOINT_COMMITS" in bad.stderr
+    assert bad.returncode == 2 and b"DELTATAIL_CHECKPOINT_COMMITS" in bad.stderr
 
 
 # ---------------------------------------------------------------- starting points on a new state directory

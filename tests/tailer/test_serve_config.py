@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,7 +15,15 @@ import pytest
 from deltalake import write_deltalake
 
 from state.errors import ConfigError, DeltaTailError, TableNotFoundError
-from tailer.cli.serve import check_discovered_sink, check_distinct_sinks, check_tables, load_serve_config, source
+from tailer.cli.serve import (
+    _discovered,
+    check_discovered_sink,
+    check_distinct_sinks,
+    check_sink_uris,
+    check_tables,
+    load_serve_config,
+    source,
+)
 from tailer.follow.stats import TableState, TableStats
 from tailer.serve.discovery import find_tables
 from tailer.serve.http import HealthServer, readiness
@@ -107,8 +118,9 @@ def test_discovery_finds_tables_but_not_tables_inside_tables(tmp_path: Path) -> 
 
 def test_readiness_says_which_tables_are_not_ready() -> None:
     ok = TableStats("/a", "a", state=TableState.FOLLOWING)
-    close = TableStats("/b", "b", state=TableState.CATCHING_UP, delivered_commit_ms=1000 * 990)
-    far = TableStats("/c", "c", state=TableState.CATCHING_UP, delivered_commit_ms=0)
+    # The lag is the age of the oldest version not delivered (pending), not of the newest delivered one.
+    close = TableStats("/b", "b", state=TableState.CATCHING_UP, newest_version=3, pending_commit_ms=1000 * 990)
+    far = TableStats("/c", "c", state=TableState.CATCHING_UP, newest_version=3, pending_commit_ms=0)
     failed = TableStats("/d", "d", state=TableState.FAILED, error="boom")
     problems = readiness([ok, close, far, failed], 60.0, 1000.0)
     assert [p.split(":")[0] for p in problems] == ["c", "d"] and "boom" in problems[1]
@@ -130,7 +142,7 @@ def test_two_tables_with_one_sink_file_are_refused_before_anything_starts(tmp_pa
         text=True,
         timeout=120,
     )
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     assert "tables 'a' and 'b' have the same sink" in done.stderr and str(out) in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not out.exists() and not (tmp_path / "state").exists()
@@ -146,21 +158,21 @@ def test_two_tables_with_one_sink_file_are_refused_before_anything_starts(tmp_pa
 def test_filled_sink_uris_naming_one_place_are_refused(tmp_path: Path, first: str, second: str) -> None:
     a, b = table(tmp_path / "a"), table(tmp_path / "b")
     probe = [source("a", {"path": str(a)}), source("b", {"path": str(b)})]
-    ids = check_tables(probe)
+    ids, _ = check_tables(probe)
     fill = {"d": tmp_path, "tid_a": ids["a"]}
     sources = [
         source("a", {"path": str(a), "sink": first.format(**fill)}),
         source("b", {"path": str(b), "sink": second.format(**fill)}),
     ]
     with pytest.raises(ConfigError, match="tables 'a' and 'b' have the same sink"):
-        check_distinct_sinks(sources, check_tables(sources))
+        check_distinct_sinks(sources, check_tables(sources)[0])
 
 
 def test_distinct_sinks_stdout_and_kafka_may_be_shared(tmp_path: Path) -> None:
     a, b = table(tmp_path / "a"), table(tmp_path / "b")
     for uri in ("jsonl:-", f"jsonl:{tmp_path}/{{table_name}}.jsonl", f"parquet:{tmp_path}/{{table_id}}"):
         sources = [source("a", {"path": str(a), "sink": uri}), source("b", {"path": str(b), "sink": uri})]
-        check_distinct_sinks(sources, check_tables(sources))
+        check_distinct_sinks(sources, check_tables(sources)[0])
 
 
 def test_discovery_with_one_default_sink_file_is_refused(tmp_path: Path) -> None:
@@ -168,3 +180,99 @@ def test_discovery_with_one_default_sink_file_is_refused(tmp_path: Path) -> None
         check_discovered_sink({"sink": f"jsonl:{tmp_path}/all.jsonl"})
     check_discovered_sink({"sink": f"jsonl:{tmp_path}/{{table_name}}.jsonl"})
     check_discovered_sink({})  # jsonl:- by default
+
+
+@contextmanager
+def caplog_records() -> Iterator[list[logging.LogRecord]]:
+    """The records of the ``deltatail`` logger while inside."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    logger = logging.getLogger("deltatail")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize(
+    ("sink", "message"),
+    [
+        ("jsnl:/tmp/x.jsonl", "table 't': unknown sink URI 'jsnl:/tmp/x.jsonl'"),
+        ("kafka://127.0.0.1:9/cdc?format=debezum", "table 't': kafka URI .*format='debezum'"),
+        ("parquet:", "table 't': sink URI 'parquet:' has no path"),
+    ],
+)
+def test_sink_uris_are_checked_before_anything_starts(tmp_path: Path, sink: str, message: str) -> None:
+    """Before: serve started with /healthz green and the table failed when it first opened its sink."""
+    t = table(tmp_path / "t")
+    with pytest.raises(ConfigError, match=message):
+        check_sink_uris([source("t", {"path": str(t), "sink": sink})])
+    config = write(tmp_path, f'listen = "127.0.0.1:0"\n[[tables]]\npath = "{t}"\nsink = "{sink}"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("deltatail: error: table 't': ") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_bad_defaults_sink_with_discovery_is_refused_at_start(tmp_path: Path) -> None:
+    table(tmp_path / "lake" / "t")
+    config = write(
+        tmp_path, f'[defaults]\nsink = "jsnl:/x/{{table_name}}"\n[[discover]]\nroot = "{tmp_path / "lake"}"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "[defaults] sink: unknown sink URI" in done.stderr, done.stderr
+
+
+def test_a_discovered_table_with_a_bad_sink_is_logged_once_and_the_others_followed(tmp_path: Path) -> None:
+    """The table's name fills the Kafka URI: a directory named with '?format=debezum' makes its URI bad."""
+    lake = tmp_path / "lake"
+    table(lake / "good")
+    table(lake / "bad?format=debezum")
+    config = load_serve_config(
+        str(
+            write(
+                tmp_path,
+                f'[defaults]\nsink = "kafka://127.0.0.1:9/cdc.{{table_name}}"\n[[discover]]\nroot = "{lake}"\n',
+            )
+        )
+    )
+    refused: set[str] = set()
+    with caplog_records() as records:
+        for _ in range(3):
+            found = _discovered(config, set(), refused)
+            assert [s.name for s in found] == ["good"]
+    bad = [r for r in records if "cannot be followed" in r.getMessage()]
+    assert len(bad) == 1 and "format='debezum'" in bad[0].getMessage(), [r.getMessage() for r in records]
+
+
+def test_a_state_root_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    t = table(tmp_path / "t")
+    (tmp_path / "state").write_text("a file where the state root should be\n")
+    config = write(tmp_path, f'listen = "127.0.0.1:0"\n[[tables]]\npath = "{t}"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("deltatail: error: the state root is unusable") and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr

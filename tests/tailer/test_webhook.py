@@ -50,6 +50,15 @@ class Server:
 
 @pytest.fixture
 def server() -> Iterator[Server]:
+    yield from _server()
+
+
+@pytest.fixture
+def other_server() -> Iterator[Server]:
+    yield from _server()
+
+
+def _server() -> Iterator[Server]:
     state = Server(url="", script=[])
 
     class Handler(BaseHTTPRequestHandler):
@@ -58,11 +67,16 @@ def server() -> Iterator[Server]:
             state.received.append(Received(self.path, dict(self.headers.items()), body))
             action = state.script.pop(0) if state.script else 200
             state.arrived.release()
+            location = None
             if action == "hang":
                 state.release.wait(10)
                 action = 200
+            elif isinstance(action, str) and action.startswith("3"):  # "302 http://elsewhere/": a redirect
+                action, location = action.split(" ", 1)
             try:
                 self.send_response(int(action))
+                if location is not None:
+                    self.send_header("Location", location)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
             except (BrokenPipeError, ConnectionResetError):
@@ -169,6 +183,23 @@ def test_a_refusal_is_not_retried(server: Server) -> None:
     server.wait_for(1)
     hook.close()
     assert (hook.stats.failed, hook.stats.attempts, len(server.received)) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_a_redirect_is_a_failed_delivery_and_is_not_followed(
+    code: int, server: Server, other_server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    elsewhere = other_server.url.replace("token=abc123", "x=1")
+    server.script = [f"{code} {elsewhere}"] * 20
+    hook = Webhook(config(server.url, headers={"Authorization": "Bearer s3cret"}))
+    hook.send({"rule": "large delete"}, label="alert")
+    server.wait_for(1)
+    hook.close()
+    assert other_server.received == []  # neither the body nor the Authorization header went there
+    assert (hook.stats.delivered, hook.stats.failed, hook.stats.attempts, len(server.received)) == (0, 1, 1, 1)
+    assert f"webhook {redact_url(server.url)}: alert not delivered: HTTP {code}: a redirect" in caplog.text
+    assert "127.0.0.1:" + elsewhere.split(":")[2].split("/")[0] not in caplog.text  # not the Location either
+    assert_no_secret(caplog)
 
 
 def test_connection_refused_is_retried_and_reported(caplog: pytest.LogCaptureFixture) -> None:
