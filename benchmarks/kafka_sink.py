@@ -29,9 +29,10 @@ import pyarrow as pa
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
-from sinks.debezium import EventOptions
-from sinks.encoding import ChangeEncoder
-from sinks.kafka import KafkaOptions, KafkaSink
+from sinks.kafka.debezium import EventOptions
+from sinks.kafka.encoding import ChangeEncoder
+from sinks.kafka.options import KafkaOptions
+from sinks.kafka.sink import KafkaSink
 from state.cursor import Position
 from state.feed import ChangeBatch, TableInfo
 

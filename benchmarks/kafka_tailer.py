@@ -9,7 +9,7 @@ same local broker:
     the command line, ``deltatail run TABLE --until-caught-up --sink kafka://...?key=id&backend=B``,
     timed from process start to exit (interpreter start, imports and connecting included);
 ``in-process``
-    :class:`tailer.follow.tailer.Tailer` with a :class:`sinks.kafka.KafkaSink`, timed around ``run()``: the
+    :class:`tailer.follow.tailer.Tailer` with a :class:`sinks.kafka.sink.KafkaSink`, timed around ``run()``: the
     same work without the interpreter's start;
 ``producer ready`` (confluent-kafka)
     the same, timed from the moment the sink's producer holds its idempotent producer id (one
@@ -23,7 +23,7 @@ same local broker:
     way of sending (a delivery callback on every ``produce``, ``poll(0)`` every 1,024 messages):
     the client-side limit. Its clock starts once connected; the tailer's includes connecting. Its
     loop runs with Python's cyclic garbage collector paused, as the sink's writes do
-    (:func:`sinks.kafka.collector_paused`): otherwise full collections rescanning the list of
+    (:func:`tailer.collector.collector_paused`): otherwise full collections rescanning the list of
     messages held in memory cost kafka-python about a third of its speed.
 
 The figure of merit is the ratio tailer / bare producer (goal: 80% or more), each the best of
@@ -76,10 +76,11 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from benchmarks.kafka_sink import tansu_broker, writes_seconds
-from sinks.encoding import ChangeEncoder
-from sinks.kafka import KafkaOptions, KafkaSink
-from sinks.kafka_producers import ConfluentProducer, Outgoing, PythonProducer
-from sinks.partitioner import choose_partitions
+from sinks.kafka.encoding import ChangeEncoder
+from sinks.kafka.options import KafkaOptions
+from sinks.kafka.partitioner import choose_partitions
+from sinks.kafka.producers import ConfluentProducer, Outgoing, PythonProducer
+from sinks.kafka.sink import KafkaSink
 from state.feed import ChangeBatch, TableInfo
 from tailer.collector import collector_paused
 from tailer.follow.tailer import Tailer, TailerConfig

@@ -27,7 +27,7 @@ file or directory written by a deltatail without these records holds rows of no
 known table: the first table to open it adopts it, with a warning.
 
 Rows are written with the table's columns and the three change columns; JSON
-values follow :func:`sinks.encoding.json_values` (decimals as strings,
+values follow :func:`sinks.json_text.json_values` (decimals as strings,
 timestamps as ISO-8601 UTC, binary as base64).
 """
 
@@ -82,7 +82,7 @@ def _adopting(sink_file: str, table: TableInfo) -> None:
 def encode_jsonl(batch: ChangeBatch) -> bytes:
     """The batch as JSON lines, each with its ``_position``.
 
-    Long batches are encoded column by column (:func:`sinks.encoding.column_texts`);
+    Long batches are encoded column by column (:func:`sinks.json_text.column_texts`);
     the bytes are the same either way.
     """
     names = batch.rows.schema.names

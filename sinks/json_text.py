@@ -28,7 +28,7 @@ every path):
   ``to_json``) embedded as JSON, as Spark's ``to_json(struct(...))`` writes a
   row (``{"v":{"a":1}}``, not a string holding ``{"a":1}``); the ``debezium`` and
   ``flat`` formats instead carry it as a string holding that text, Debezium's
-  ``io.debezium.data.Json`` (:mod:`sinks.connect_schema`).
+  ``io.debezium.data.Json`` (:mod:`sinks.kafka.connect_schema`).
 """
 
 from __future__ import annotations

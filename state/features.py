@@ -20,7 +20,7 @@ SUPPORTED_READER_FEATURES: dict[str, str] = {
     "vacuumProtocolCheck": "asks nothing of readers beyond the protocol check",
     "typeWidening": "files written with narrower types are cast to the table schema",
     "typeWidening-preview": "same as typeWidening",
-    "variantType": "variant columns are read in the Parquet variant encoding (state/variant.py)",
+    "variantType": "variant columns are read in the Parquet variant encoding (state/variant/)",
     "variantType-preview": "same as variantType",
     "variantShredding": "shredded variant columns (typed_value) are reconstructed into the unshredded encoding",
     "variantShredding-preview": "same as variantShredding",

@@ -43,7 +43,7 @@ _PRIMITIVES: dict[str, pa.DataType] = {
     "timestamp_ntz": pa.timestamp("us"),
     "void": pa.null(),
     # Delta 4.0's semi-structured type (protocol, "Variant Data Type"): the unshredded variant, a struct of
-    # its metadata and value binaries (state/variant.py); files may hold it shredded, readers unshred it.
+    # its metadata and value binaries (state/variant/); files may hold it shredded, readers unshred it.
     "variant": VARIANT_STORAGE_TYPE,
 }
 

@@ -17,8 +17,8 @@ The micro-batch is written through an internal Python data source
 (``deltatail_kafka``, a :class:`~pyspark.sql.datasource.DataSourceArrowWriter`,
 which needs no pandas): each executor task gets its partition as Arrow batches
 and produces it with kafka-python, encoding rows with
-:class:`sinks.encoding.ChangeEncoder`. The URI and message formats are those of
-:class:`sinks.kafka.KafkaSink` (``format``, ``key``, ``tombstones``,
+:class:`sinks.kafka.encoding.ChangeEncoder`. The URI and message formats are those of
+:class:`sinks.kafka.sink.KafkaSink` (``format``, ``key``, ``tombstones``,
 ``compression``, the producer and security options). Headers: ``dt.table_id``,
 ``dt.sink_id``, ``dt.version``, ``dt.change_type`` as the sink writes them, and
 ``dt.spark_batch`` (the micro-batch id). Only the tasks' message counts come
@@ -39,7 +39,7 @@ Where it differs from the sink, because Spark rows carry no position:
   post-image, insert), so one task produces all of a key's messages in commit
   order. A Debezium ``u`` event needs both images in one Arrow batch; an update
   whose images fall on either side of a batch boundary is written as ``d`` then
-  ``c`` (see :mod:`sinks.encoding`). Without ``key`` columns there is no order.
+  ``c`` (see :mod:`sinks.kafka.encoding`). Without ``key`` columns there is no order.
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from sinks.encoding import ChangeEncoder
 from sinks.json_text import EncodedBatch
-from sinks.kafka_options import KafkaOptions, default_sink_id, fill_topic
-from sinks.partitioner import choose_partitions
+from sinks.kafka.encoding import ChangeEncoder
+from sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
+from sinks.kafka.partitioner import choose_partitions
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, TableInfo
@@ -102,7 +102,7 @@ def kafka_batch_writer(
     """A ``foreachBatch`` function writing each micro-batch of a ``deltatail`` stream to Kafka.
 
     Args:
-        uri: a ``kafka://`` URI as :class:`sinks.kafka.KafkaSink` takes (without ``exactly_once``,
+        uri: a ``kafka://`` URI as :class:`sinks.kafka.sink.KafkaSink` takes (without ``exactly_once``,
             ``commit_topic`` and ``backend=confluent``).
         table_path: the table the stream reads (for its id, and Debezium's ``source``).
         table_name: the table's name (topic templates, Debezium ``source.table``).

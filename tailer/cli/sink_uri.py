@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sinks.embedded import JsonLinesSink, ParquetDirSink
-from sinks.kafka import KafkaSink
+from sinks.kafka.sink import KafkaSink
 from state.errors import ConfigError
 from tailer.follow.sink import Sink
 

@@ -151,7 +151,7 @@ class TailerService:
         delay = min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 30))
         what = fault_of(error)
         event = f"{what.replace(' ', '_')}_unavailable"
-        text = error.message if isinstance(error, DeltaTailError) else describe(error)
+        text = describe(error)  # a deltatail error with its table and file
         status(
             event,
             f"{what} unavailable: {text}; holding the cursor at the last checkpoint, "

@@ -41,13 +41,13 @@ from state.lance.manifest import (
     Manifest,
     Transaction,
     decode_manifest,
-    decode_row_ids,
     decode_transaction,
     manifest_name,
     parse_manifest_name,
     transaction_bytes,
 )
 from state.lance.planning import VersionDiff
+from state.lance.row_ids import decode_row_ids
 from state.paths import resolve_logged_path
 from tailer.storage import FileInfo, Storage
 from tailer.storage.factory import storage_for

@@ -17,11 +17,11 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sinks.connect_schema import ValueModes, schema_name, struct_schema, value_schema
-from sinks.debezium import EventOptions
-from sinks.encoding import ChangeEncoder
-from sinks.event_columns import convert, mode_text
 from sinks.json_text import Wrapped
+from sinks.kafka.connect_schema import ValueModes, schema_name, struct_schema, value_schema
+from sinks.kafka.debezium import EventOptions
+from sinks.kafka.encoding import ChangeEncoder
+from sinks.kafka.event_columns import convert, mode_text
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, TableInfo

@@ -9,8 +9,9 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sinks.connect_schema import ValueModes
-from sinks.debezium import (
+from sinks.json_text import EncodedBatch
+from sinks.kafka.connect_schema import ValueModes
+from sinks.kafka.debezium import (
     HEARTBEAT_TOPIC,
     POSITION_KEY_SCHEMA,
     SOURCE_SCHEMA,
@@ -20,9 +21,8 @@ from sinks.debezium import (
     deltatail_version,
     heartbeat_message,
 )
-from sinks.encoding import ChangeEncoder
-from sinks.json_text import EncodedBatch
-from sinks.kafka_options import KafkaOptions, fill_topic
+from sinks.kafka.encoding import ChangeEncoder
+from sinks.kafka.options import KafkaOptions, fill_topic
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, FollowStatus, TableInfo

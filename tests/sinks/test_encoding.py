@@ -11,8 +11,8 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sinks.encoding import ChangeEncoder
 from sinks.json_text import SMALL_TIMESTAMP_COLUMN, EncodedBatch, json_values, row_dicts
+from sinks.kafka.encoding import ChangeEncoder
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, TableInfo

@@ -18,9 +18,9 @@ import pyarrow.compute as pc
 import pytest
 
 import sinks.embedded as embedded
-import sinks.encoding as encoding
-from sinks.encoding import ChangeEncoder
+import sinks.kafka.encoding as encoding
 from sinks.json_text import EncodedBatch, concatenated, constant_text, json_texts, json_values
+from sinks.kafka.encoding import ChangeEncoder
 from state.cursor import Position
 from state.errors import SinkError
 from state.feed import ChangeBatch, TableInfo

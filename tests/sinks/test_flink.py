@@ -35,7 +35,7 @@ pytest.importorskip("deltalake")
 from deltalake import DeltaTable, write_deltalake
 from flink_env import FlinkWorker, flink_python, java_home
 
-from sinks.kafka import KafkaSink
+from sinks.kafka.sink import KafkaSink
 from tailer.follow.tailer import Tailer, TailerConfig
 
 pytestmark = pytest.mark.flink

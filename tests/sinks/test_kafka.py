@@ -23,9 +23,10 @@ pytest.importorskip("kafka")
 
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from sinks.kafka import KafkaOptions, KafkaSink, default_sink_id, fill_topic
-from sinks.kafka_producers import Outgoing, _Finder
-from sinks.partitioner import choose_partition, choose_partitions, murmur2
+from sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
+from sinks.kafka.partitioner import choose_partition, choose_partitions, murmur2
+from sinks.kafka.producers import Outgoing, _Finder
+from sinks.kafka.sink import KafkaSink
 from state.actions import parse_json_actions
 from state.audit import AuditEvent, build_audit_event
 from state.commit import Commit

@@ -26,7 +26,7 @@ from deltalake import write_deltalake
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # tests/tailer: audit_tables.py
 from audit_tables import write_ops_table
 
-from sinks.kafka import default_sink_id
+from sinks.kafka.options import default_sink_id
 from tailer.audit.feed import AuditFeed
 
 ROOT = Path(__file__).resolve().parents[2]

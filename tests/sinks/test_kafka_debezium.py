@@ -14,7 +14,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sinks.kafka import KafkaSink
+from sinks.kafka.sink import KafkaSink
 from state.cursor import Position
 from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, FollowStatus, TableInfo

@@ -36,8 +36,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # cdf_helpers (tests/ is not a package)
 from cdf_helpers import assert_same_rows, corpus_table, load_cdf
 
-from sinks.debezium import EventOptions
-from sinks.encoding import ChangeEncoder
+from sinks.kafka.debezium import EventOptions
+from sinks.kafka.encoding import ChangeEncoder
 from sinks.spark import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
 from sinks.spark.kafka_writer import kafka_batch_writer, version_batches
 from sinks.spark.offsets import Offset
@@ -818,7 +818,7 @@ def test_spark_kafka_foreach_batch(spark: SparkSession, tmp_path: Path, kafka_br
 
 def check_kafka_records(root: Path, records: list[Any], fmt: str) -> None:
     """Same messages as the sink's encoder makes of the standalone rows; each key's in commit order."""
-    from sinks.partitioner import choose_partition
+    from sinks.kafka.partitioner import choose_partition
 
     rows = ChangeFeed(str(root)).read_table(0)
     encoder = ChangeEncoder(

@@ -24,7 +24,6 @@ from state.lance.manifest import (
     Manifest,
     Transaction,
     decode_manifest,
-    decode_row_ids,
     decode_transaction,
     manifest_name,
     parse_manifest_name,
@@ -32,6 +31,7 @@ from state.lance.manifest import (
 )
 from state.lance.planning import diff_versions, plan_snapshot, plan_version
 from state.lance.protobuf import as_bytes, as_int, fields, packed_varints, text
+from state.lance.row_ids import decode_row_ids
 
 
 def varint(n: int) -> bytes:

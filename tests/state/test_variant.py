@@ -1,4 +1,4 @@
-"""The Parquet Variant decoder (state/variant.py) against independent sources.
+"""The Parquet Variant decoder (the state/variant package) against independent sources.
 
 - **Apache Spark 4.3's own Variant code** (JVM, JDK 25), through ``tests/expectations/variant_expectations.json``
   (made by ``generate_variant_expectations.py``, which does not import deltatail): the JSON text of

@@ -39,11 +39,11 @@ from corpus import corpus_root
 from damage import run_cli
 from deltalake import DeltaTable, QueryBuilder
 
-from sinks.connect_schema import DEBEZIUM_JSON
-from sinks.debezium import EventOptions
 from sinks.embedded import encode_jsonl
-from sinks.encoding import ChangeEncoder
 from sinks.json_text import VECTOR_ROWS, column_texts
+from sinks.kafka.connect_schema import DEBEZIUM_JSON
+from sinks.kafka.debezium import EventOptions
+from sinks.kafka.encoding import ChangeEncoder
 from state.errors import MissingFileError
 from state.feed import CHANGE_COLUMNS, ChangeBatch, TableInfo
 from state.schema import ArrayType, DataType, MapType, StructType, is_variant

@@ -1,110 +1,12 @@
-"""A sink that publishes change rows to a Kafka topic.
+"""A sink that publishes change rows to a Kafka topic: ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?OPTION=VALUE&...]``.
 
-URI::
-
-    kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?OPTION=VALUE&...]
-
-``TOPIC`` may be a template filled from the table: ``{table_name}`` and
-``{table_id}`` (``kafka://broker:9092/cdc.{table_name}``). Options:
-
-=========================== =========================================================
-``format``                  ``json`` (default), ``debezium`` or ``flat`` (see :mod:`sinks.encoding`,
-                            :mod:`sinks.debezium`)
-``key``                     ``COL,COL...``: key columns; default: the row's position
-``schemas``                 ``true``: keys and values as Kafka Connect's JSON converter writes them,
-                            ``{"schema", "payload"}`` (``debezium``, ``flat``)
-``time_mode``               ``iso`` (default), ``sql``, ``micros``, ``connect`` (:mod:`sinks.connect_schema`)
-``decimal_mode``            ``string`` (default), ``precise``, ``double``
-``server_name``             Debezium's logical server name (``source.name``), default ``deltatail``
-``source_db``               ``source.db``, default ``delta``; ``source_schema``, ``source_table`` likewise
-``allow_unordered``         ``true``: allow ``debezium``/``flat`` without ``key`` on a topic of several
-                            partitions (refused otherwise: a row's events would be spread over them)
-``heartbeat_interval``      seconds: send a heartbeat at most this often while the tailer is idle
-``heartbeat_topic``         its topic (template, also ``{server_name}``), default
-                            ``__debezium-heartbeat.{server_name}``
-``tombstones``              ``true``: a null-valued message after each delete (needs ``key``)
-``exactly_once``            ``true``: resume without duplicates (below); default ``false``
-``commit_topic``            topic (template) for one audit event per commit, via :meth:`KafkaSink.commit_event`
-``sink_id``                 names this sink in headers; default derived from table id and topic
-``backend``                 ``kafka-python`` (default) or ``confluent`` (confluent-kafka, ~3x faster)
-``linger_ms``               producer linger, default 10
-``batch_size``              producer batch size in bytes, default 262144
-``compression``             ``none`` (default), ``gzip``, ``snappy``, ``lz4``, ``zstd``
-``max_message_bytes``       largest message accepted, default 1048576 (Kafka's broker default)
-``delivery_timeout_ms``     how long the producer retries a message, default 120000
-``request_timeout_ms``      one request's timeout, default 30000
-``retry_backoff_ms``        pause before a retried request, default 100
-``reconnect_backoff_max_ms`` cap of the exponential reconnect backoff, default 1000
-``open_timeout_ms``         bound for connecting and reading topic tails in ``open``, default 30000
-security                    ``security_protocol``, ``sasl_mechanism``, ``sasl_username``,
-                            ``sasl_password``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``,
-                            ``ssl_password``, ``ssl_check_hostname``
-=========================== =========================================================
-
-Each security option may instead come from the environment as ``KAFKA_`` plus
-its upper-cased name (``KAFKA_SASL_PASSWORD``); the URI wins. Secrets belong in
-the environment. They are handed to kafka-python unchanged, and to librdkafka
-under its own names (``sasl.username``, ``ssl.ca.location``...). The tails read
-by ``open`` always use kafka-python.
-
-Delivery. The producer is idempotent with ``acks=all`` and retries every
-request, with backoff, for up to ``delivery_timeout_ms``; :meth:`KafkaSink.flush`
-waits for every message and raises :class:`~state.errors.SinkError` naming the
-position of the first one (in send order) that was not acknowledged (librdkafka
-reports a failed message without its headers: it is found by key and value
-among the messages of its batch, so a message identical to an earlier one of
-the same batch is named at that earlier position). The first
-failure stops the sink: the producer is stopped from sending anything queued
-(kafka-python: its sender thread is force-closed from the failure callback;
-librdkafka: the queue is purged, and ``enable.gapless.guarantee`` is on), every
-later call raises, and :meth:`KafkaSink.close` drops what is still queued.
-Requests already on the wire may still land; ``dt.seq`` catches a gap they
-leave (below). Reopen a new sink to go on.
-
-Every message goes to the partition of its key: murmur2 of the key bytes
-modulo the partition count, which is what Kafka's Java client does for keyed
-records. The sink computes it (against the count read by ``open``), except
-with ``backend=confluent`` without ``exactly_once``, where librdkafka's
-``murmur2_random`` partitioner computes the same in C against the count it
-knows: the same count unless partitions are added while the sink is open,
-when librdkafka follows the new count as Java clients do. Headers on every
-message (values are UTF-8):
-
-=================== =======================================================
-``dt.table_id``     the table's id
-``dt.sink_id``      the sink id
-``dt.version``      commit version
-``dt.position``     ``{"version", "index", "snapshot"}`` (:meth:`Position.to_json`)
-``dt.change_type``  the row's change type, or ``update`` for a paired ``u`` event
-``dt.seq``          (exactly-once) this sink's message count in the partition, from 0
-``dt.partitions``   (exactly-once) the topic's partition count when sent
-=================== =======================================================
-
-Exactly once without transactions (``exactly_once=true``). Messages go to each
-partition in position order, so a partition's last message tells how far the
-sink got there. ``open`` reads the last message of every partition (and the
-first, to check ``dt.seq`` against offsets for lost messages) and ``write``
-skips every message that is not after what its partition already holds. This
-is exact when the tailer replays from any cursor at or before the end of what
-was delivered. ``open`` returns ``None``: rows before the tailer's cursor may
-still be missing from some partitions, so the skipping is per partition. It
-refuses (``SinkError``) a topic whose partitions end with messages without
-deltatail headers, of another table or sink id, written with another partition
-count, or whose ``dt.seq`` shows a message missing. Not covered: other
-producers writing to the topic in between (their messages make it refuse),
-partitions added later (refused), and a tailer that replays with different
-batch boundaries than before, which can turn a paired ``u`` event into a ``d``
-plus ``c`` (see :mod:`sinks.encoding`). Commit events are deduplicated only
-against the last message of their partition of the commit topic.
-
-Heartbeats (``heartbeat_interval``, :meth:`KafkaSink.heartbeat`) go to their own topic, which
-must differ from the change and commit topics and is never read back: they have no part in
-the exactly-once scan. Each is keyed by the server name and table id (see
-:func:`sinks.debezium.heartbeat_message`) and carries ``dt.table_id``, ``dt.sink_id``,
-``dt.version`` (the version delivered up to) and ``dt.change_type`` = ``heartbeat``. One is
-sent when the tailer is idle and ``heartbeat_interval`` seconds have passed since the last (the
-first at the first idle moment); the tailer looks at least every poll interval, so a heartbeat
-may come up to that much later than due.
+The options, the delivery rules, the partition choice, the headers, exactly-once resume and
+heartbeats are documented in ``docs/kafka.md``; the ``debezium`` and ``flat`` formats in
+``docs/debezium.md``. In short: the producer is idempotent with ``acks=all``; :meth:`KafkaSink.flush`
+raises :class:`~state.errors.SinkError` naming the first position Kafka did not acknowledge, and the
+first failure stops the sink. Every message goes to the partition of its key (murmur2, as Java
+clients do). With ``exactly_once``, ``open`` reads every partition's tail
+(:mod:`sinks.kafka.tails`) and ``write`` skips each message not after what its partition holds.
 """
 
 from __future__ import annotations
@@ -112,32 +14,28 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import orjson
-from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError
 
-from sinks.debezium import check_ordering, heartbeat_message
-from sinks.encoding import ChangeEncoder
 from sinks.json_text import CHANGE_TYPES, UPDATE, EncodedBatch
-from sinks.kafka_options import BACKENDS, SECURITY_OPTIONS, KafkaOptions, default_sink_id, fill_topic
-from sinks.kafka_producers import (
+from sinks.kafka.debezium import check_ordering, heartbeat_message
+from sinks.kafka.encoding import ChangeEncoder
+from sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
+from sinks.kafka.partitioner import choose_partition, choose_partitions
+from sinks.kafka.producers import (
     COMMIT_RANK,
     ConfluentProducer,
     Headers,
-    OnError,
     Outgoing,
     Producer,
     PythonProducer,
     SendRefused,
     Stamp,
 )
-from sinks.partitioner import choose_partition, choose_partitions
+from sinks.kafka.tails import Tail, TailCheck, TailReader, header_map
 from state.audit import AuditEvent
 from state.cursor import Position
-from state.errors import ConfigError, SinkError, SinkUnavailableError, StateError
+from state.errors import ConfigError, SinkError, SinkUnavailableError
 from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
 from tailer.collector import collector_paused
 from tailer.follow.sink import Sink
@@ -150,113 +48,9 @@ _CHANGE_TYPE_HEADERS: dict[str, tuple[str, bytes]] = {
     t: ("dt.change_type", t.encode()) for t in (*CHANGE_TYPES, UPDATE)
 }
 
-__all__ = [
-    "BACKENDS",
-    "SECURITY_OPTIONS",
-    "KafkaOptions",
-    "KafkaSink",
-    "OnError",
-    "SendRefused",
-    "default_sink_id",
-    "fill_topic",
-]
-
-# ---------------------------------------------------------------- tails --
-
-
-@dataclass(frozen=True, slots=True)
-class Tail:
-    """What one partition holds of this sink: its last message's stamp and sequence number."""
-
-    stamp: Stamp
-    seq: int
-    version: int
-
-
-def _header_map(headers: list[tuple[str, bytes]] | None) -> dict[str, bytes]:
-    return dict(headers or ())
-
-
-def _tail_of(where: str, offset: int, value: bytes | None, headers: dict[str, bytes]) -> Tail:
-    """Parse the deltatail headers of one message; ``where`` names it in errors."""
-    try:
-        pos = Position.from_json(orjson.loads(headers["dt.position"]))
-        seq = int(headers.get("dt.seq", b"-1"))
-    except (KeyError, ValueError, orjson.JSONDecodeError, StateError) as e:
-        raise SinkError(f"{where} holds a message at offset {offset} without valid deltatail headers: {e}") from e
-    stamp = (pos.version, pos.snapshot_rank, pos.index, 1 if value is None else 0)
-    return Tail(stamp, seq, pos.version)
-
-
-class _TailReader:
-    """Reads the first and last message of partitions with one assigned consumer (no group)."""
-
-    def __init__(self, options: KafkaOptions) -> None:
-        self._deadline = time.monotonic() + options.open_timeout_ms / 1000
-        self._timeout_ms = options.open_timeout_ms
-        try:
-            self._consumer = KafkaConsumer(**options.consumer_config())
-        except KafkaError as e:
-            raise SinkUnavailableError(f"cannot connect to Kafka at {','.join(options.bootstrap)}: {e!r}") from e
-
-    def close(self) -> None:
-        self._consumer.close()
-
-    def ends(self, topic: str, partitions: list[int]) -> dict[int, tuple[Any | None, Any]]:
-        """``partition -> (first record or None, last record)`` of each non-empty partition.
-
-        Raises:
-            SinkError: if the offsets cannot be read, the reads time out, or a non-empty partition
-                yields no record at its end (e.g. it ends with a transaction marker).
-        """
-        tps = [TopicPartition(topic, p) for p in partitions]
-        try:
-            self._consumer.assign(tps)
-            begin = self._consumer.beginning_offsets(tps, timeout_ms=self._timeout_ms)
-            end = self._consumer.end_offsets(tps, timeout_ms=self._timeout_ms)
-        except KafkaError as e:
-            raise SinkUnavailableError(f"cannot read the offsets of topic {topic}: {e!r}") from e
-        busy = [tp for tp in tps if end[tp] > begin[tp]]
-        firsts = self._read(busy, {tp: begin[tp] for tp in busy}, first=True)
-        # Seek one before the end and read to the high watermark: some brokers (tansu) report the
-        # last batch's base offset + 1 as the end, so the last record may be further on.
-        lasts = self._read(busy, {tp: end[tp] - 1 for tp in busy}, first=False)
-        for tp in busy:
-            if tp not in lasts:
-                raise SinkError(f"topic {topic} partition {tp.partition} ends with no readable message")
-        return {tp.partition: (firsts.get(tp), lasts[tp]) for tp in busy}
-
-    def _read(self, tps: list[Any], start: dict[Any, int], *, first: bool) -> dict[Any, Any]:
-        """Per partition, the first record from ``start`` on (``first``) or the last one up to the high watermark.
-
-        One partition at a time, each alone in the assignment: pausing some partitions of a
-        multi-partition assignment leaves kafka-python holding fetched records it never hands
-        back, and the read would stall.
-        """
-        found: dict[Any, Any] = {}
-        for tp in tps:
-            self._consumer.assign([tp])
-            self._consumer.seek(tp, start[tp])
-            while not ((first and tp in found) or self._caught_up(tp)):
-                if time.monotonic() > self._deadline:
-                    raise SinkUnavailableError(
-                        f"timed out after {self._timeout_ms} ms reading the end of partition {tp.topic}[{tp.partition}]"
-                    )
-                records = self._consumer.poll(timeout_ms=200).get(tp)
-                if records and not (first and tp in found):
-                    found[tp] = records[0] if first else records[-1]
-        return found
-
-    def _caught_up(self, tp: Any) -> bool:
-        high = self._consumer.highwater(tp)
-        return high is not None and self._consumer.position(tp) >= high
-
-
-# ---------------------------------------------------------------- sink --
-
 
 class KafkaSink(Sink):
-    """Publishes change rows to Kafka; see the module docstring for the URI and guarantees.
+    """Publishes change rows to Kafka; see ``docs/kafka.md`` for the URI and guarantees.
 
     Args:
         uri: a ``kafka://`` URI.
@@ -309,13 +103,13 @@ class KafkaSink(Sink):
 
         Returns:
             Always ``None``: with ``exactly_once`` the sink skips rows per partition in
-            :meth:`write` instead (module docstring); without it, it cannot tell.
+            :meth:`write` instead (``docs/kafka.md``); without it, it cannot tell.
 
         Raises:
             ConfigError: if a topic template does not fit the table, the heartbeat topic is the change
                 or commit topic, or ``format`` is ``debezium``/``flat`` without ``key`` on a topic of
                 several partitions and without ``allow_unordered`` (see
-                :func:`sinks.debezium.check_ordering`).
+                :func:`sinks.kafka.debezium.check_ordering`).
             SinkError: if the sink is already open, Kafka cannot be reached within
                 ``open_timeout_ms``, or (``exactly_once``) the topic holds messages of
                 another table or sink, of another partition count, or has lost a message.
@@ -410,11 +204,12 @@ class KafkaSink(Sink):
     # -- exactly once ---------------------------------------------------------
 
     def _read_tails(self) -> None:
-        reader = _TailReader(self.options)
+        reader = TailReader(self.options)
+        check = TailCheck(self.table, self.sink_id, self.topic, self._partitions)
         try:
             ends = reader.ends(self.topic, list(range(self._partitions)))
             for partition, (first, last) in ends.items():
-                self._tails[partition] = self._check_partition(partition, first, last)
+                self._tails[partition] = check.check_partition(partition, first, last)
             if self.commit_topic:
                 self._read_commit_tail(reader)
         finally:
@@ -422,66 +217,12 @@ class KafkaSink(Sink):
         self._sent = {p: t.stamp for p, t in self._tails.items()}
         self._seq = {p: t.seq + 1 for p, t in self._tails.items()}
 
-    def _check_partition(self, partition: int, first: Any | None, last: Any) -> Tail:
-        where = f"topic {self.topic} partition {partition}"
-        headers = _header_map(last.headers)
-        self._check_owner(where, last.offset, headers)
-        if "dt.partitions" not in headers or "dt.seq" not in headers:
-            raise SinkError(
-                f"{where} was written without exactly_once=true (offset {last.offset} has no dt.seq); "
-                "exactly-once resume needs a topic written with it from the start",
-                table=self.table.path,
-            )
-        if int(headers["dt.partitions"]) != self._partitions:
-            raise SinkError(
-                f"{where} was written with {headers.get('dt.partitions', b'?').decode()} partitions and now has "
-                f"{self._partitions}: keys moved between partitions, exactly-once resume is impossible",
-                table=self.table.path,
-            )
-        tail = _tail_of(where, last.offset, last.value, headers)
-        self._check_no_loss(where, first, last, tail)
-        return tail
-
-    def _check_no_loss(self, where: str, first: Any | None, last: Any, tail: Tail) -> None:
-        """Offsets are contiguous, so ``dt.seq`` growing faster than offsets means messages went missing."""
-        head_headers = _header_map(first.headers if first is not None else None)
-        if first is None or head_headers.get("dt.sink_id") != self.sink_id.encode() or "dt.seq" not in head_headers:
-            return  # the partition starts with another writer's messages: nothing to compare with
-        head = _tail_of(where, first.offset, first.value, head_headers)
-        lost = (tail.seq - head.seq) - (last.offset - first.offset)
-        if lost > 0:
-            raise SinkError(
-                f"{where} lost {lost} message(s) of sink {self.sink_id} between offsets {first.offset} and "
-                f"{last.offset} (dt.seq {head.seq}..{tail.seq}); exactly-once resume would skip them",
-                table=self.table.path,
-            )
-
-    def _check_owner(self, where: str, offset: int, headers: dict[str, bytes]) -> None:
-        table_id, sink_id = headers.get("dt.table_id"), headers.get("dt.sink_id")
-        if table_id is None or sink_id is None:
-            raise SinkError(
-                f"{where} ends with a message not written by deltatail (offset {offset}); refusing to write to it",
-                table=self.table.path,
-            )
-        if table_id.decode(errors="replace") != self.table.table_id:
-            raise SinkError(
-                f"{where} holds changes of another table (id {table_id.decode(errors='replace')}, "
-                f"offset {offset}); refusing to mix tables",
-                table=self.table.path,
-            )
-        if sink_id.decode(errors="replace") != self.sink_id:
-            raise SinkError(
-                f"{where} was written by sink {sink_id.decode(errors='replace')} (offset {offset}), this is "
-                f"{self.sink_id}; set sink_id= to continue that sink",
-                table=self.table.path,
-            )
-
-    def _read_commit_tail(self, reader: _TailReader) -> None:
+    def _read_commit_tail(self, reader: TailReader) -> None:
         assert self.commit_topic is not None
         partition = choose_partition(self.table.table_id.encode(), self._commit_partitions)
         ends = reader.ends(self.commit_topic, [partition])
         if partition in ends:
-            headers = _header_map(ends[partition][1].headers)
+            headers = header_map(ends[partition][1].headers)
             ours = headers.get("dt.sink_id") == self.sink_id.encode()
             if ours and headers.get("dt.table_id") == self.table.table_id.encode():
                 self._last_commit_version = int(headers.get("dt.version", b"-1"))

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol
 from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from sinks.kafka_options import KafkaOptions
+from sinks.kafka.options import KafkaOptions
 from state.errors import SinkUnavailableError
 
 # A stamp orders a sink's messages: (version, snapshot_rank, index, 0 for an event / 1 for its tombstone).
@@ -79,7 +79,7 @@ class Producer(Protocol):
     """What the sink needs from a producer library."""
 
     #: ``True`` if the producer's own choice for a message sent without a partition is Kafka's
-    #: keyed partitioner (:func:`sinks.kafka_options.choose_partition`, against the partition count
+    #: keyed partitioner (:func:`sinks.kafka.partitioner.choose_partition`, against the partition count
     #: it knows) and is cheaper than choosing it in Python.
     key_partitioner: ClassVar[bool]
 

@@ -1,12 +1,12 @@
-"""JSON texts of change-row columns under :class:`~sinks.connect_schema.ValueModes`, column by column.
+"""JSON texts of change-row columns under :class:`~sinks.kafka.connect_schema.ValueModes`, column by column.
 
 :func:`mode_text` gives every column's JSON texts for the ``debezium`` and ``flat`` formats
 without falling back to a row-by-row path for the whole batch: scalar columns are written by
-Arrow kernels (:func:`sinks.encoding.column_text`, or here for floats, binary and the value
+Arrow kernels (:func:`sinks.json_text.column_text`, or here for floats, binary and the value
 modes), and only a column that needs Python objects (nested types, a string holding a control
 character) is written value by value with ``orjson``, its logical leaves converted first
 (:func:`convert`) so that nested values follow the same modes. The rules are in
-:mod:`sinks.connect_schema`.
+:mod:`sinks.kafka.connect_schema`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.connect_schema import ValueModes, is_json_extension
 from sinks.json_text import Text, Wrapped, column_text, json_values, text_scalar, variant_texts
+from sinks.kafka.connect_schema import ValueModes, is_json_extension
 from state.variant import is_variant_type
 
 _NULL = text_scalar("null")
@@ -206,7 +206,7 @@ def convert(column: pa.Array, modes: ValueModes) -> pa.Array:
     Timestamps become their text (``iso``, ``sql``) or numbers, dates numbers (``micros``,
     ``connect``), decimals base64 text (``precise``) or doubles, variants their JSON text (a string,
     as Debezium writes ``io.debezium.data.Json``); structs, lists and maps are
-    rebuilt around their converted children with the same nulls. :func:`sinks.encoding.json_values`
+    rebuilt around their converted children with the same nulls. :func:`sinks.json_text.json_values`
     of the result writes what the modes ask for.
     """
     t = column.type

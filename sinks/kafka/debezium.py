@@ -1,6 +1,6 @@
 """Debezium-compatible change events: the envelope, the source block, the flat form, schemas, heartbeats.
 
-Formats (``format=`` of the Kafka sink; :class:`sinks.encoding.ChangeEncoder` hands both here):
+Formats (``format=`` of the Kafka sink; :class:`sinks.kafka.encoding.ChangeEncoder` hands both here):
 
 ``debezium``
     Debezium's change event envelope, field for field::
@@ -27,7 +27,7 @@ Formats (``format=`` of the Kafka sink; :class:`sinks.encoding.ChangeEncoder` ha
     index)`` is the row's position. The top-level ``ts_ms`` is when the event was encoded
     (``ts_us``, ``ts_ns``: the same instant in finer units). There is no ``transaction`` block.
 
-    ``op`` and the pairing of updates are as before (:mod:`sinks.encoding`): with key columns the
+    ``op`` and the pairing of updates are as before (:mod:`sinks.kafka.encoding`): with key columns the
     pre- and post-image of one key in one batch are one ``u`` event; otherwise a pre-image is a
     ``d`` of the old row and a post-image a ``c`` of the new one.
 
@@ -44,11 +44,11 @@ Formats (``format=`` of the Kafka sink; :class:`sinks.encoding.ChangeEncoder` ha
     column whose name is one of these five is refused.
 
 With ``schemas=true`` every key and value is wrapped as Kafka Connect's ``JsonConverter`` writes
-with ``schemas.enable=true``: ``{"schema": ..., "payload": ...}`` (:mod:`sinks.connect_schema`).
+with ``schemas.enable=true``: ``{"schema": ..., "payload": ...}`` (:mod:`sinks.kafka.connect_schema`).
 Schema names follow Debezium's: ``SERVER.DB.TABLE.Envelope`` (``SERVER.SCHEMA.TABLE`` when
 ``source_schema`` is given), ``.Value``, ``.Key``; the source block is ``deltatail.Source`` and a
 position key ``deltatail.Position``. Values follow ``time_mode=`` and ``decimal_mode=``
-(:class:`~sinks.connect_schema.ValueModes`), keys too.
+(:class:`~sinks.kafka.connect_schema.ValueModes`), keys too.
 
 Heartbeats (:func:`heartbeat_message`): key ``{"serverName": SERVER_NAME, "table_id": ...}``, value
 ``{"ts_ms": ..., "table_path", "table_id", "table", "commit_version", "newest_version",
@@ -67,10 +67,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.connect_schema import ValueModes, schema_name, struct_schema
-from sinks.event_columns import mode_text
 from sinks.json_text import DELETE, INSERT, POSTIMAGE, PREIMAGE, UPDATE, EncodedBatch, Text, Wrapped, joined_objects
 from sinks.json_text import text_scalar as _scalar
+from sinks.kafka.connect_schema import ValueModes, schema_name, struct_schema
+from sinks.kafka.event_columns import mode_text
 from state.errors import ConfigError, SinkError
 from state.feed import CHANGE_COLUMNS, ChangeBatch, FollowStatus, TableInfo
 

@@ -1,4 +1,4 @@
-"""The Kafka sink's URI and options, topic templates, and Java-compatible partition choice (see :mod:`sinks.kafka`)."""
+"""The Kafka sink's URI and options, topic templates, and Java-compatible partition choice (see ``docs/kafka.md``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 
-from sinks.connect_schema import ValueModes
-from sinks.debezium import HEARTBEAT_TOPIC, EventOptions
+from sinks.kafka.connect_schema import ValueModes
+from sinks.kafka.debezium import HEARTBEAT_TOPIC, EventOptions
 from state.errors import ConfigError
 from state.feed import TableInfo
 from tailer.parse import parse_bool
@@ -63,7 +63,7 @@ _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01
 
 @dataclass(frozen=True, slots=True)
 class KafkaOptions:
-    """A parsed ``kafka://`` URI. See the module docstring for the meaning of each field."""
+    """A parsed ``kafka://`` URI. See ``docs/kafka.md`` for the meaning of each option."""
 
     bootstrap: tuple[str, ...]
     topic: str
@@ -251,7 +251,7 @@ def _build_options(bootstrap: tuple[str, ...], topic: str, raw: dict[str, str], 
     return opts
 
 
-#: Options of the debezium and flat formats and of heartbeats (see :mod:`sinks.debezium`).
+#: Options of the debezium and flat formats and of heartbeats (see :mod:`sinks.kafka.debezium`).
 _EVENT_OPTIONS = (
     "schemas", "time_mode", "decimal_mode", "server_name", "source_db", "source_schema", "source_table",
     "allow_unordered", "heartbeat_interval", "heartbeat_topic",

@@ -13,7 +13,7 @@ Formats (see :class:`ChangeEncoder`):
 
 ``debezium`` and ``flat``
     Debezium's change event envelope, and the flat row of Debezium's
-    ``ExtractNewRecordState``: written by :mod:`sinks.debezium` (envelope, source
+    ``ExtractNewRecordState``: written by :mod:`sinks.kafka.debezium` (envelope, source
     block, Connect schemas, value modes). ``op`` is ``r`` for rows of an initial
     snapshot, ``c`` for inserts and ``d`` for deletes. Updates: with key columns,
     the ``update_preimage`` and ``update_postimage`` of the same key *within one
@@ -42,7 +42,6 @@ from typing import Any, Literal
 import orjson
 import pyarrow.compute as pc
 
-from sinks.debezium import EVENT_FORMATS, EventEncoder, EventOptions
 from sinks.json_text import (
     CHANGE_TYPES,
     DELETE,
@@ -55,6 +54,7 @@ from sinks.json_text import (
     json_values,
     text_scalar,
 )
+from sinks.kafka.debezium import EVENT_FORMATS, EventEncoder, EventOptions
 from state.errors import ConfigError, SinkError
 from state.feed import CHANGE_COLUMNS, ChangeBatch, TableInfo
 
@@ -76,7 +76,7 @@ class ChangeEncoder:
         tombstones: emit a tombstone after each ``delete`` event.
         clock_ms: the encoding time in epoch milliseconds (Debezium ``ts_ms``);
             injectable for reproducible output.
-        events: options of the ``debezium`` and ``flat`` formats (:class:`sinks.debezium.EventOptions`);
+        events: options of the ``debezium`` and ``flat`` formats (:class:`sinks.kafka.debezium.EventOptions`);
             their defaults if ``None``.
 
     Raises:
@@ -122,7 +122,7 @@ class ChangeEncoder:
         Raises:
             SinkError: if a key column or change column is missing, a row has an
                 unknown change type (the message names its position), or the
-                ``debezium``/``flat`` encoder refuses the batch (:meth:`sinks.debezium.EventEncoder.encode`).
+                ``debezium``/``flat`` encoder refuses the batch (:meth:`sinks.kafka.debezium.EventEncoder.encode`).
         """
         if len(batch) == 0:
             return EncodedBatch()

@@ -13,7 +13,7 @@ Its type names are ``int8``, ``int16``, ``int32``, ``int64``, ``float32``, ``flo
 (and ``version``, ``parameters``), Debezium's where Debezium has one.
 
 How each Delta type is written, by :class:`ValueModes` (the same in the payload, see
-:mod:`sinks.event_columns`, and in the schema, :func:`value_schema`):
+:mod:`sinks.kafka.event_columns`, and in the schema, :func:`value_schema`):
 
 =================== ===================================== ===========================================
 Delta type          payload                               Connect schema
