@@ -9,6 +9,7 @@ a restart delivers exactly deltalake's ``load_cdf`` rows: nothing lost, nothing 
 
 from __future__ import annotations
 
+import re
 import resource
 import shutil
 import signal
@@ -46,8 +47,12 @@ def cli(*args: str, preexec: Callable[[], None] | None = None) -> subprocess.Com
     )
 
 
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) deltatail ")
+
+
 def one_line(stderr: str) -> str:
-    lines = stderr.splitlines()
+    """The error line of ``stderr``: exactly one, no traceback (log lines before it are allowed)."""
+    lines = [line for line in stderr.splitlines() if not LOG_LINE.match(line)]
     assert len(lines) == 1 and lines[0].startswith("deltatail: error: "), stderr
     return lines[0]
 
@@ -288,4 +293,4 @@ def test_a_state_root_that_is_a_file_is_one_line_before_anything_starts(tmp_path
     done = cli("serve", "--config", str(config))
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     line = one_line(done.stderr.splitlines()[-1])
-    assert "cannot create the state root" in line and f"[file {blocker}]" in line
+    assert "the state root is unusable" in line and f"[file {blocker}]" in line

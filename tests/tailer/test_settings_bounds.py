@@ -140,7 +140,7 @@ def test_toml_values_out_of_bounds_are_config_errors(tmp_path: Path, body: str, 
     assert message.format(file=config) in str(info.value)
 
 
-def test_a_bad_environment_value_is_one_line_and_exit_1(table: Path, tmp_path: Path) -> None:
+def test_a_bad_environment_value_is_one_line_and_exit_2(table: Path, tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "DELTATAIL_STATUS_SECONDS": "0", "DELTATAIL_POLL_INTERVAL": "0"}
     done = subprocess.run(
         [sys.executable, "-m", "tailer.cli", "run", str(table), "--state-dir", str(tmp_path / "s"), "--no-watch"],
@@ -150,7 +150,7 @@ def test_a_bad_environment_value_is_one_line_and_exit_1(table: Path, tmp_path: P
         env=env,
         timeout=60,
     )
-    assert done.returncode == 1
+    assert done.returncode == 2  # a configuration error
     assert done.stderr == (
         "deltatail: error: invalid value for poll_interval in DELTATAIL_POLL_INTERVAL: must be at least 0.01, got '0'\n"
     )
