@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 import yaml
 from deltalake import DeltaTable, write_deltalake
 from kafka.admin import NewTopic
@@ -55,6 +56,7 @@ def _wait_events(kafka: Any, topic: str, count: int, timeout: float = 90.0) -> l
     raise AssertionError(f"{topic}: {len(events)} of {count} events")
 
 
+@pytest.mark.slow
 def test_the_compose_service_config_follows_a_lake_into_debezium_topics(tmp_path: Path, kafka_broker: Any) -> None:
     lake, state = tmp_path / "lake", tmp_path / "state"
     for name in ("orders", "customers"):

@@ -200,6 +200,7 @@ CASES: dict[str, tuple[dict[str, object], dict[str, str], int]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_flink_materializes_the_final_table(
     case: str, flink: FlinkWorker, kafka_broker: Any, table: Path, tmp_path: Path
@@ -213,6 +214,7 @@ def test_flink_materializes_the_final_table(
     assert got == expected, (got - expected, expected - got)
 
 
+@pytest.mark.slow
 def test_flink_defaults_refuse_iso_timestamps(
     flink: FlinkWorker, kafka_broker: Any, table: Path, tmp_path: Path
 ) -> None:

@@ -659,6 +659,7 @@ def outage_uri(kit: Any, topic: str, **extra: object) -> str:
     return str(kit.uri(topic, key="id", request_timeout_ms=1000, open_timeout_ms=10000, **extra))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
 def test_broker_outage_fails_flush_then_a_new_empty_broker(
     broker_factory: Callable[..., Any], exactly_once: bool
@@ -687,6 +688,7 @@ def test_broker_outage_fails_flush_then_a_new_empty_broker(
     assert sorted(position_of(r) for r in kit.consume("outage")) == [(2, 1, i, False) for i in range(10)]
 
 
+@pytest.mark.slow
 def test_transient_outage_is_retried_without_duplicates(proxied_broker: tuple[Any, Any]) -> None:
     kit, proxy = proxied_broker
     uri = outage_uri(kit, "blip", delivery_timeout_ms=60000, reconnect_backoff_max_ms=300)

@@ -38,6 +38,7 @@ def run(table: Path, state: Path, uri: str) -> None:
     assert result.returncode == 0, result.stderr.decode()
 
 
+@pytest.mark.slow
 def test_the_commit_topic_carries_the_audit_events(kafka: Any, tmp_path: Path) -> None:
     table = write_ops_table(tmp_path / "ops")
     topic, commits = kafka.new_topic(1), kafka.new_topic(2, prefix="commits")

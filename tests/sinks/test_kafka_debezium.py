@@ -135,6 +135,7 @@ def run_for(root: Path, state: Path, uri: str, seconds: float) -> None:
     assert not thread.is_alive() and not failure, failure
 
 
+@pytest.mark.slow
 def test_an_idle_tailer_sends_heartbeats_and_a_restarted_one_goes_on(kafka_broker: Any, tmp_path: Path) -> None:
     deltalake = pytest.importorskip("deltalake")
     root, state = tmp_path / "table", tmp_path / "state"

@@ -360,6 +360,7 @@ def check_commit_timestamps(msgs: list[Msg]) -> None:
 # ---------------------------------------------------------------- format=json
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keyed", [True, False], ids=["key=id", "position-key"])
 def test_json_delivers_every_change_once(kafka: Any, tables: dict[str, Table], tmp_path: Path, keyed: bool) -> None:
     table = tables["mixed"]
@@ -387,6 +388,7 @@ def test_json_delivers_every_change_once(kafka: Any, tables: dict[str, Table], t
     assert set(kinds) == {"insert", "delete", "update_preimage", "update_postimage"}, kinds
 
 
+@pytest.mark.slow
 def test_json_from_a_table_without_change_data_feed(kafka: Any, tables: dict[str, Table], tmp_path: Path) -> None:
     """CDF off: with ``--net-changes --key id`` the topic holds exactly what deltalake's ``load_cdf`` gives
     for a CDF-on twin of the table; without, every version's inserts minus deletes are the difference of
@@ -468,6 +470,7 @@ def debezium_rows(msgs: list[Msg], table: Table) -> Counter[Row]:
     return rows
 
 
+@pytest.mark.slow
 def test_debezium_keyed_with_tombstones(kafka: Any, tables: dict[str, Table], tmp_path: Path) -> None:
     table = tables["mixed"]
     topic = new_topic(kafka.bootstrap)
@@ -669,6 +672,7 @@ def assert_at_least_once(msgs: list[Msg], expected: Counter[Row]) -> int:
     [("kafka-python", 1), ("confluent", 1), ("kafka-python", 3)],
     ids=["kafka-python-1-partition", "confluent-1-partition", "kafka-python-3-partitions"],
 )
+@pytest.mark.slow
 def test_kills_and_restarts_deliver_exactly_once(
     kafka: Any, tables: dict[str, Table], tmp_path: Path, backend: str, partitions: int
 ) -> None:
@@ -705,6 +709,7 @@ def test_kills_and_restarts_deliver_exactly_once(
     assert any(k.partial_batch for k in kills.values()), "no kill left a batch of the large commit partly delivered"
 
 
+@pytest.mark.slow
 def test_kills_and_restarts_deliver_at_least_once(kafka: Any, tables: dict[str, Table], tmp_path: Path) -> None:
     """``exactly_once=false``: after kills and restarts every expected change is in the topic, repeats
     (rows after the last saved cursor, sent again) are exact copies, and nothing is lost."""
@@ -725,6 +730,7 @@ def test_kills_and_restarts_deliver_at_least_once(kafka: Any, tables: dict[str, 
         # (on "large" a kill may land before the producer sent anything it had queued: no repeat is owed)
 
 
+@pytest.mark.slow
 def test_exactly_once_reopens_a_busy_topic(kafka: Any, tables: dict[str, Table], tmp_path: Path) -> None:
     """A second ``exactly_once=true`` run over a topic whose partitions hold more than 500 messages each
     (kafka-python's ``max_poll_records``) must open, find nothing new and exit 0.
@@ -829,6 +835,7 @@ class Outage:
         self.writer.join(WAIT)
 
 
+@pytest.mark.slow
 def test_broker_outage_keeps_the_cursor_and_a_new_broker_gets_the_rest(broker_factory: Any, tmp_path: Path) -> None:
     """The broker dies while ``deltatail run`` follows a table that a writer keeps committing to.
 
@@ -895,6 +902,7 @@ def test_broker_outage_keeps_the_cursor_and_a_new_broker_gets_the_rest(broker_fa
     assert_rows(before_cursor + Counter(json_row(m) for m in resent), expected)
 
 
+@pytest.mark.slow
 def test_broker_outage_is_waited_out_and_the_tailer_resumes_by_itself(broker_factory: Any, tmp_path: Path) -> None:
     """By default the tailer waits out an unavailable broker: it holds its cursor, says so in its status
     line, and starts again from the saved cursor when the broker is back, without exiting.
@@ -941,6 +949,7 @@ def test_broker_outage_is_waited_out_and_the_tailer_resumes_by_itself(broker_fac
 # ---------------------------------------------------------------- what a rerun reports
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["json", "debezium"])
 def test_an_exactly_once_rerun_reports_rows_held_not_delivered(kafka: Any, tmp_path: Path, fmt: str) -> None:
     """A run with a fresh state directory over a topic that holds its rows: "0 rows delivered, N already held".

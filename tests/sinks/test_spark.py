@@ -624,6 +624,7 @@ def arrow(df: DataFrame) -> pa.Table:
     return df.toArrow()
 
 
+@pytest.mark.slow
 def test_spark_stream_into_memory_sink_follows_writes(spark: SparkSession, tmp_path: Path) -> None:
     root = new_table(tmp_path / "t")
     stream = spark.readStream.format("deltatail").option("startingVersion", 0).load(str(root))
@@ -650,6 +651,7 @@ def test_spark_stream_into_memory_sink_follows_writes(spark: SparkSession, tmp_p
     assert got.column(TS).null_count == 0 and len(query.recentProgress) >= 3
 
 
+@pytest.mark.slow
 def test_spark_restart_from_checkpoint_loses_and_repeats_nothing(spark: SparkSession, tmp_path: Path) -> None:
     """Stopped after two one-file micro-batches (inside version 0's three files), written to, restarted."""
     root = new_table(tmp_path / "t", cdf=False)
@@ -689,6 +691,7 @@ def wait_for(done: Callable[[], bool], timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_spark_available_now_with_max_files(spark: SparkSession, tmp_path: Path) -> None:
     root = new_table(tmp_path / "t", cdf=False)
     append(root, [6])
@@ -716,6 +719,7 @@ def test_spark_available_now_with_max_files(spark: SparkSession, tmp_path: Path)
     assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]] == [4, 3, 2]
 
 
+@pytest.mark.slow
 def test_spark_batch_read_equals_standalone_changes(spark: SparkSession, tmp_path: Path) -> None:
     root = new_table(tmp_path / "t")
     append(root, [6])
@@ -736,12 +740,14 @@ def test_spark_batch_read_equals_standalone_changes(spark: SparkSession, tmp_pat
         "kernel-rs/cdf-column-mapping-id-mode",
     ],
 )
+@pytest.mark.slow
 def test_spark_corpus_tables_equal_changefeed(spark: SparkSession, table: str) -> None:
     root = corpus_table(table)
     df = spark.read.format("deltatail").option("startingVersion", 0).load(str(root))
     assert_same_rows(arrow(df), ChangeFeed(str(root)).read_table(0), drop=())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", ["delta-spark/variant-stats-no-checkpoint", "kernel-rs/unshredded-variant"])
 def test_spark_reads_variant_columns_as_variants(spark: SparkSession, table: str) -> None:
     """Variant columns arrive as Spark variants (PySpark's marker): Spark's to_json of them is what Spark wrote down."""
@@ -755,6 +761,7 @@ def test_spark_reads_variant_columns_as_variants(spark: SparkSession, table: str
     assert set(heads) <= set(got) and len(got) == sum(f["rows"] for f in files.values())
 
 
+@pytest.mark.slow
 def test_spark_stream_of_a_corpus_table_with_deletion_vectors(spark: SparkSession, tmp_path: Path) -> None:
     root = corpus_table("kernel-rs/cdf-table-with-cdc-and-dvs")
     stream = spark.readStream.format("deltatail").option("startingVersion", 0).load(str(root))
@@ -769,6 +776,7 @@ def test_spark_stream_of_a_corpus_table_with_deletion_vectors(spark: SparkSessio
     assert_same_rows(arrow(spark.table("corpus")), ChangeFeed(str(root)).read_table(0), drop=())
 
 
+@pytest.mark.slow
 def test_spark_schema_change_stops_the_query_and_a_restart_continues(spark: SparkSession, tmp_path: Path) -> None:
     root = new_table(tmp_path / "t")
     seen: dict[int, pa.Table] = {}
@@ -795,6 +803,7 @@ def test_spark_schema_change_stops_the_query_and_a_restart_continues(spark: Spar
     assert seen[max(seen)].to_pylist()[0]["extra"] == "e"
 
 
+@pytest.mark.slow
 @KAFKA_IMPORT
 def test_spark_kafka_foreach_batch(spark: SparkSession, tmp_path: Path, kafka_broker: Any) -> None:
     kafka = kafka_broker
@@ -854,6 +863,7 @@ def strip(value: bytes | None) -> str:
     return json.dumps(event, sort_keys=True)
 
 
+@pytest.mark.slow
 @KAFKA_IMPORT
 def test_kafka_send_failure_is_a_sink_error(spark: SparkSession, tmp_path: Path, kafka_broker: Any) -> None:
     kafka = kafka_broker

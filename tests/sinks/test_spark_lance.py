@@ -473,6 +473,7 @@ def wait_for(done: Callable[[], bool], timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain", "stable"])
 def test_spark_batch_read_equals_the_feed(spark: SparkSession, datasets: dict[str, Path], name: str) -> None:
     root = datasets[name]
@@ -480,6 +481,7 @@ def test_spark_batch_read_equals_the_feed(spark: SparkSession, datasets: dict[st
     assert_same_rows(df.toArrow(), feed_rows(root), drop=())
 
 
+@pytest.mark.slow
 def test_spark_available_now_with_max_files(spark: SparkSession, datasets: dict[str, Path], tmp_path: Path) -> None:
     root = datasets["stable"]
     batches: dict[int, pa.Table] = {}
@@ -500,6 +502,7 @@ def test_spark_available_now_with_max_files(spark: SparkSession, datasets: dict[
     assert_same_rows(pa.concat_tables([batches[b] for b in sorted(batches)]), feed_rows(root), drop=())
 
 
+@pytest.mark.slow
 def test_spark_restart_from_checkpoint_loses_and_repeats_nothing(spark: SparkSession, tmp_path: Path) -> None:
     """Stopped after two one-fragment micro-batches (inside version 1's three fragments), written to, restarted."""
     root = build(tmp_path / "ds", stable=True)

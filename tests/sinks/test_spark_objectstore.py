@@ -80,6 +80,7 @@ def storage_options(cloud: Cloud) -> dict[str, str]:
     return {f"storage.{k.lower()}": v for k, v in {**cloud.options, "AWS_SECRET_ACCESS_KEY": SECRET}.items()}
 
 
+@pytest.mark.slow
 def test_spark_stream_from_s3_equals_the_standalone_feed(spark: SparkSession, s3: Cloud, tmp_path: Path) -> None:
     uri = s3.uri("spark")
     w = s3.writer_options
@@ -120,6 +121,7 @@ def test_spark_stream_from_s3_equals_the_standalone_feed(spark: SparkSession, s3
         assert SECRET.encode() not in path.read_bytes(), f"the secret is in {path}"
 
 
+@pytest.mark.slow
 def test_spark_batch_read_from_s3_equals_the_standalone_feed(spark: SparkSession, s3: Cloud) -> None:
     uri = s3.uri("sparkbatch")
     w = s3.writer_options

@@ -13,6 +13,7 @@ import contextlib
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_action_validation import VALID
@@ -155,18 +156,21 @@ def _feed(data: bytes, version: int, base: Snapshot) -> None:
         _exercise(after)
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(commit_bytes())
 def test_damaged_commit_on_a_table_gives_only_delta_tail_errors(data: bytes) -> None:
     _feed(data, 1, _base())
 
 
+@pytest.mark.slow
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(commit_bytes())
 def test_damaged_first_commit_gives_only_delta_tail_errors(data: bytes) -> None:
     _feed(data, 0, Snapshot.empty("tbl"))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(commit_bytes(), min_size=1, max_size=4))
 def test_a_run_of_damaged_commits_gives_only_delta_tail_errors(commits: list[bytes]) -> None:
@@ -179,6 +183,7 @@ def test_a_run_of_damaged_commits_gives_only_delta_tail_errors(commits: list[byt
             return
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None)
 @given(schema_strings())
 def test_a_damaged_schema_string_gives_a_schema_or_a_delta_tail_error(schema_string: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -210,6 +211,7 @@ def assert_matches(snapshot: Snapshot, model: Model) -> None:
 # -- properties -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(histories())
 def test_incremental_replay_matches_the_model(history: list[tuple[GenCommit, Commit]]) -> None:
@@ -273,6 +275,7 @@ def checkpoint(snapshot: Snapshot) -> Snapshot:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.data(), histories())
 def test_checkpoint_then_tail_equals_full_replay(data: st.DataObject, history: list[tuple[GenCommit, Commit]]) -> None:

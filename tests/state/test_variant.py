@@ -500,6 +500,7 @@ def _tables() -> list[str]:
     return list(expectations()["tables"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", _tables())
 def test_every_row_of_every_data_file_equals_sparks_reading(table: str) -> None:
     root = corpus_root() / table
@@ -705,6 +706,7 @@ def test_json_array_names_column_and_row() -> None:
         variant_json_array(column, column="column 'v'")
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=40), st.binary(max_size=60))
 def test_random_bytes_give_a_value_or_a_data_file_error(metadata: bytes, value: bytes) -> None:
@@ -713,6 +715,7 @@ def test_random_bytes_give_a_value_or_a_data_file_error(metadata: bytes, value: 
             decode(metadata, value)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_damaged_vectors_give_a_value_or_a_data_file_error(data: st.DataObject) -> None:
@@ -740,6 +743,7 @@ json_documents = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(json_documents)
 def test_values_pysparks_encoder_builds_decode_as_pysparks_decoder_reads_them(document: Any) -> None:

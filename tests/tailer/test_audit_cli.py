@@ -81,6 +81,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_json_lines_are_the_events(ops: Path) -> None:
     out = run("audit", str(ops)).stdout  # not a terminal: JSON lines
     lines = [json.loads(line) for line in out.splitlines()]
@@ -137,6 +138,7 @@ def test_table_cells_fit_the_width() -> None:
     assert narrow.endswith("d" * 23 + "…")  # however narrow the terminal, DETAILS keeps its minimum
 
 
+@pytest.mark.slow
 def test_outputs_report_and_alerts(ops: Path, config: Path, tmp_path: Path) -> None:
     jsonl, parquet, html, alerts = (tmp_path / n for n in ("a.jsonl", "a.parquet", "a.html", "alerts.jsonl"))
     result = run(
@@ -169,6 +171,7 @@ def test_outputs_report_and_alerts(ops: Path, config: Path, tmp_path: Path) -> N
         (["--until-caught-up"], "--until-caught-up is a setting of --follow"),
     ],
 )
+@pytest.mark.slow
 def test_bad_flags(ops: Path, args: list[str], message: str) -> None:
     result = run("audit", str(ops), *args, check=False)
     assert result.returncode == 2 and message in result.stderr, result.stderr  # a usage error
@@ -200,6 +203,7 @@ def test_bad_starting_version_is_a_usage_error(ops: Path) -> None:
         ("[audit\n", "cannot read config file"),
     ],
 )
+@pytest.mark.slow
 def test_bad_config_names_the_key(ops: Path, tmp_path: Path, toml: str, message: str) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(toml)
@@ -223,6 +227,7 @@ def test_run_settings_accept_an_audit_table(tmp_path: Path) -> None:
         load_toml(str(path))
 
 
+@pytest.mark.slow
 def test_run_with_an_audit_table_in_its_config(tmp_path: Path) -> None:
     write_deltalake(str(tmp_path / "t"), pa.table({"id": [1, 2]}))
     path = tmp_path / "run.toml"

@@ -57,6 +57,7 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_the_helper_hands_over_every_file_in_order_with_its_time(tmp_path: Path) -> None:
     log = write_log(tmp_path, range(3, 3003), size=300)  # ~1 MB: several pipe reads, frames split across them
     files = PipedCommitFiles(str(log), 3, 3002, head=5)

@@ -264,6 +264,7 @@ def _readable_by_both() -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_commit_info_fields_agree_with_deltalake_history_on_every_table() -> None:
     compared = Counter[str]()
     tables = 0

@@ -135,6 +135,7 @@ def follow_args(state: Path, *extra: str) -> list[str]:
     return ["--follow", "--state-dir", str(state), "--poll-interval", "0.05", *extra]
 
 
+@pytest.mark.slow
 def test_follow_with_a_writer_and_a_restart(tmp_path: Path) -> None:
     table, state, log, alerts, config = (tmp_path / n for n in ("t", "state", "a.jsonl", "alerts.jsonl", "c.toml"))
     config.write_text(RULES)
@@ -160,6 +161,7 @@ def test_follow_with_a_writer_and_a_restart(tmp_path: Path) -> None:
     assert all(a["event"]["operation"] == "DELETE" for a in raised)
 
 
+@pytest.mark.slow
 def test_stdout_follow_prints_the_events(tmp_path: Path) -> None:
     table, state = tmp_path / "t", tmp_path / "state"
     create(table)
@@ -204,6 +206,7 @@ class Campaign:
         return code
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_killed_at_every_point_and_restarted(tmp_path: Path, suffix: str) -> None:
     table = tmp_path / "t"
@@ -272,6 +275,7 @@ def webhook_config(path: Path, url: str) -> None:
     path.write_text(RULES + f'\n[audit.webhook]\nurl = "{url}"\ntimeout = 1\nretries = 4\nbackoff = 0.05\n')
 
 
+@pytest.mark.slow
 def test_alerts_reach_a_webhook_that_fails_then_recovers(tmp_path: Path, hook: Hook) -> None:
     table, state, log, config = tmp_path / "t", tmp_path / "state", tmp_path / "a.jsonl", tmp_path / "c.toml"
     create(table)
@@ -293,6 +297,7 @@ def test_alerts_reach_a_webhook_that_fails_then_recovers(tmp_path: Path, hook: H
     assert "secret-token" not in err
 
 
+@pytest.mark.slow
 def test_a_webhook_that_is_not_there_never_stops_the_follow(tmp_path: Path) -> None:
     table, state, log, config = tmp_path / "t", tmp_path / "state", tmp_path / "a.jsonl", tmp_path / "c.toml"
     create(table)

@@ -97,6 +97,7 @@ def page(report: tuple[AuditTables, list[Alert], Path]) -> Iterator[Loaded]:
             browser.close()
 
 
+@pytest.mark.slow
 def test_renders_offline_without_console_errors(page: Loaded) -> None:
     pg, problems, requests = page
     assert problems == []

@@ -53,6 +53,7 @@ def test_snapshot_text_and_time_travel(tmp_path: Path) -> None:
     assert "delta.enableChangeDataFeed = true" in text
 
 
+@pytest.mark.slow
 def test_changes_outputs_agree_with_load_cdf(tmp_path: Path) -> None:
     _table(tmp_path / "t")
     out_parquet = tmp_path / "c.parquet"
@@ -76,6 +77,7 @@ def test_changes_outputs_agree_with_load_cdf(tmp_path: Path) -> None:
     assert sorted(r["id"] for r in first) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_errors_exit_one_with_the_table_named_and_config_errors_two(tmp_path: Path) -> None:
     result = _run("snapshot", str(tmp_path / "nothing"), check=False)
     assert result.returncode == 1
@@ -87,6 +89,7 @@ def test_errors_exit_one_with_the_table_named_and_config_errors_two(tmp_path: Pa
     assert future.returncode == 1 and "version 99 does not exist" in future.stderr
 
 
+@pytest.mark.slow
 def test_an_output_that_cannot_be_written_is_a_one_line_error(tmp_path: Path) -> None:
     _table(tmp_path / "t")
     (tmp_path / "taken.jsonl").mkdir()  # a directory where the file should go
@@ -96,6 +99,7 @@ def test_an_output_that_cannot_be_written_is_a_one_line_error(tmp_path: Path) ->
     assert "Traceback" not in result.stderr and str(tmp_path / "taken.jsonl") in result.stderr
 
 
+@pytest.mark.slow
 def test_reader_processes_flag(tmp_path: Path) -> None:
     # 12 one-file commits: with the default (2 processes) they are read by the processes; with 0 in-process.
     for i in range(12):
@@ -120,6 +124,7 @@ def test_reader_processes_flag(tmp_path: Path) -> None:
     assert run.returncode == 2 and "--reader-processes: must be at least 0, got '-2'" in run.stderr
 
 
+@pytest.mark.slow
 def test_usage_errors_exit_two(tmp_path: Path) -> None:
     assert _run("snapshot", check=False).returncode == 2
     result = _run(
@@ -128,6 +133,7 @@ def test_usage_errors_exit_two(tmp_path: Path) -> None:
     assert result.returncode == 2
 
 
+@pytest.mark.slow
 def test_demo_streams_the_writers_changes() -> None:
     result = _run("demo", "--commits", "4", "--interval", "0.2", timeout=180)
     rows = [json.loads(line) for line in result.stdout.splitlines()]
@@ -140,6 +146,7 @@ def test_demo_streams_the_writers_changes() -> None:
     assert "demo done" in result.stderr
 
 
+@pytest.mark.slow
 def test_starting_version_latest(tmp_path: Path) -> None:
     _table(tmp_path / "t")
     latest = DeltaTable(str(tmp_path / "t")).version()

@@ -40,6 +40,7 @@ def ids(out: Path) -> list[int]:
     return [json.loads(line)["id"] for line in out.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_status_shows_cursor_version_and_lag(tmp_path: Path) -> None:
     root, state = make(tmp_path), tmp_path / "state"
     run(root, state, tmp_path / "a.jsonl")
@@ -55,6 +56,7 @@ def test_status_shows_cursor_version_and_lag(tmp_path: Path) -> None:
     assert "cursor 4:0" in text and "1 versions behind" in text
 
 
+@pytest.mark.slow
 def test_seek_back_and_forward_then_run_delivers_from_there(tmp_path: Path) -> None:
     root, state = make(tmp_path), tmp_path / "state"
     run(root, state, tmp_path / "first.jsonl")
@@ -90,6 +92,7 @@ def test_seek_refuses_while_followed_past_the_end_and_into_a_cleaned_up_log(tmp_
     assert seek(state, str(root), None, to_version=5) == Position.change(5, 0)  # still readable
 
 
+@pytest.mark.slow
 def test_reset_needs_yes_and_starts_over_with_the_current_rows(tmp_path: Path) -> None:
     root, state = make(tmp_path), tmp_path / "state"
     run(root, state, tmp_path / "a.jsonl")

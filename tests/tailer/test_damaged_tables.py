@@ -61,6 +61,7 @@ def _check(table: str, chosen: list[Damage], tmp_path: Path) -> None:
     assert not problems, f"{len(problems)} of {len(chosen)} damages went wrong:\n" + "\n\n".join(problems)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", list(TABLES))
 def test_the_first_file_of_each_kind_damaged_every_way(table: str, tmp_path: Path) -> None:
     chosen = damages(table, corpus_table(table), per_kind=1)
@@ -69,6 +70,7 @@ def test_the_first_file_of_each_kind_damaged_every_way(table: str, tmp_path: Pat
     _check(table, chosen, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SWEEP, reason="every file damaged every way takes minutes: set DELTATAIL_DAMAGE_SWEEP=1")
 @pytest.mark.parametrize("table", list(TABLES))
 def test_every_file_damaged_every_way(table: str, tmp_path: Path) -> None:

@@ -94,6 +94,7 @@ def deltatail(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_run_with_filters_delivers_exactly_once_across_restarts(tmp_path: Path) -> None:
     table, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
     write_deltalake(str(table), rows(range(0, 10), "emea"), configuration=CDF)

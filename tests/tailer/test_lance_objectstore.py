@@ -201,6 +201,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_run_until_caught_up_on_s3_equals_the_local_copy(dataset: tuple[Path, str], moto: str, tmp_path: Path) -> None:
     local, uri = dataset
     outputs = []
@@ -216,6 +217,7 @@ def test_run_until_caught_up_on_s3_equals_the_local_copy(dataset: tuple[Path, st
     assert outputs[0] == outputs[1] and len(outputs[0]) > 300
 
 
+@pytest.mark.slow
 def test_run_on_s3_resumes_after_new_versions(moto: str, tmp_path: Path) -> None:
     """A second ``run`` on the same state directory delivers only the versions uploaded since."""
     local = build(tmp_path / "ds")
@@ -245,6 +247,7 @@ def test_run_on_s3_resumes_after_new_versions(moto: str, tmp_path: Path) -> None
     assert [r["_change_type"] for r in new] == ["delete"] * 3 + ["insert"] * 5
 
 
+@pytest.mark.slow
 def test_errors_on_s3_name_the_file_and_show_no_secret(moto: str, tmp_path: Path) -> None:
     local = build(tmp_path / "ds")
     uri = upload(local, moto)

@@ -109,6 +109,7 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
 
 
+@pytest.mark.slow
 def test_follows_a_writer_in_another_process(tmp_path: Path) -> None:
     root, state, out = tmp_path / "ds", tmp_path / "state", tmp_path / "out.jsonl"
     lance.write_dataset(rows(range(200)), str(root), enable_stable_row_ids=True)
@@ -164,6 +165,7 @@ def crash_dataset(root: Path) -> int:
     return int(lance.dataset(str(root)).version)
 
 
+@pytest.mark.slow
 def test_crashes_and_restarts_deliver_every_row_once(tmp_path: Path) -> None:
     root, state, out = tmp_path / "ds", tmp_path / "state", tmp_path / "out.jsonl"
     latest = crash_dataset(root)

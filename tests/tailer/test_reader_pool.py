@@ -92,6 +92,7 @@ def _ids(outcome: Outcome) -> list[int]:
     return [i for _, rows in outcome[0] for i in rows.column("id").to_pylist()]
 
 
+@pytest.mark.slow
 def test_appends_read_by_processes_are_the_rows_of_in_process_reading(tmp_path: Path, pool: ReaderPool) -> None:
     _appends(tmp_path, 30)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS), starting_version=0)
@@ -101,6 +102,7 @@ def test_appends_read_by_processes_are_the_rows_of_in_process_reading(tmp_path: 
     assert pool.files_sent == 30
 
 
+@pytest.mark.slow
 def test_runs_end_at_their_byte_budget(tmp_path: Path) -> None:
     _appends(tmp_path, 10)
     pool = ReaderPool(2, RunLimits(files=32, bytes=1, min_files=1))  # every file alone fills a run
@@ -174,6 +176,7 @@ def test_small_batches_keep_their_boundaries(tmp_path: Path, pool: ReaderPool) -
     assert pool.files_sent == 12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", manifest_paths())
 def test_every_corpus_table_reads_the_same_through_processes(path: str, pool: ReaderPool) -> None:
     # Every table, including those that must fail (missing DV files, unsupported features, absent
@@ -191,6 +194,7 @@ def test_the_corpus_comparison_exercises_the_processes(pool: ReaderPool) -> None
     assert pool.files_sent > 0
 
 
+@pytest.mark.slow
 def test_a_missing_file_is_raised_after_every_row_before_it(tmp_path: Path, pool: ReaderPool) -> None:
     _appends(tmp_path, 30)
     new = set(DeltaTable(str(tmp_path), version=20).file_uris()) - set(
@@ -218,6 +222,7 @@ def test_a_bad_deletion_vector_checksum_is_raised_by_the_consumer(tmp_path: Path
     assert pool.files_sent > 0
 
 
+@pytest.mark.slow
 def test_killed_processes_lose_no_rows(tmp_path: Path, pool: ReaderPool, caplog: pytest.LogCaptureFixture) -> None:
     _appends(tmp_path, 40)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
@@ -246,6 +251,7 @@ def test_processes_that_cannot_start_turn_the_pool_off(tmp_path: Path) -> None:
     assert not pool.acquire()
 
 
+@pytest.mark.slow
 def test_a_consumer_that_stops_early_leaves_the_pool_ready(tmp_path: Path, pool: ReaderPool) -> None:
     _appends(tmp_path, 30)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
@@ -256,6 +262,7 @@ def test_a_consumer_that_stops_early_leaves_the_pool_ready(tmp_path: Path, pool:
     _assert_same(_outcome(ChangeFeed(str(tmp_path), pool=pool)), expected)
 
 
+@pytest.mark.slow
 def test_a_second_concurrent_consumer_reads_in_process(tmp_path: Path, pool: ReaderPool) -> None:
     _appends(tmp_path, 20)
     expected = _outcome(ChangeFeed(str(tmp_path), options=IN_PROCESS))
@@ -269,6 +276,7 @@ def test_a_second_concurrent_consumer_reads_in_process(tmp_path: Path, pool: Rea
     _assert_same(([(head.start, head.rows), *rest], None), expected)
 
 
+@pytest.mark.slow
 def test_the_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
     _appends(tmp_path, 20)
     script = textwrap.dedent(
@@ -299,6 +307,7 @@ def test_the_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
         parent.kill()
 
 
+@pytest.mark.slow
 def test_the_processes_ignore_stop_signals_meant_for_their_parent(tmp_path: Path, pool: ReaderPool) -> None:
     # Ctrl-C or `kill -TERM -<group>` reaches the workers too; only the parent acts on it (gracefully).
     _appends(tmp_path, 12)
@@ -366,6 +375,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_tailer_catches_up_through_the_processes(tmp_path: Path, pool: ReaderPool) -> None:
     root = tmp_path / "t"
     _appends(root, 40)
@@ -377,6 +387,7 @@ def test_the_tailer_catches_up_through_the_processes(tmp_path: Path, pool: Reade
     assert [r["id"] for r in _lines(tmp_path / "processes.jsonl")] == list(range(400))
 
 
+@pytest.mark.slow
 def test_saved_snapshots_stay_exact_while_the_tailer_plans_ahead(tmp_path: Path, pool: ReaderPool) -> None:
     # A checkpoint due by time at every version, a snapshot due every 7 versions: planning ahead
     # must neither save a snapshot that was handed on (StateError) nor one of the wrong version.

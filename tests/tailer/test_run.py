@@ -479,6 +479,7 @@ def check_live_output(root: Path, out: Path, version: int) -> None:
     assert {r["_commit_version"] for r in lines} <= set(range(version + 1))
 
 
+@pytest.mark.slow
 def test_live_writer_followed_with_watching(tmp_path: Path) -> None:
     """A writer process commits appends, deletes, updates and merges; ``deltatail run`` follows it by
     inotify, goes idle once the writer stops, and exits 0 on SIGTERM: the output is deltalake's CDF."""
@@ -496,6 +497,7 @@ def test_live_writer_followed_with_watching(tmp_path: Path) -> None:
     check_live_output(root, out, version)
 
 
+@pytest.mark.slow
 def test_live_writer_followed_by_polling_across_restarts(tmp_path: Path) -> None:
     """The same with ``--no-watch`` polling, stopped by SIGTERM while the writer runs, restarted, stopped
     again, and finished by ``--until-caught-up``: still exactly deltalake's CDF, no row twice."""
@@ -881,6 +883,7 @@ def test_settings_merge_flags_over_environment_over_toml(tmp_path: Path) -> None
     assert str(bad) in str(info.value) and "pol_interval" in str(info.value)
 
 
+@pytest.mark.slow
 def test_cli_settings_precedence(tmp_path: Path) -> None:
     """deltatail run: flags over DELTATAIL_* environment over the TOML file, seen in what it delivers."""
     root = tmp_path / "t"
@@ -986,6 +989,7 @@ def test_initial_snapshot(tmp_path: Path, start: int | None) -> None:
 # ---------------------------------------------------------------- signals
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_exits_zero_with_the_cursor_saved(tmp_path: Path, sig: int) -> None:
     """Following by inotify with an hour between polls: a signal stops it (promptly, not at the next poll),

@@ -337,6 +337,7 @@ def parquet_output(directory: Path, expected: Counter[Row]) -> Counter[Row]:
 # ---------------------------------------------------------------- the campaigns
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sink", ["jsonl", "parquet"])
 def test_kills_and_restarts_deliver_exactly_once(
     tmp_path: Path, tables: dict[str, tuple[Path, int]], sink: str
@@ -372,6 +373,7 @@ def test_kills_and_restarts_deliver_exactly_once(
     assert len({spec for spec, _ in kills if spec.split(":")[1] == "after_write"}) >= 3
 
 
+@pytest.mark.slow
 def test_kills_and_restarts_deliver_at_least_once_to_stdout(
     tables: dict[str, tuple[Path, int]], tmp_path: Path
 ) -> None:
@@ -387,6 +389,7 @@ def test_kills_and_restarts_deliver_at_least_once_to_stdout(
 # ---------------------------------------------------------------- an initial snapshot interrupted while the table moves
 
 
+@pytest.mark.slow
 def test_initial_snapshot_killed_midway_while_the_table_moves(tmp_path: Path) -> None:
     """Killed in the middle of its initial snapshot; the table gets a commit before the restart. The
     output must still be one consistent feed: one snapshot (at one version), then the changes after it."""

@@ -203,6 +203,7 @@ def test_fifty_tables_one_broken_killed_and_restarted(tmp_path: Path) -> None:
     assert states["t00"]["state"] == "stopped" and states["t00"]["versions_behind"] == 0
 
 
+@pytest.mark.slow
 def test_metrics_reflect_a_table_that_is_rows_behind(tmp_path: Path) -> None:
     """Without a writer: one table, scraped while following; figures equal the file's rows."""
     lake, out, state = tmp_path / "lake", tmp_path / "out", tmp_path / "state"

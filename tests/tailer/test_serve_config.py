@@ -91,6 +91,7 @@ def test_an_address_in_use_is_refused(tmp_path: Path) -> None:
             HealthServer("127.0.0.1", port, list)
 
 
+@pytest.mark.slow
 def test_the_command_refuses_a_bad_file_with_one_line(tmp_path: Path) -> None:
     config = write(tmp_path, f'[[tables]]\npath = "{tmp_path / "nothing"}"\n')
     done = subprocess.run(
@@ -127,6 +128,7 @@ def test_readiness_says_which_tables_are_not_ready() -> None:
     assert readiness([ok, close], 60.0, 1000.0) == []
 
 
+@pytest.mark.slow
 def test_two_tables_with_one_sink_file_are_refused_before_anything_starts(tmp_path: Path) -> None:
     """Two tables whose filled sink URIs name one file (or directory): ConfigError naming both, nothing written."""
     a, b = table(tmp_path / "a"), table(tmp_path / "b")

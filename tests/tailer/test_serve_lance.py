@@ -118,6 +118,7 @@ def wait_until_equal(out: Path, lake: Path, other: Path, log: Path) -> None:
         time.sleep(0.3)
 
 
+@pytest.mark.slow
 def test_one_service_follows_delta_and_lance_tables(tmp_path: Path) -> None:
     lake, orders, vectors, other = make_lake(tmp_path)
     out, state = tmp_path / "out", tmp_path / "state"

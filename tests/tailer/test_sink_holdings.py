@@ -77,6 +77,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 # ---------------------------------------------------------------- two tables, one sink
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
 def test_a_second_table_on_one_sink_is_refused(tmp_path: Path, kind: str) -> None:
     """``run T1 --sink S`` then ``run T3 --sink S``: the second exits 1 naming both tables and S; S is unchanged."""
@@ -215,6 +216,7 @@ def test_a_parquet_directory_that_lost_its_newest_file_is_refused(tmp_path: Path
     assert str(out) in str(info.value)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_gap_and_accepts_it_when_told(tmp_path: Path) -> None:
     root, state, out = tmp_path / "t", tmp_path / "s", tmp_path / "out.jsonl"
     table_with(root, range(5), range(5, 9))

@@ -273,6 +273,7 @@ def test_parquet_output_holds_the_variant_bytes(tmp_path: Path) -> None:
     assert sorted(texts) == sorted(want)
 
 
+@pytest.mark.slow
 def test_cli_changes_prints_variants_as_json() -> None:
     root = corpus_root() / "delta-spark/variant-stats-state-reconstruction"
     done = subprocess.run(

@@ -266,6 +266,7 @@ def status_events(stderr: Path) -> list[dict[str, Any]]:
     return events
 
 
+@pytest.mark.slow
 def test_a_store_restart_mid_stream_is_survived_with_the_cursor_held(azurite_on_disk: Server, tmp_path: Path) -> None:
     """What this proves, with Azurite (blobs, container and modification times kept on disk across a restart):
 
@@ -375,6 +376,7 @@ def proxy_for() -> Iterator[Callable[[Server], CountingProxy]]:
         p.stop()
 
 
+@pytest.mark.slow
 def test_a_secret_storage_option_never_shows(
     s3: Cloud, tmp_path: Path, proxy_for: Callable[[Server], CountingProxy]
 ) -> None:

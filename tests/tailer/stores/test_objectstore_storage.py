@@ -183,6 +183,7 @@ def test_retry_options_use_delta_rs_keys() -> None:
             ObjectStoreStorage(bad)  # malformed retry options fail when the storage is made
 
 
+@pytest.mark.slow
 def test_unknown_option_is_a_config_error_naming_the_key_not_the_value(s3: Cloud) -> None:
     storage = ObjectStoreStorage({**s3.options, "aws_no_such_option": SECRET})
     with pytest.raises(ConfigError) as e:
@@ -221,6 +222,7 @@ def test_writer_only_delta_rs_options_are_accepted(s3: Cloud) -> None:
     assert storage.exists(s3.uri("nothing")) is False
 
 
+@pytest.mark.slow
 def test_aws_profile_from_the_shared_files(s3: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``aws_profile`` takes credentials from the AWS files (boto3); an unknown profile is a ConfigError."""
     s3.put("profile/x.json", b"{}")
@@ -255,6 +257,7 @@ def test_environment_credentials_are_read_and_options_override_them(s3: Cloud, m
 # ---------------------------------------------------------------- listing
 
 
+@pytest.mark.slow
 def test_list_from_lists_files_in_order_after_the_start(cloud: Cloud) -> None:
     cloud.put_all((f"t/_delta_log/{n}", b"{}\n") for n in log_names(range(6)))
     cloud.put("t/_delta_log/00000000000000000004.checkpoint.parquet", b"PAR1")
@@ -281,6 +284,7 @@ def test_list_from_lists_files_in_order_after_the_start(cloud: Cloud) -> None:
     assert storage.list_from(cloud.uri("t/_delta_log"), "_last_checkpoint") == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["s3", "azure"])
 def test_listing_after_a_key_is_one_request_for_the_new_files_only(
     which: str, request: pytest.FixtureRequest, proxy_for: Callable[[Server], CountingProxy]
@@ -429,6 +433,7 @@ def parquet_bytes(rows: int, row_groups: int = 4) -> tuple[bytes, pa.Table]:
     return sink.getvalue(), table
 
 
+@pytest.mark.slow
 def test_open_input_reads_parquet_columns_by_ranges(cloud: Cloud, proxy_for: Callable[[Server], CountingProxy]) -> None:
     data, table = parquet_bytes(200_000)
     cloud.put("p/big.parquet", data)
@@ -719,6 +724,7 @@ sys.stdout.buffer.write(storage.read(sys.argv[1]) + repr(storage.counter.snapsho
 """
 
 
+@pytest.mark.slow
 def test_storage_pickled_into_another_process_reads_there(cloud: Cloud, tmp_path: Path) -> None:
     """What a reader process or a Spark executor gets: the storage by pickle, rebuilt on the other side."""
     cloud.put("child/x.json", b"from-the-store")
@@ -735,6 +741,7 @@ def test_storage_pickled_into_another_process_reads_there(cloud: Cloud, tmp_path
     assert child.stdout == b"from-the-store{'get': 1}"
 
 
+@pytest.mark.slow
 def test_reader_processes_are_not_used_on_a_remote_store(s3: Cloud) -> None:
     """Small files on a store are fetched ahead concurrently and decoded here; the rows are the same."""
     uri = s3.uri("procs")
@@ -750,6 +757,7 @@ def test_reader_processes_are_not_used_on_a_remote_store(s3: Cloud) -> None:
     assert with_pool.equals(in_process) and in_process.num_rows > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["s3", "azure"])
 def test_a_backlog_on_a_store_is_found_by_listing_not_one_request_per_commit(
     which: str, request: pytest.FixtureRequest, proxy_for: Callable[[Server], CountingProxy]

@@ -117,6 +117,7 @@ def read_rows(table: str, storage: ObjectStoreStorage | None, first: int, last: 
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", sorted(CORPUS_SUBSET))
 def test_corpus_table_reads_the_same_from_the_store(cloud: Cloud, table: str) -> None:
     local = corpus_table(table)
@@ -174,6 +175,7 @@ def history(writable_cloud: Cloud) -> Iterator[tuple[Cloud, str]]:
     yield writable_cloud, uri
 
 
+@pytest.mark.slow
 def test_change_rows_equal_load_cdf_on_the_same_store(history: tuple[Cloud, str]) -> None:
     cloud, uri = history
     dt = DeltaTable(uri, storage_options=cloud.writer_options)
@@ -189,6 +191,7 @@ def test_change_rows_equal_load_cdf_on_the_same_store(history: tuple[Cloud, str]
     assert Counter(v5.column("_change_type").to_pylist()) == {"insert": 2, "delete": live_at_4}
 
 
+@pytest.mark.slow
 def test_snapshots_equal_deltalake_on_the_same_store(history: tuple[Cloud, str]) -> None:
     cloud, uri = history
     for version in range(6):
@@ -202,6 +205,7 @@ def test_snapshots_equal_deltalake_on_the_same_store(history: tuple[Cloud, str])
         assert {f["path"]: f["size"] for f in doc["files"]} == sizes
 
 
+@pytest.mark.slow
 def test_commit_timestamps_are_the_commit_objects_modification_times(history: tuple[Cloud, str]) -> None:
     cloud, uri = history
     storage = ObjectStoreStorage(cloud.options)
@@ -218,6 +222,7 @@ def test_commit_timestamps_are_the_commit_objects_modification_times(history: tu
         previous = stamp
 
 
+@pytest.mark.slow
 def test_deltatail_changes_command_on_the_store(history: tuple[Cloud, str], tmp_path: Path) -> None:
     """``deltatail changes s3://... --storage-option ...`` writes the same rows as ``load_cdf``."""
     cloud, uri = history
@@ -246,6 +251,7 @@ def proxy_for() -> Iterator[Callable[[Server], CountingProxy]]:
         p.stop()
 
 
+@pytest.mark.slow
 def test_loading_the_latest_snapshot_lists_from_the_checkpoint(
     writable_cloud: Cloud, proxy_for: Callable[[Server], CountingProxy]
 ) -> None:
