@@ -9,6 +9,7 @@ least that severity fired.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import sys
@@ -177,11 +178,20 @@ def _storage_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def installed_version() -> str:
+    """The installed distribution's version (``unknown`` when deltatail runs from a source tree not installed)."""
+    try:
+        return importlib.metadata.version("deltatail")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser: argparse.ArgumentParser = logs.JsonErrorParser(
         prog="deltatail", description="Follow a Delta table's log as a change feed."
     )
+    parser.add_argument("--version", action="version", version=f"deltatail {installed_version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
     parser.add_argument(
         "--log-format", choices=("text", "json"), default=None, help="stderr logs as text (default) or JSON lines"

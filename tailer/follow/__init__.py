@@ -1,0 +1,1 @@
+"""Following a table: the follow loop, its checkpoints and state directory, retries, status and figures."""
