@@ -232,6 +232,20 @@ class _BoundedServer(ThreadingHTTPServer):
             self._open[request] = None
         super().process_request(request, client_address)
 
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept a connection; out of descriptors or memory, wait a moment first.
+
+        The listening socket stays readable while ``accept`` fails for want of a descriptor
+        (EMFILE, ENFILE) or of memory: without the pause the server's loop would retry at once and
+        spin a core for as long as the shortage lasts. The pending client is accepted when it ends.
+        """
+        try:
+            return self.socket.accept()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                time.sleep(_SHORTAGE_PAUSE)
+            raise
+
     def shutdown_request(self, request: Any) -> None:
         with self._open_lock:
             self._open.pop(request, None)
@@ -243,6 +257,10 @@ class _BoundedServer(ThreadingHTTPServer):
         if isinstance(error, _HUNG_UP) or (isinstance(error, OSError) and error.errno is not None and _gone(error)):
             return
         log.warning("metrics and health: a request failed: %s: %s", type(error).__name__, error)
+
+
+#: Seconds the server waits after ``accept`` failed for want of descriptors or memory.
+_SHORTAGE_PAUSE = 0.2
 
 
 def _gone(error: OSError) -> bool:

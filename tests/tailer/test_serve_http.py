@@ -252,3 +252,49 @@ def test_rows_already_held_and_accepted_sink_gaps_are_exported() -> None:
     lines = body.decode().splitlines()
     assert 'deltatail_rows_already_held_total{table="orders"} 22.0' in lines
     assert 'deltatail_sink_gaps_total{table="orders"} 1.0' in lines
+
+
+SHORT_OF_DESCRIPTORS = textwrap.dedent(
+    """
+    import os, resource, sys, time
+    from tailer.serve.http import HealthServer
+    server = HealthServer("127.0.0.1", 0, list)
+    server.start()
+    held = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))  # every descriptor taken: accept() fails with EMFILE
+    except OSError:
+        pass
+    print(server.port, flush=True)
+    sys.stdin.readline()  # a client is connecting now
+    start = time.process_time()
+    time.sleep(3)
+    print(time.process_time() - start, flush=True)
+    """
+)
+
+
+def test_a_server_out_of_descriptors_does_not_spin() -> None:
+    """Before: the listening socket stayed readable while accept() failed, and the loop spun a core."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SHORT_OF_DESCRIPTORS],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        port = int(proc.stdout.readline())
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)  # queued by the kernel, not accepted
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        cpu_seconds = float(proc.stdout.readline())
+        client.close()
+        assert cpu_seconds < 0.5, f"{cpu_seconds:.2f} s of CPU in 3 s with a connection that cannot be accepted"
+    finally:
+        proc.kill()
+        proc.wait()
