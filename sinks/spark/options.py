@@ -20,6 +20,7 @@ from tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
 from tailer.storage import Storage
 from tailer.storage.factory import storage_for
+from tailer.storage.options import resolve_references
 
 #: Options with this prefix are the table's storage options (``storage.aws_region``...).
 STORAGE_PREFIX = "storage."
@@ -77,7 +78,8 @@ class SourceOptions:
         Raises:
             ConfigError: if the path is missing, a value is malformed, both starting options are
                 given, ``keyColumns`` is given without ``netChanges``, an ``externalRoots`` entry is not
-                an absolute path or URI, or ``format`` is neither
+                an absolute path or URI, a ``storage.*`` value's ``env:NAME`` or ``@FILE`` reference
+                cannot be resolved (see :func:`~tailer.storage.options.resolve_references`), or ``format`` is neither
                 ``delta`` nor ``lance`` (or ``delta`` for a ``lance://`` path).
         """
         opts = {k.lower(): v for k, v in options.items()}
@@ -110,7 +112,10 @@ class SourceOptions:
             external_roots=tuple(
                 check_external_root(r.strip()) for r in opts.get("externalroots", "").split(",") if r.strip()
             ),
-            storage_options={k[len(STORAGE_PREFIX) :]: v for k, v in opts.items() if k.startswith(STORAGE_PREFIX)},
+            storage_options=resolve_references(
+                {k[len(STORAGE_PREFIX) :]: v for k, v in opts.items() if k.startswith(STORAGE_PREFIX)},
+                where="the source's storage.* options",
+            ),
         )
         if start is not None and parsed.starting_timestamp_ms is not None:
             raise ConfigError("give startingVersion or startingTimestamp, not both")

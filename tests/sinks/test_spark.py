@@ -146,6 +146,29 @@ def pos(offset: dict[str, Any]) -> tuple[int, bool, int]:
 # ---------------------------------------------------------------- options --
 
 
+def test_storage_options_take_secrets_by_reference(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret_file = tmp_path / "key"
+    secret_file.write_text("from-a-file\n")
+    monkeypatch.setenv("DT_TEST_SECRET", "from-the-environment")
+    o = SourceOptions.parse(
+        {
+            "path": "/t",
+            "storage.aws_secret_access_key": "env:DT_TEST_SECRET",
+            "storage.azure_storage_account_key": f"@{secret_file}",
+            "storage.aws_region": "eu-west-1",
+        }
+    )
+    assert o.storage_options == {
+        "aws_secret_access_key": "from-the-environment",
+        "azure_storage_account_key": "from-a-file",
+        "aws_region": "eu-west-1",
+    }
+    monkeypatch.delenv("DT_TEST_SECRET")
+    with pytest.raises(ConfigError, match="aws_secret_access_key") as raised:
+        SourceOptions.parse({"path": "/t", "storage.aws_secret_access_key": "env:DT_TEST_SECRET"})
+    assert "from-the-environment" not in str(raised.value)
+
+
 def test_options_parse_with_defaults_and_units() -> None:
     o = SourceOptions.parse(
         {
