@@ -61,8 +61,11 @@ def _bounds(convert: Any) -> str:
         low = f"{convert.at_least:g}"
         high = "" if convert.at_most is None else f"{convert.at_most:g}"
         kind = "whole number" if convert.kind is int else "number"
-        return f"{kind}, {low} to {high}" if high else f"{kind}, at least {low}"
-    return getattr(convert, "__name__", type(convert).__name__)
+        bounds = f"{kind}, {low} to {high}" if high else f"{kind}, at least {low}"
+        return f"{bounds} ({convert.why})" if convert.why else bounds
+    # Any other converter says what it takes in its docstring's first line.
+    doc = str(getattr(convert, "__doc__", None) or getattr(convert, "__name__", "")).strip()
+    return doc.splitlines()[0].replace("``", "`").rstrip(".") if doc else ""
 
 
 def options_markdown() -> str:

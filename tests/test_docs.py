@@ -94,7 +94,7 @@ def test_the_options_page_lists_every_option_help_prints(site: Path) -> None:
 
 def test_the_service_settings_show_their_bounds(site: Path) -> None:
     page = (site / "options" / "index.html").read_text(encoding="utf-8")
-    assert re.search(r"<code>workers</code></td>\s*<td>whole number, 1 to \d+</td>", page)
+    assert re.search(r"<code>workers</code></td>\s*<td>whole number, 1 to \d+ \(steps share", page)
     assert re.search(r"<code>poll_interval</code></td>\s*<td>number, 0.01 to 86400</td>", page)
 
 
