@@ -64,6 +64,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
     raise AssertionError("the parser has no subcommands")
 
 
+@pytest.mark.slow  # the site build takes several seconds
 def test_the_site_builds_with_every_page(site: Path) -> None:
     for page in ["following", "serve", "cursors", "object-stores", "kafka", "spark", "auditing", "lance"]:
         assert (site / page / "index.html").is_file(), page
@@ -73,6 +74,7 @@ def test_the_site_builds_with_every_page(site: Path) -> None:
     assert "Quickstart" in index
 
 
+@pytest.mark.slow  # the site build takes several seconds
 def test_the_options_page_lists_every_option_help_prints(site: Path) -> None:
     page = (site / "options" / "index.html").read_text(encoding="utf-8")
     sections = re.split(r'<h2 id="[^"]*">', page)
@@ -92,6 +94,7 @@ def test_the_options_page_lists_every_option_help_prints(site: Path) -> None:
     assert "workers" in page and "state_root" in page  # the [service] settings
 
 
+@pytest.mark.slow  # the site build takes several seconds
 def test_the_service_settings_show_their_bounds(site: Path) -> None:
     page = (site / "options" / "index.html").read_text(encoding="utf-8")
     assert re.search(r"<code>workers</code></td>\s*<td>whole number, 1 to \d+ \(steps share", page)
