@@ -339,7 +339,7 @@ def test_a_store_restart_mid_stream_is_survived_with_the_cursor_held(azurite_on_
     assert [e["attempt"] for e in unavailable] == list(range(1, len(unavailable) + 1))  # one process, retrying
     # a run that reaches the store resumes from the saved state: the cursor held at the first undelivered version
     resumed = [e["message"] for e in events if e["message"].startswith("resuming ")]
-    held = [int(m.group(1)) for m in (re.search(r"Position\(version=(\d+)", r) for r in resumed) if m]
+    held = [int(m.group(1)) for m in (re.search(r" at (\d+):s?\d+ ", r) for r in resumed) if m]
     assert held == [4], resumed
     assert not [e for e in events if e["level"] in ("error", "critical")]
 
