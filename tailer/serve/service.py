@@ -549,7 +549,7 @@ class Service:
             return
         table.reported = key
         try:
-            write_status(self.state_root.root / s.table_id, s)
+            write_status(self.state_root.root / s.table_id, s, durable=False)  # reports only: no fsync per step
         except Exception as e:
             table.reported = ()  # written again on the next turn
             log.warning("cannot write the status of table %s: %s", table.source.name, describe(e))
