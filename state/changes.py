@@ -271,7 +271,7 @@ def check_schema_change(old: StructType, new: StructType, *, version: int, allow
     problem = additive_change(old, new)
     if problem is not None:
         raise SchemaChangeError(
-            f"non-additive schema change: {problem}; read the versions before and after it separately, "
-            "or allow non-additive changes explicitly",
+            f"non-additive schema change: {problem}; stopped as on_schema_change = stop asks: set it to evolve "
+            "to go on (each row in its version's schema), or read the versions on each side separately",
             version=version,
         )

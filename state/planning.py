@@ -20,7 +20,7 @@ Rules applied here, besides those of :mod:`state.changes`:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from state.changes import (
     FileTask,
@@ -74,6 +74,24 @@ class VersionPlan:
     commit: Commit | None
     tasks: tuple[FileTask, ...]
     snapshot: bool = False
+    #: The context just before the commit, when the commit changes the table's schema, partition
+    #: columns or column mapping: the rows it removes (non-cdc ``delete`` tasks) were written and
+    #: last visible under that schema and are read in it (:meth:`context_of`). ``None`` otherwise.
+    before: ReadContext | None = None
+
+    def context_of(self, task: FileTask) -> ReadContext:
+        """The context to read ``task`` in: a removed row as it was before the commit, every other row after it.
+
+        Delta reads an old file in the current schema, which is right for the rows a version
+        keeps or adds. A row a version *removes* was last visible before it: read in the new
+        schema, a commit that drops or renames a column and deletes rows at once (an overwrite
+        with a new schema) would deliver deleted rows without the values that identified them
+        and with nulls for columns they never had. Cdc files are written by the commit itself,
+        in its schema, so they are always read in :attr:`context`.
+        """
+        if self.before is not None and task.change_type == "delete":
+            return self.before
+        return self.context
 
 
 @functools.lru_cache(maxsize=64)
@@ -146,11 +164,33 @@ def plan_commit(
             table=snap.table,
             version=commit.version,
         )
+    before = _context_before(snap, commit, external_roots)
     after, _ = snap.apply(commit)
     if after.metadata is None:
         raise InvalidLogError("no metaData action found in the log", table=snap.table, version=commit.version)
     ts = commit_timestamp(commit, after.metadata, file_mtime_ms, previous_ms)
-    return after, VersionPlan(read_context(after, ts, external_roots), commit, tuple(prepared.tasks()))
+    context = read_context(after, ts, external_roots)
+    if before is not None:
+        before = replace(before, version=commit.version, timestamp_ms=ts)
+        if _same_layout(before, context):
+            before = None
+    return after, VersionPlan(context, commit, tuple(prepared.tasks()), before=before)
+
+
+def _context_before(snap: Snapshot, commit: Commit, external_roots: tuple[str, ...]) -> ReadContext | None:
+    """Reading context of ``snap`` if ``commit`` carries a ``metaData`` (it may change the schema); else ``None``."""
+    if commit.metadata is None or snap.metadata is None or snap.metadata.schema_string is None:
+        return None
+    return read_context(snap, 0, external_roots)
+
+
+def _same_layout(a: ReadContext, b: ReadContext) -> bool:
+    """Whether rows read in ``a`` and in ``b`` come out alike: same schema, partition columns and column mapping."""
+    return (a.schema_string, a.partition_columns, a.column_mapping_mode) == (
+        b.schema_string,
+        b.partition_columns,
+        b.column_mapping_mode,
+    )
 
 
 def plan_snapshot(snap: Snapshot, timestamp_ms: int, external_roots: tuple[str, ...] = ()) -> VersionPlan:

@@ -52,7 +52,7 @@ def make_partitions(plan: AnyPlan, first: int, last: int, options: SourceOptions
         return []
     if uses_net(plan, options):
         return [ChangePartition(plan.context, tasks, net=True)]
-    return [ChangePartition(plan.context, (t,)) for t in tasks]
+    return [ChangePartition(plan.context_of(t), (t,)) for t in tasks]
 
 
 def read_partition(

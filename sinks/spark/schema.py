@@ -51,9 +51,8 @@ def check_fits(plan: VersionPlan, stream: pa.Schema) -> None:
     Raises:
         SchemaChangeError: naming the version and the column.
     """
-    check_schema_fits(
-        change_schema(plan.context.schema()), stream, table=plan.context.table_root, version=plan.context.version
-    )
+    for context in (plan.context, plan.before) if plan.before is not None else (plan.context,):
+        check_schema_fits(change_schema(context.schema()), stream, table=context.table_root, version=context.version)
 
 
 def check_schema_fits(schema: pa.Schema, stream: pa.Schema, *, table: str, version: int) -> None:

@@ -81,6 +81,26 @@ def starting_version(table: str, store: Storage, value: object) -> int | None:
         raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
 
 
+#: What ``run`` and ``serve`` do at a non-additive schema change when nothing is set.
+DEFAULT_ON_SCHEMA_CHANGE = "evolve"
+
+
+def crosses_schema_changes(s: Mapping[str, Any]) -> bool:
+    """Whether the settings ``s`` follow a table across non-additive schema changes (``on_schema_change``).
+
+    ``evolve`` (the default) goes on, every row in the schema of its version; ``stop`` stops before
+    the version, as before. The deprecated ``allow_non_additive = true`` means ``evolve``; ``false``
+    no longer means ``stop`` by itself (it was the default, so it says nothing).
+
+    Raises:
+        ConfigError: if ``allow_non_additive = true`` contradicts ``on_schema_change = "stop"``.
+    """
+    mode = s.get("on_schema_change")
+    if s.get("allow_non_additive") and mode == "stop":
+        raise ConfigError('allow_non_additive contradicts on_schema_change = "stop"; give only on_schema_change')
+    return (mode or DEFAULT_ON_SCHEMA_CHANGE) == "evolve"
+
+
 def tailer_config(
     table: str,
     state_dir: str,
@@ -122,7 +142,7 @@ def tailer_config(
         options=ChangeOptions(
             net_changes=bool(s.get("net_changes", READ_DEFAULTS.net_changes)),
             key_columns=keys(s.get("key")),
-            allow_non_additive=bool(s.get("allow_non_additive", READ_DEFAULTS.allow_non_additive)),
+            allow_non_additive=crosses_schema_changes(s),
             reader_processes=reader_processes(s.get("reader_processes")),
             filter=change_filter(s),
             external_roots=tuple(s.get("external_roots", ())),

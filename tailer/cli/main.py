@@ -38,7 +38,7 @@ from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.serve import serve
-from tailer.cli.settings import SINK_GAP_CHOICES, STORAGE, external_root_option, flag_type, merge
+from tailer.cli.settings import SCHEMA_CHANGE_CHOICES, SINK_GAP_CHOICES, STORAGE, external_root_option, flag_type, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
 from tailer.follow.stats import TableStats
@@ -279,7 +279,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--until-caught-up", action="store_const", const=True, default=None, help="exit when caught up")
     run.add_argument("--net-changes", action="store_const", const=True, default=None, help="cancel rewrite noise")
     run.add_argument("--key", default=None, help="key columns for --net-changes update pairing")
-    run.add_argument("--allow-non-additive", action="store_const", const=True, default=None, help="cross drops/renames")
+    run.add_argument(
+        "--on-schema-change",
+        choices=SCHEMA_CHANGE_CHOICES,
+        default=None,
+        help="at a dropped, renamed or retyped column: evolve (default: go on, every row in the schema of its "
+        "version) or stop (stop before the version, everything before it delivered)",
+    )
+    run.add_argument(
+        "--allow-non-additive",
+        action="store_const",
+        const=True,
+        default=None,
+        help="deprecated alias of --on-schema-change evolve (the default)",
+    )
     run.add_argument(
         "--sink-retries",
         type=flag_type("sink_retries"),

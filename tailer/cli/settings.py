@@ -131,6 +131,17 @@ def sink_gap_value(value: Any) -> str:
     return str(value)
 
 
+#: The values of ``on_schema_change`` (see :func:`tailer.cli.configure.crosses_schema_changes`).
+SCHEMA_CHANGE_CHOICES = ("evolve", "stop")
+
+
+def schema_change_value(value: Any) -> str:
+    """An ``on_schema_change`` setting: ``evolve`` or ``stop``."""
+    if value not in SCHEMA_CHANGE_CHOICES:
+        raise ValueError(f"expected one of {', '.join(SCHEMA_CHANGE_CHOICES)}, got {value!r}")
+    return str(value)
+
+
 def names(value: Any) -> tuple[str, ...]:
     """A list setting: ``a,b`` (flags, environment) or a TOML list of strings.
 
@@ -190,7 +201,8 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "until_caught_up": flag,
     "net_changes": flag,
     "key": text,
-    "allow_non_additive": flag,
+    "on_schema_change": schema_change_value,
+    "allow_non_additive": flag,  # deprecated: on_schema_change = "evolve" (the default now)
     "columns": names,
     "where": text,
     "change_types": names,

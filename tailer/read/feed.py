@@ -26,7 +26,7 @@ from state.cursor import Position, version_range
 from state.errors import SchemaChangeError, VersionGapError
 from state.feed import ChangeBatch, change_schema
 from state.filters import ChangeFilter
-from state.planning import VersionPlan, plan_snapshot
+from state.planning import ReadContext, VersionPlan, plan_snapshot
 from state.snapshot import Snapshot
 from tailer.log.delta_log import DeltaLog
 from tailer.log.follower import PREFETCH_COMMITS, LogFollower
@@ -211,12 +211,11 @@ class ChangeFeed:
         :class:`~tailer.read.readers.PlanReader` read them; by default each task is read here, in order.
         """
         if task_batches is None:
-            task_batches = (read_task(self.storage, plan.context, t, self.options.batch_size) for t in plan.tasks)
+            task_batches = (read_task(self.storage, plan.context_of(t), t, self.options.batch_size) for t in plan.tasks)
         start = (
             Position.in_snapshot(plan.context.version, 0) if plan.snapshot else Position.change(plan.context.version, 0)
         )
         index = 0
-        change_filter = self._compiled_filter(plan)
         if self._nets(plan):
             rows = (b for batches in task_batches for b in batches)
             merged = pa.Table.from_batches(list(rows), schema=change_schema(plan.context.schema()))
@@ -229,8 +228,9 @@ class ChangeFeed:
             if task is not None and task.pruned:
                 for _ in batches:  # nothing: a pruned task is not read
                     pass
-                index += count_task_rows(self.storage, plan.context, task)
+                index += count_task_rows(self.storage, plan.context_of(task), task)
                 continue
+            change_filter = self._compiled_filter(plan.context if task is None else plan.context_of(task))
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
@@ -258,7 +258,9 @@ class ChangeFeed:
         """
         if self.options.filter.skips(plan.commit):
             return replace(plan, tasks=())
-        change_filter = self._compiled_filter(plan)
+        if self._nets(plan) and plan.before is not None:
+            plan = replace(plan, before=None)  # netting compares removed and added rows in one schema: the commit's
+        change_filter = self._compiled_filter(plan.context)
         if change_filter is None or self._nets(plan):
             return plan
         return prune(plan, change_filter)
@@ -273,14 +275,14 @@ class ChangeFeed:
         if f.columns is not None or f.where is not None:
             f.compile(self.log.snapshot().schema.names)
 
-    def _compiled_filter(self, plan: VersionPlan) -> ChangeFilter | None:
+    def _compiled_filter(self, context: ReadContext) -> ChangeFilter | None:
         f = self.options.filter
         if f.is_empty or (f.columns is None and f.where is None and f.change_types is None):
             return None
-        key = plan.context.schema_string
+        key = context.schema_string
         compiled = self._filters.get(key)
         if compiled is None:
-            compiled = self._filters[key] = f.compile(plan.context.schema().names)
+            compiled = self._filters[key] = f.compile(context.schema().names)
         return compiled
 
     def read_plans(self, plans: Iterator[VersionPlan]) -> Generator[PlanRows, None, None]:

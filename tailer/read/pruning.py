@@ -41,6 +41,9 @@ def prune(plan: VersionPlan, change_filter: ChangeFilter) -> VersionPlan:
     tasks: list[FileTask] = []
     changed = False
     for task in plan.tasks:
+        if plan.context_of(task) is not plan.context:  # a removed row read in the schema before: not pruned
+            tasks.append(task)
+            continue
         key = (tuple(sorted(task.partition_values.items())), task.change_type)
         drop = verdicts.get(key)
         if drop is None:

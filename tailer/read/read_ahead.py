@@ -170,25 +170,29 @@ class ReadAheadReader:
                 for t in plan.tasks
                 if t.size is not None
                 and t.size < self.min_bytes
-                and (location := _safe_location(plan.context, t.path)) is not None
+                and (location := _safe_location(plan.context_of(t), t.path)) is not None
             ]
         )
 
     def _prefetch(self, threads: ThreadPoolExecutor, plan: VersionPlan, task: FileTask) -> Prefetch | None:
         if task.size is None or task.size < self.min_bytes:
             return None
-        return Prefetch(threads, functools.partial(decode_task, self.storage, plan.context, task, self.batch_size))
+        return Prefetch(
+            threads, functools.partial(decode_task, self.storage, plan.context_of(task), task, self.batch_size)
+        )
 
     def _in_order(self, plan: VersionPlan, fetches: list[_Fetch]) -> Iterator[Iterable[pa.RecordBatch]]:
         for task, fetch in zip(plan.tasks, fetches, strict=True):
             if fetch is None:
-                yield read_task(self.storage, plan.context, task, self.batch_size)
+                yield read_task(self.storage, plan.context_of(task), task, self.batch_size)
             elif isinstance(fetch, Prefetch):
-                yield (finish_batch(plan.context, task, b) for b in fetch.batches())
+                yield (finish_batch(plan.context_of(task), task, b) for b in fetch.batches())
             else:
                 run, index = fetch
                 remote = run.remote_batches(index)
-                yield read_task(self.storage, plan.context, task, self.batch_size) if remote is None else remote
+                yield (
+                    read_task(self.storage, plan.context_of(task), task, self.batch_size) if remote is None else remote
+                )
 
     def _submit_runs(self, pool: ReaderPool, small: _Small, *, whole: bool) -> _Small:
         """Send small tasks to the reader processes in runs of one schema, within the pool's run limits.
@@ -201,7 +205,7 @@ class ReadAheadReader:
 
         def send() -> None:
             nonlocal size
-            items = [(plan.context, plan.tasks[i]) for _, i, plan in run]
+            items = [(plan.context_of(plan.tasks[i]), plan.tasks[i]) for _, i, plan in run]
             remote = pool.submit(self.storage, items, self.batch_size)
             for j, (fetches, i, _) in enumerate(run):
                 fetches[i] = (remote, j)
@@ -209,7 +213,7 @@ class ReadAheadReader:
             size = 0
 
         for entry in small:
-            if run and run[0][2].context.schema_string != entry[2].context.schema_string:
+            if run and _schema_of(run[0]) != _schema_of(entry):
                 send()
             run.append(entry)
             size += entry[2].tasks[entry[1]].size or 0
@@ -218,6 +222,12 @@ class ReadAheadReader:
         if run and whole:
             send()
         return run
+
+
+def _schema_of(entry: tuple[list[_Fetch], int, VersionPlan]) -> str:
+    """The schema a small task of a run is read in (a run holds tasks of one schema)."""
+    _, index, plan = entry
+    return plan.context_of(plan.tasks[index]).schema_string
 
 
 def _safe_location(context: ReadContext, path: str) -> str | None:

@@ -49,4 +49,4 @@ class SequentialReader:
     def read(self, plans: Iterator[VersionPlan]) -> Generator[PlanRows, None, None]:
         """See :meth:`PlanReader.read`."""
         for plan in plans:
-            yield plan, (read_task(self.storage, plan.context, task, self.batch_size) for task in plan.tasks)
+            yield plan, (read_task(self.storage, plan.context_of(task), task, self.batch_size) for task in plan.tasks)
