@@ -113,6 +113,8 @@ class CommitEvent:
         row_counts: change rows delivered for the commit by this run, per ``_change_type``.
         audit: the commit's full audit event, built only for a sink whose
             :attr:`~tailer.follow.sink.Sink.wants_audit_events` is true; otherwise ``None``.
+        schema: the table schema after the commit when the commit carries a ``metaData`` action
+            (it may change the schema); ``None`` otherwise.
     """
 
     version: int
@@ -121,3 +123,4 @@ class CommitEvent:
     operation_metrics: dict[str, Any] = field(default_factory=dict)
     row_counts: dict[str, int] = field(default_factory=dict)
     audit: AuditEvent | None = None
+    schema: StructType | None = None

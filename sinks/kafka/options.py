@@ -88,6 +88,7 @@ class KafkaOptions:
     allow_unordered: bool = False
     heartbeat_interval: float | None = None
     heartbeat_topic: str = HEARTBEAT_TOPIC
+    schema_changes: bool = False
 
     @staticmethod
     def from_uri(uri: str, env: Mapping[str, str] | None = None) -> KafkaOptions:
@@ -197,6 +198,7 @@ def _check_host(host: str, uri: str) -> str:
 def _query(query: str, uri: str) -> dict[str, str]:
     known = {
         "format", "key", "tombstones", "exactly_once", "commit_topic", "sink_id", "compression", "backend",
+        "schema_changes",
         *_INT_OPTIONS, *SECURITY_OPTIONS, *_EVENT_OPTIONS,
     }  # fmt: skip
     raw: dict[str, str] = {}
@@ -238,6 +240,7 @@ def _build_options(bootstrap: tuple[str, ...], topic: str, raw: dict[str, str], 
         key_columns=keys,
         tombstones=_bool("tombstones", raw.get("tombstones", "false"), uri),
         exactly_once=_bool("exactly_once", raw.get("exactly_once", "false"), uri),
+        schema_changes=_bool("schema_changes", raw.get("schema_changes", "false"), uri),
         commit_topic=raw.get("commit_topic") or None,
         sink_id=raw.get("sink_id") or None,
         backend=_backend(raw.get("backend", "kafka-python"), uri),

@@ -32,11 +32,14 @@ from sinks.kafka.producers import (
     SendRefused,
     Stamp,
 )
+from sinks.kafka.schema_changes import schema_change_message
 from sinks.kafka.tails import Tail, TailCheck, TailReader, header_map
 from state.audit import AuditEvent
 from state.cursor import Position
 from state.errors import ConfigError, SinkError, SinkUnavailableError
 from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
+from state.schema import StructType
+from state.schema_diff import SchemaDiff
 from tailer.collector import collector_paused
 from tailer.follow.sink import Sink
 
@@ -122,6 +125,7 @@ class KafkaSink(Sink):
         self.topic = fill_topic(opts.topic, table)
         self.commit_topic = fill_topic(opts.commit_topic, table) if opts.commit_topic else None
         self.heartbeat_topic = self._heartbeat_topic(table)
+        self.schema_topic = self._schema_topic(table)
         self.sink_id = opts.sink_id or default_sink_id(table.table_id, self.topic)
         clock = {} if self._clock_ms is None else {"clock_ms": self._clock_ms}
         self._encoder = ChangeEncoder(
@@ -151,6 +155,7 @@ class KafkaSink(Sink):
             self._heartbeat_partitions = (
                 self._partition_count(producer, self.heartbeat_topic) if self.heartbeat_topic else 0
             )
+            self._schema_partitions = self._partition_count(producer, self.schema_topic) if self.schema_topic else 0
             if opts.exactly_once:
                 self._read_tails()
         except BaseException as e:
@@ -186,6 +191,20 @@ class KafkaSink(Sink):
         if topic in (self.topic, self.commit_topic):
             raise ConfigError(
                 f"heartbeat_topic {topic} is the topic of changes or commit events; heartbeats need their own",
+                table=table.path,
+            )
+        return topic
+
+    def _schema_topic(self, table: TableInfo) -> str | None:
+        """The schema change topic (``schema_changes=true``): Debezium's, named by ``server_name``."""
+        opts = self.options
+        if not opts.schema_changes:
+            return None
+        topic = fill_topic(opts.events.server_name, table)
+        if topic in (self.topic, self.commit_topic, self.heartbeat_topic):
+            raise ConfigError(
+                f"the schema change topic {topic} (server_name) is the topic of changes, commit events or "
+                "heartbeats; schema changes need their own",
                 table=table.path,
             )
         return topic
@@ -320,8 +339,8 @@ class KafkaSink(Sink):
 
     @property
     def wants_audit_events(self) -> bool:
-        """True with a ``commit_topic``: its messages are the commits' audit events."""
-        return bool(self.options.commit_topic)
+        """True with a ``commit_topic`` (its messages are the commits' audit events) or ``schema_changes``."""
+        return bool(self.options.commit_topic) or self.options.schema_changes
 
     def commit_event(self, event: CommitEvent) -> None:
         """Publish the commit's audit event to the commit topic, if one is configured.
@@ -340,7 +359,7 @@ class KafkaSink(Sink):
                 or it cannot be sent.
         """
         self._check_usable()
-        if self.commit_topic is None:
+        if self.commit_topic is None and self.schema_topic is None:
             return
         if event.audit is None:
             raise SinkError(
@@ -349,7 +368,11 @@ class KafkaSink(Sink):
                 table=self.table.path,
                 version=event.version,
             )
-        if self.options.exactly_once and event.version <= self._last_commit_version:
+        diff = event.audit.schema_change
+        if self.schema_topic is not None and diff and event.schema is not None:
+            created = event.audit.table_created
+            self._send_schema_change(self.schema_topic, event, event.schema, diff, created=created)
+        if self.commit_topic is None or (self.options.exactly_once and event.version <= self._last_commit_version):
             return
         self._last_commit_version = event.version
         key = self.table.table_id.encode()
@@ -362,6 +385,34 @@ class KafkaSink(Sink):
             producer.send(self.commit_topic, key, value, headers, partition, stamp)
         except SendRefused as e:
             raise self._refused(e, self.commit_topic, key, value, stamp) from e
+
+    def _send_schema_change(
+        self, topic: str, event: CommitEvent, schema: StructType, diff: SchemaDiff, *, created: bool
+    ) -> None:
+        """Send the Debezium schema-change event of ``event``'s version (:mod:`sinks.kafka.schema_changes`).
+
+        At least once: a restart may send it again (consumers tell repeats by ``source.table_id`` and
+        ``source.commit_version``); the topic is shared by every table of the server, so its tail says
+        nothing about one table.
+        """
+        key, value = schema_change_message(
+            self.table,
+            self.options.events,
+            version=event.version,
+            timestamp_ms=event.timestamp_ms,
+            schema=schema,
+            diff=diff,
+            created=created,
+            key_columns=self.options.key_columns,
+        )
+        headers = [*self._fixed_headers, ("dt.version", b"%d" % event.version), ("dt.change_type", b"schema_change")]
+        partition = None if self._by_producer else choose_partition(key, self._schema_partitions)
+        stamp = (event.version, COMMIT_RANK, -1, 1)
+        producer = self._producer_for_sending()
+        try:
+            producer.send(topic, key, value, headers, partition, stamp)
+        except SendRefused as e:
+            raise self._refused(e, topic, key, value, stamp) from e
 
     def commit_started(self, version: int, operation: str | None) -> None:
         """Remember the Delta operation of ``version`` for the ``source.operation`` of its rows (``debezium``)."""
@@ -506,7 +557,7 @@ def _held_rows(count: int, message_rows: list[int], sent_rows: list[int]) -> int
 def _describe(stamp: Stamp) -> str:
     version, rank, index, sub = stamp
     if rank == COMMIT_RANK:
-        return f"the commit event of version {version}"
+        return f"the {'schema-change' if sub else 'commit'} event of version {version}"
     if rank == HEARTBEAT_RANK:
         return f"the heartbeat at version {version}"
     what = "tombstone" if sub else "row"

@@ -362,6 +362,7 @@ class Tailer(FollowLoop):
                     operation_metrics={} if info is None else info.operation_metrics,
                     row_counts=counts,
                     audit=audit,
+                    schema=None if plan.commit.metadata is None else plan.context.schema(),
                 )
             )
         return True
