@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from schema_change_tables import CORPUS, Row, reference_rows, row_key, write_evolving_table
+
 from tailer.cli.main import main
 from tests.corpus import corpus_root
 
