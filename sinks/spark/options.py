@@ -170,9 +170,16 @@ class SourceOptions:
         return storage_for(self.path, self.storage_options or None)
 
     def change_options(self) -> ChangeOptions:
-        """The :class:`~tailer.read.feed.ChangeOptions` these options ask for."""
+        """The :class:`~tailer.read.feed.ChangeOptions` these options ask for.
+
+        Planning crosses every schema change (``allow_non_additive``): what a query can read is
+        decided by its fixed schema alone (:func:`sinks.spark.schema.check_fits`).
+        """
         return ChangeOptions(
-            net_changes=self.net_changes, key_columns=self.key_columns, external_roots=self.external_roots
+            net_changes=self.net_changes,
+            key_columns=self.key_columns,
+            allow_non_additive=True,
+            external_roots=self.external_roots,
         )
 
     def read_limit(self) -> ReadLimit:

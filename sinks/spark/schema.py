@@ -21,8 +21,38 @@ def arrow_target(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
+def widens(old: pa.DataType, new: pa.DataType) -> bool:
+    """Whether ``new`` is a widening of ``old`` that Delta's type widening allows (every value exactly representable).
+
+    Protocol, "Type Widening": ``byte`` -> ``short`` -> ``int`` -> ``long``; ``float`` -> ``double``;
+    ``byte``, ``short``, ``int`` -> ``double``; ``date`` -> ``timestamp_ntz``; ``decimal(p, s)`` ->
+    ``decimal(p + k1, s + k2)`` with ``k1 >= k2 >= 0``; ``byte``, ``short``, ``int``, ``long`` -> a
+    decimal with room for their digits (3, 5, 10, 20 before the point).
+    """
+    t = pa.types
+    if t.is_signed_integer(old) and t.is_signed_integer(new):
+        return bool(new.bit_width >= old.bit_width)
+    if t.is_signed_integer(old) and t.is_float64(new):
+        return bool(old.bit_width <= 32)
+    if t.is_float32(old) and t.is_float64(new):
+        return True
+    if t.is_date32(old) and t.is_timestamp(new):
+        return new.tz is None
+    if t.is_signed_integer(old) and t.is_decimal(new):
+        return bool(new.precision - new.scale >= {8: 3, 16: 5, 32: 10, 64: 20}[old.bit_width])
+    if t.is_decimal(old) and t.is_decimal(new):
+        return bool(new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale)
+    return False
+
+
 def fits(old: pa.DataType, new: pa.DataType) -> bool:
-    """Whether values of ``old`` can be read as ``new``: equal, or ``new`` only adds struct fields (any depth)."""
+    """Whether values of ``old`` can be read as ``new``.
+
+    They can if the types are equal, ``new`` widens ``old`` (:func:`widens`), or ``new`` only adds
+    struct fields (any depth).
+    """
+    if widens(old, new):
+        return True
     if pa.types.is_struct(old) and pa.types.is_struct(new):
         names = {new.field(i).name: new.field(i).type for i in range(new.num_fields)}
         olds = (old.field(i) for i in range(old.num_fields))
@@ -46,13 +76,32 @@ def schema_problem(plan_schema: pa.Schema, stream: pa.Schema) -> str | None:
 
 
 def check_fits(plan: VersionPlan, stream: pa.Schema) -> None:
-    """Refuse a version whose schema does not fit the query's fixed schema.
+    """Refuse a version whose rows do not fit the query's fixed schema.
+
+    A version's rows fit if each column is in the query's schema in a type that holds its values
+    (:func:`fits`; columns the query has and the version lacks are null), its removed rows too
+    (read in the schema before it, :meth:`~state.planning.VersionPlan.context_of`), and it does not
+    drop or rename a column the query's schema has (the query would show it as null from there on,
+    as if every later row had no value).
 
     Raises:
         SchemaChangeError: naming the version and the column.
     """
-    for context in (plan.context, plan.before) if plan.before is not None else (plan.context,):
-        check_schema_fits(change_schema(context.schema()), stream, table=context.table_root, version=context.version)
+    context = plan.context
+    schema = change_schema(context.schema())
+    if plan.before is not None:
+        gone = sorted(set(plan.before.schema().names) - set(schema.names) & set(stream.names))
+        if gone:  # the query would show a dropped or renamed column as null from here on
+            raise _not_fitting(
+                f"the version drops or renames column {gone[0]!r}, which the query's schema has",
+                context.table_root,
+                context.version,
+            )
+        if any(plan.context_of(t) is plan.before for t in plan.tasks):
+            check_schema_fits(
+                change_schema(plan.before.schema()), stream, table=context.table_root, version=context.version
+            )
+    check_schema_fits(schema, stream, table=context.table_root, version=context.version)
 
 
 def check_schema_fits(schema: pa.Schema, stream: pa.Schema, *, table: str, version: int) -> None:
@@ -63,13 +112,24 @@ def check_schema_fits(schema: pa.Schema, stream: pa.Schema, *, table: str, versi
     """
     problem = schema_problem(schema, stream)
     if problem is not None:
-        raise SchemaChangeError(
-            f"the table schema at this version does not fit the query's schema: {problem}; the schema is "
-            "fixed when the query starts: restart it to pick up an additive change (a non-additive change "
-            "cannot be streamed across)",
-            table=table,
-            version=version,
+        raise _not_fitting(
+            f"the table schema at this version does not fit the query's schema: {problem}", table, version
         )
+
+
+def _not_fitting(problem: str, table: str, version: int) -> SchemaChangeError:
+    return SchemaChangeError(
+        f"{problem}. A query's schema "
+        "is fixed when it starts (the table's schema at its latest version then). If the table changed "
+        "after the query started, restart it with the same checkpointLocation: it resumes at this "
+        "version, in the table's schema then. If the query's schema is newer than this version (a "
+        "column renamed or dropped between the two), no query can stream across the change: read the "
+        "versions before it with a batch read (spark.read, endingVersion=the version before the change) "
+        "and stream the rest with a new query (new checkpointLocation, startingVersion=the version of "
+        "the change)",
+        table=table,
+        version=version,
+    )
 
 
 def conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
