@@ -80,12 +80,13 @@ applies :func:`tailer.read.net_changes.net_changes` to it.
 Schema. The stream's schema is fixed when the DataFrame is defined (each
 start and restart of a query defines it again): the table schema at the latest
 version then (at ``endingVersion`` for a batch read). Rows of older versions
-whose schema lacks some of its columns (additive changes) get nulls there.
-A version whose schema is not contained in the stream's (a column added after
-the query started, or a non-additive change) stops the query with a
-:class:`~state.errors.SchemaChangeError` naming that version, after every
-earlier row was delivered; restarting the query picks up an additive change.
-A non-additive change cannot be streamed across.
+whose schema lacks some of its columns (additive changes) get nulls there;
+columns whose type the stream's widens (Delta type widening) are cast up.
+A version whose rows do not fit the stream's schema (a column added after the
+query started, a narrower type) or that drops or renames a column the stream
+has stops the query with a :class:`~state.errors.SchemaChangeError` naming
+that version, after every earlier row was delivered; its message says how to
+go on (:func:`sinks.spark.schema.check_fits`; ``docs/spark.md``).
 
 Lance datasets. A path written ``lance://PATH``, the option ``format`` (``lance``
 or ``delta``), or, without either, a ``_versions/`` directory holding manifests
@@ -270,7 +271,7 @@ class DeltaTailBatchReader(DataSourceReader):
         """Plan the range (on the driver) into partitions.
 
         Raises:
-            SchemaChangeError: if a version's schema does not fit the read's, or changes non-additively.
+            SchemaChangeError: if a version's rows do not fit the read's schema (:func:`check_fits`).
             VersionNotFoundError, VersionGapError: as :meth:`ChangeFeed.plans`.
         """
         o = self.options

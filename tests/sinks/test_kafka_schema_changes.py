@@ -26,11 +26,12 @@ import pytest
 
 pytest.importorskip("kafka")
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # tests/tailer: schema_change_tables.py
+from corpus import corpus_root
 from schema_change_tables import CORPUS, Row, log_actions, reference_rows, row_key, write_evolving_table
 
 from tailer.cli.main import main
-from tests.corpus import corpus_root
 
 TABLES = [*sorted(CORPUS), "generated"]
 

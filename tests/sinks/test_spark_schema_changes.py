@@ -19,13 +19,14 @@ import pytest
 pytest.importorskip("pyspark")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_spark's reader helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # schema_change_tables
+from corpus import corpus_root
 from schema_change_tables import CORPUS, log_actions
 from test_spark import all_rows, run_batches, source, stream_reader
 
 from sinks.spark.schema import arrow_target
 from state.errors import SchemaChangeError
-from tests.corpus import corpus_root
 
 
 def added_files(table: Path, version: int) -> pa.Table:

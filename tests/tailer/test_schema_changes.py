@@ -11,15 +11,20 @@ stop`` still stops before the change, and the deprecated ``--allow-non-additive`
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
+from corpus import corpus_root
 from schema_change_tables import CORPUS, Row, reference_rows, row_key, write_evolving_table
 
+from state.errors import ConfigError
 from tailer.cli.main import main
-from tests.corpus import corpus_root
+from tailer.cli.serve import load_serve_config, source
 
 
 def run(table: Path, state: Path, sink: str, *extra: str) -> int:
@@ -129,3 +134,17 @@ def test_stop_from_a_config_file_and_the_deprecated_alias(tmp_path: Path, capsys
     both = ["--allow-non-additive", "--on-schema-change", "stop"]
     assert run(table, tmp_path / "s3", f"jsonl:{tmp_path / 'c.jsonl'}", *both) == 2
     assert "contradicts" in capsys.readouterr().err
+
+
+def test_a_serve_table_evolves_by_default_and_stops_when_its_setting_says(tmp_path: Path) -> None:
+    t = write_evolving_table(tmp_path / "t")
+    body = f'[[tables]]\npath = "{t}"\nname = "a"\n[[tables]]\npath = "{t}"\nname = "b"\non_schema_change = "stop"\n'
+    config = tmp_path / "serve.toml"
+    config.write_text(f'[service]\nstate_root = "{tmp_path / "state"}"\n' + body)
+    loaded = load_serve_config(str(config))
+    sources = {name: source(name, settings) for name, settings in loaded.tables}
+    assert sources["a"].config.options.allow_non_additive is True
+    assert sources["b"].config.options.allow_non_additive is False
+    config.write_text(config.read_text().replace('"stop"', '"halt"'))
+    with pytest.raises(ConfigError, match=r"on_schema_change.*evolve, stop"):
+        load_serve_config(str(config))
