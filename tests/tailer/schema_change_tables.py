@@ -115,7 +115,8 @@ def _text(row: dict[str, Any]) -> str:
 def _read_version(table: Path, version: int) -> list[dict[str, Any]]:
     """The rows of ``table`` at ``version``, read by deltalake (its DataFusion reader applies deletion vectors)."""
     found = QueryBuilder().register("t", DeltaTable(str(table), version=version)).execute("select * from t")
-    return pa.table(found.read_all()).to_pylist()
+    rows: list[dict[str, Any]] = pa.table(found.read_all()).to_pylist()
+    return rows
 
 
 def _columns(table: Path, version: int) -> list[str]:
