@@ -23,6 +23,7 @@ from corpus import corpus_root
 from schema_change_tables import CORPUS, Row, reference_rows, row_key, write_evolving_table
 
 from state.errors import ConfigError
+from tailer.audit.feed import AuditFeed
 from tailer.cli.main import main
 from tailer.cli.serve import load_serve_config, source
 
@@ -148,3 +149,16 @@ def test_a_serve_table_evolves_by_default_and_stops_when_its_setting_says(tmp_pa
     config.write_text(config.read_text().replace('"stop"', '"halt"'))
     with pytest.raises(ConfigError, match=r"on_schema_change.*evolve, stop"):
         load_serve_config(str(config))
+
+
+@pytest.mark.parametrize("name", [*sorted(CORPUS), "generated"])
+def test_the_audit_feed_reports_each_kind_of_schema_change_at_its_version(name: str, tmp_path: Path) -> None:
+    if name == "generated":
+        table, changes = write_evolving_table(tmp_path / "t"), {1: "added", 3: "dropped"}
+    else:
+        path, kind, version = CORPUS[name]
+        table, changes = corpus_root() / path, {version: kind}
+    events = {e.version: e for e in AuditFeed(str(table)).events()}
+    for version, kind in changes.items():
+        diff = events[version].schema_change
+        assert diff is not None and kind in diff.kinds, (version, diff)
