@@ -31,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # tests
 from corpus import corpus_root
 from schema_change_tables import CORPUS, Row, log_actions, reference_rows, row_key, write_evolving_table
 
+from sinks.kafka.sink import KafkaSink
+from state.errors import ConfigError
+from state.feed import TableInfo
 from tailer.cli.main import main
 
 TABLES = [*sorted(CORPUS), "generated"]
@@ -127,3 +130,11 @@ def test_debezium_schemas_follow_the_table_and_schema_changes_are_events(
         assert v["databaseName"] == "delta" and v["ddl"] is None
     kind = CORPUS[name][1] if name in CORPUS else "dropped"
     assert any(v["tableChanges"][0]["deltaChanges"][kind] for v in values[1:])
+
+
+def test_the_schema_change_topic_must_be_its_own() -> None:
+    sink = KafkaSink("kafka://127.0.0.1:1/cdc?format=debezium&schema_changes=true&server_name=cdc")
+    with pytest.raises(ConfigError, match="schema change topic cdc"):
+        sink.open(TableInfo("/t", "id-1", "t"))
+    with pytest.raises(ConfigError, match="schema_changes"):
+        KafkaSink("kafka://127.0.0.1:1/cdc?schema_changes=maybe")
