@@ -19,7 +19,8 @@ Life cycle of :meth:`Tailer.run`:
 
 Errors that stop it: a version gap or a log cleaned up past the cursor
 (``VersionGapError``), a table deleted and recreated (``StateError``), an
-unsupported reader feature or a non-additive schema change mid-stream
+unsupported reader feature or, unless ``options.allow_non_additive`` (``run``'s default,
+``on_schema_change = evolve``), a non-additive schema change mid-stream
 (``UnsupportedFeatureError``/``SchemaChangeError``) — in the last two cases
 after delivering and checkpointing everything before that version.
 """
