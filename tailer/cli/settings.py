@@ -206,6 +206,7 @@ SERVICE_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "state_root": text,
     "listen": text,
     "ready_lag_seconds": Number(float, 0),
+    "min_readable_seconds": Number(float, 0),
     "workers": Number(int, 1, MAX_WORKERS, "steps share one interpreter lock"),
     "step_versions": Number(int, 1),
     "safety_poll_seconds": Number(float, 0.1, DAY),

@@ -35,9 +35,16 @@ import pyarrow as pa
 
 from state.audit import AuditEvent
 from state.cursor import Position
-from state.errors import DeltaTailError, SchemaChangeError, StateError, UnsupportedFeatureError
+from state.errors import (
+    DeltaTailError,
+    InvalidLogError,
+    SchemaChangeError,
+    StateError,
+    UnsupportedFeatureError,
+)
 from state.feed import CommitEvent, TableInfo
 from state.planning import VersionPlan, plan_snapshot
+from state.retention import retention
 from state.snapshot import Snapshot
 from tailer.audit.feed import AuditTracker
 from tailer.follow.checkpointer import Checkpointer
@@ -105,6 +112,7 @@ class Tailer(FollowLoop):
         self._follower: LogFollower | None = None
         self._checkpoints: Checkpointer | None = None
         self._prev_ts: int | None = None
+        self._retention_of: object = None  # the metadata stats.retention was read from
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -115,6 +123,8 @@ class Tailer(FollowLoop):
         else:
             self._start_new()
         self.stats.table_id = self._table_id
+        if self._snap is not None:
+            self._note_retention(self._snap)
         self.stats.delivered_version = self._cursor.base_version
         self.stats.newest_version = max(self.stats.newest_version, self.stats.delivered_version)
         self.feed.check_filter()  # fail fast on a column the table does not have
@@ -314,6 +324,7 @@ class Tailer(FollowLoop):
         """Deliver one planned version; ``False`` if stopped inside it (the cursor points at its next row)."""
         version = plan.context.version
         self._snap = snap
+        self._note_retention(snap)
         if not self._deliver(plan, task_batches, audit):
             return False
         self._prev_ts = plan.context.timestamp_ms
@@ -365,6 +376,22 @@ class Tailer(FollowLoop):
                 )
             )
         return True
+
+    def _note_retention(self, snap: Snapshot) -> None:
+        """Keep the table's retention periods (:mod:`state.retention`) in the figures when its metadata changes.
+
+        A retention property that is not an interval is logged (once per metadata) and leaves the
+        retention unknown: it only feeds a warning, and following goes on.
+        """
+        metadata = snap.metadata
+        if metadata is None or metadata is self._retention_of:
+            return
+        self._retention_of = metadata
+        try:
+            self.stats.retention = retention(metadata.configuration, self.log.table)
+        except InvalidLogError as e:
+            self.stats.retention = None
+            log.warning("%s; how long undelivered versions stay readable is unknown", e)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
