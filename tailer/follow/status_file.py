@@ -109,7 +109,15 @@ class StatusWriter:
 
     def _key(self) -> tuple[object, ...]:
         s = self.stats
-        return (s.state, s.error, s.delivered_version, s.newest_version, s.pending_commit_ms, s.data_losses, s.retention)
+        return (
+            s.state,
+            s.error,
+            s.delivered_version,
+            s.newest_version,
+            s.pending_commit_ms,
+            s.data_losses,
+            s.retention,
+        )
 
     @property
     def pending(self) -> bool:

@@ -38,9 +38,11 @@ from state.cursor import Position
 from state.errors import (
     DeltaTailError,
     InvalidLogError,
+    MissingFileError,
     SchemaChangeError,
     StateError,
     UnsupportedFeatureError,
+    VersionGapError,
 )
 from state.feed import CommitEvent, TableInfo
 from state.planning import VersionPlan, plan_snapshot
@@ -113,6 +115,7 @@ class Tailer(FollowLoop):
         self._checkpoints: Checkpointer | None = None
         self._prev_ts: int | None = None
         self._retention_of: object = None  # the metadata stats.retention was read from
+        self._lost_at_start: VersionGapError | None = None  # the log no longer reaches the saved cursor
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -131,6 +134,8 @@ class Tailer(FollowLoop):
         self._open_sink(TableInfo(self.log.table, self._table_id, table_name(self.log.table)))
         if saved is None and self._cursor.snapshot:
             self._checkpoint()  # fix the snapshot's version now, so a restart resumes the same snapshot
+        if self._lost_at_start is not None:
+            self._data_lost(self._lost_at_start)
 
     def _new_follower(self, head: Snapshot, previous_ms: int | None, table_id: str | None) -> LogFollower:
         c = self.config
@@ -186,12 +191,12 @@ class Tailer(FollowLoop):
         follower = self._new_follower(snap, saved.previous_timestamp_ms, saved.table_id)
         cursor = saved.cursor
         # Bring the snapshot to just before the cursor's version (commits already delivered).
-        target = cursor.base_version
-        for v in range(snap.version + 1, target + 1):
-            try:
-                snap, _ = snap.apply(follower.read_commit(v))
-            except DeltaTailError as e:
-                raise e.at(table=self.log.table, file=self.log.commit_path(v)) from None
+        try:
+            snap = self._replay(follower, snap, cursor.base_version)
+        except VersionGapError as e:
+            if self.config.on_data_loss == "fail":
+                raise
+            self._lost_at_start = e  # dealt with once the sink is open (see _data_lost)
         follower.reset(snap, saved.previous_timestamp_ms)
         self._follower = follower
         self._snap = snap
@@ -202,6 +207,27 @@ class Tailer(FollowLoop):
         self._checkpoints = self._checkpointer()
         self._checkpoints.saved_snapshot = (saved.snapshot_version, saved.snapshot_file)
         log.info("resuming %s at %s (saved snapshot version %d)", self.log.table, cursor, saved.snapshot_version)
+
+    def _replay(self, follower: LogFollower, snap: Snapshot, target: int) -> Snapshot:
+        """``snap`` brought on to version ``target`` by the commits after it (already delivered ones).
+
+        Where the log was cleaned up after ``snap`` but still reaches ``target`` from a checkpoint,
+        the snapshot at ``target`` is built from the log instead: nothing was lost.
+
+        Raises:
+            VersionGapError: if the log no longer reaches ``target``.
+            DeltaTailError: a commit that cannot be read, naming it.
+        """
+        for v in range(snap.version + 1, target + 1):
+            try:
+                snap, _ = snap.apply(follower.read_commit(v))
+            except VersionGapError:
+                if self.log.earliest_version() > target:
+                    raise
+                return self.log.snapshot(target)
+            except DeltaTailError as e:
+                raise e.at(table=self.log.table, file=self.log.commit_path(v)) from None
+        return snap
 
     def _start_new(self) -> None:
         c = self.config
@@ -234,6 +260,13 @@ class Tailer(FollowLoop):
         return self.log.storage.remote
 
     def _new_versions(self, limit: int | None = None) -> list[int]:
+        try:
+            return self._look(limit)
+        except VersionGapError as e:
+            self._data_lost(e)
+            return self._look(limit)
+
+    def _look(self, limit: int | None) -> list[int]:
         # Nothing new by name: the log is listed to tell "nothing new" from a gap (always before exiting).
         follower = self._following()
         versions = follower.discover(check_gaps=self.config.until_caught_up, limit=limit)
@@ -262,6 +295,12 @@ class Tailer(FollowLoop):
         stretch starts. A checkpoint inside a stretch (one due by time) saves the
         cursor against the snapshot saved before, never a snapshot handed on.
         """
+        try:
+            self._deliver_in_stretches(versions)
+        except (VersionGapError, MissingFileError) as e:
+            self._data_lost(e)
+
+    def _deliver_in_stretches(self, versions: list[int]) -> None:
         checkpoints = self._checkpoints
         if checkpoints is None:
             raise RuntimeError("the tailer has not started")
@@ -392,6 +431,79 @@ class Tailer(FollowLoop):
         except InvalidLogError as e:
             self.stats.retention = None
             log.warning("%s; how long undelivered versions stay readable is unknown", e)
+
+    # -- data loss -----------------------------------------------------------------------------
+
+    def _data_lost(self, e: VersionGapError | MissingFileError) -> None:
+        """What the tailer still needed is gone (the log cleaned up past the cursor, a file vacuumed).
+
+        ``on_data_loss``:
+
+        - ``fail`` (the default): ``e`` is raised (the table stops; nothing is skipped).
+        - ``resnapshot`` (Debezium's ``snapshot.mode=when_needed``): the table's rows at its latest
+          version are delivered as a snapshot (labelled as ``--initial-snapshot`` rows are), and
+          the tailer follows on from there.
+        - ``skip`` (Delta's ``failOnDataLoss=false``): the tailer jumps to the oldest state it can
+          still read: after a missing file, the next version; after a log cleaned up, the oldest
+          version the log can still build.
+
+        Either way the loss is logged (a warning naming the versions passed over and the error)
+        and counted (:meth:`TableStats.data_lost`). A gap in the log that is not a cleanup (the
+        log still holds versions before the missing one) is never passed over.
+
+        Raises:
+            VersionGapError, MissingFileError: ``e``, with ``fail``, or a gap that is not a cleanup,
+                or a loss inside a snapshot being delivered.
+        """
+        mode = self.config.on_data_loss
+        cursor = self._cursor
+        if mode == "fail" or cursor.snapshot:
+            raise e
+        if isinstance(e, VersionGapError) and self.log.earliest_version() <= cursor.base_version:
+            raise e  # a hole in the log, not a cleanup: never passed over
+        if mode == "resnapshot":
+            lost = self._resnapshot(e)
+        else:
+            lost = self._skip_lost(e)
+        what = f"versions {cursor.version} to {cursor.version + lost - 1}" if lost > 1 else f"version {cursor.version}"
+        self.stats.data_lost(lost, f"{what} passed over ({mode}): {e}")
+        log.warning(
+            "%s: data lost: %s (on_data_loss = %s); its changes were not delivered (%s)",
+            self.stats.name,
+            what,
+            mode,
+            e,
+            extra={"event": "data_loss", "fields": {"table": self.stats.name, "from_version": cursor.version,
+                                                   "versions": lost, "mode": mode}},
+        )  # fmt: skip
+
+    def _resnapshot(self, e: DeltaTailError) -> int:
+        """Deliver the table's latest rows as a snapshot and follow on; returns the versions passed over."""
+        latest = self.log.latest_version()
+        cursor = self._cursor
+        if latest < cursor.version or (latest == cursor.version and cursor.index > 0):
+            raise e  # the snapshot's rows cannot follow rows of its own version already delivered
+        self._jump(self.log.snapshot(latest), Position.in_snapshot(latest, 0))
+        self._deliver_initial_snapshot()
+        return latest - cursor.version + 1
+
+    def _skip_lost(self, e: DeltaTailError) -> int:
+        """Jump to the oldest state still readable; returns the versions passed over."""
+        cursor = self._cursor
+        head = cursor.version if isinstance(e, MissingFileError) else self.log.earliest_version()
+        self._jump(self.log.snapshot(head), Position.change(head + 1, 0))
+        return head - cursor.version + 1
+
+    def _jump(self, snap: Snapshot, cursor: Position) -> None:
+        """Go on from ``snap`` at ``cursor``, checkpointed at once with ``snap`` saved (the old one is unreachable)."""
+        self._snap = snap
+        self._prev_ts = snapshot_time(self.log, snap)
+        self._following().reset(snap, self._prev_ts)
+        self._cursor = cursor
+        self._note_retention(snap)
+        if self._checkpoints is not None:
+            self._checkpoints.saved_snapshot = None  # save this one: a restart must not replay from the old
+        self._checkpoint()
 
     # -- checkpoints ---------------------------------------------------------------------------
 

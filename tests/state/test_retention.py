@@ -19,7 +19,9 @@ def test_defaults_are_the_protocols_30_days_of_log_and_1_week_of_files() -> None
 
 
 def test_the_shorter_of_the_two_periods_bounds_it() -> None:
-    r = retention({"delta.logRetentionDuration": "interval 2 days", "delta.deletedFileRetentionDuration": "interval 1 week"})
+    r = retention(
+        {"delta.logRetentionDuration": "interval 2 days", "delta.deletedFileRetentionDuration": "interval 1 week"}
+    )
     assert r.readable_ms == 2 * DAY_MS
     # committed at 10:00, now 11:30 the next day: 2 days - 25.5 hours = 22.5 hours left
     commit = 1_700_000_000_000

@@ -157,7 +157,10 @@ def test_status_shows_how_long_the_oldest_undelivered_version_stays_readable(tmp
     assert 8 * 3600 - 600 < doc["readable_seconds"] <= 8 * 3600
     assert (doc["data_losses"], doc["versions_lost"]) == (0, 0)
     text = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "status", str(tmp_path / "state")], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "tailer.cli", "status", str(tmp_path / "state")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     ).stdout
     assert "oldest undelivered version readable for at least 28" in text  # 28,7xx s
 
