@@ -461,10 +461,7 @@ class Tailer(FollowLoop):
             raise e
         if isinstance(e, VersionGapError) and self.log.earliest_version() <= cursor.base_version:
             raise e  # a hole in the log, not a cleanup: never passed over
-        if mode == "resnapshot":
-            lost = self._resnapshot(e)
-        else:
-            lost = self._skip_lost(e)
+        lost = self._resnapshot(e) if mode == "resnapshot" else self._skip_lost(e)
         what = f"versions {cursor.version} to {cursor.version + lost - 1}" if lost > 1 else f"version {cursor.version}"
         self.stats.data_lost(lost, f"{what} passed over ({mode}): {e}")
         log.warning(
