@@ -127,6 +127,8 @@ def _run(args: argparse.Namespace) -> int:
             raise
         lance = None  # the store is unavailable now: each attempt of the service looks again
     config = tailer_config(args.table, s["state_dir"], s, start_of=lance_cli.run_start if lance else None)
+    if lance and config.on_data_loss != "fail":
+        raise ConfigError("on_data_loss applies to Delta tables; a Lance dataset's stream fails on a lost version")
     uri = s.get("sink", DEFAULT_SINK)
     retries = s.get("sink_retries")
     tune_for_latency()

@@ -39,7 +39,7 @@ The file::
 
 Lance datasets are followed alongside Delta tables (by a
 :class:`~tailer.lance.follow.LanceTailer`); the settings that only apply to
-Delta tables (``net_changes``, ``key``) are refused for them. Sink URIs may
+Delta tables (``net_changes``, ``key``, an ``on_data_loss`` other than ``fail``) are refused for them. Sink URIs may
 hold ``{table_name}`` and ``{table_id}`` (for a Lance dataset, its
 :func:`~tailer.lance.follow.lance_state_id`). A discovered table is
 named by its path relative to the root, ``/`` written ``.``. Everything is
@@ -338,6 +338,8 @@ def source(name: str, settings: Mapping[str, Any]) -> TableSource:
     sink = SinkFactory(str(settings.get("sink", DEFAULT_SINK)), name)
     if fmt == "lance":
         refused = [k for k in DELTA_ONLY if settings.get(k)]
+        if settings.get("on_data_loss", "fail") != "fail":
+            refused.append("on_data_loss")
         if refused:
             raise ConfigError(f"table {name!r} is a Lance dataset: {', '.join(refused)} apply to Delta tables only")
         return TableSource(name, tailer_config(table, "", settings, start_of=lance_run_start), sink, "lance")

@@ -16,10 +16,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import lance
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -231,3 +234,46 @@ def test_skip_after_log_cleanup_jumps_to_the_oldest_version_the_log_still_builds
     assert (a.expected, a.delivered, a.lost, a.duplicated) == (24, 12, 12, 0)
     doc = status(state)
     assert (doc["delivered_version"], doc["data_losses"], doc["versions_lost"]) == (4, 1, 3)
+
+
+def _poll(what: str, check: Callable[[], bool], seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_serve_resnapshots_a_table_whose_files_were_vacuumed(tmp_path: Path) -> None:
+    root, state, out, truth = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl", Truth()
+    write_deltalake(str(root), pa.table({"id": list(range(10))}))
+    DeltaTable(str(root)).delete("id < 3")
+    record(root, truth)
+    DeltaTable(str(root)).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    conf = tmp_path / "serve.toml"  # from version 0, whose file is gone
+    conf.write_text(
+        f'[service]\nstate_root = "{state}"\nlisten = "off"\nsafety_poll_seconds = 0.2\n'
+        f'[defaults]\nsink = "jsonl:{out}"\nstarting_version = 0\non_data_loss = "resnapshot"\n'
+        f'[[tables]]\npath = "{root}"\nname = "t"\n'
+    )
+    with (tmp_path / "serve.log").open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tailer.cli", "serve", "--config", str(conf)], cwd=ROOT, stderr=err
+        )
+    try:
+        _poll("the snapshot delivered", lambda: out.exists() and len(out.read_text().splitlines()) == 7)
+        [table_dir] = [d for d in state.iterdir() if d.is_dir()]
+        _poll("the loss in the status", lambda: status(table_dir).get("data_losses") == 1)
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
+    a = account(truth, out, range(4))
+    assert a.snapshots == [3]  # the rows of version 1 (ids 3..9) at the latest version, after VACUUM's commits
+    assert (a.delivered, a.lost, a.duplicated) == (0, 0, 0)
+    assert "data lost: versions 0 to 3 (on_data_loss = resnapshot)" in (tmp_path / "serve.log").read_text()
+
+
+def test_on_data_loss_is_refused_for_lance_datasets(tmp_path: Path) -> None:
+    lance.write_dataset(pa.table({"id": [1, 2]}), str(tmp_path / "d"))
+    done = run(tmp_path / "d", tmp_path / "state", tmp_path / "out.jsonl", "--on-data-loss", "skip")
+    assert done.returncode != 0
+    assert "on_data_loss applies to Delta tables" in done.stderr and "Traceback" not in done.stderr
