@@ -374,6 +374,12 @@ class Tailer(FollowLoop):
         return True
 
     def _deliver_initial_snapshot(self) -> None:
+        try:
+            self._deliver_snapshot_rows()
+        except MissingFileError as e:  # vacuumed since the snapshot was taken (a resumed one)
+            self._data_lost(e)
+
+    def _deliver_snapshot_rows(self) -> None:
         snap = self._snap
         if snap is None:
             raise RuntimeError("the tailer has not started")
@@ -451,45 +457,46 @@ class Tailer(FollowLoop):
         and counted (:meth:`TableStats.data_lost`). A gap in the log that is not a cleanup (the
         log still holds versions before the missing one) is never passed over.
 
+        A snapshot being delivered whose files were vacuumed since it was taken (a resumed one)
+        is itself a loss: ``resnapshot`` takes a newer one, ``skip`` passes over the rest of it.
+
         Raises:
             VersionGapError, MissingFileError: ``e``, with ``fail``, or a gap that is not a cleanup,
-                or a loss inside a snapshot being delivered.
+                or a ``resnapshot`` with no newer version to snapshot.
         """
         mode = self.config.on_data_loss
         cursor = self._cursor
-        if mode == "fail" or cursor.snapshot:
+        if mode == "fail":
             raise e
         if isinstance(e, VersionGapError) and self.log.earliest_version() <= cursor.base_version:
             raise e  # a hole in the log, not a cleanup: never passed over
-        lost = self._resnapshot(e) if mode == "resnapshot" else self._skip_lost(e)
-        what = f"versions {cursor.version} to {cursor.version + lost - 1}" if lost > 1 else f"version {cursor.version}"
-        self.stats.data_lost(lost, f"{what} passed over ({mode}): {e}")
+        if mode == "resnapshot":
+            head = self.log.latest_version()
+            if head < cursor.version or (head == cursor.version and (cursor.index > 0 or cursor.snapshot)):
+                raise e  # the snapshot's rows cannot follow rows of its own version already delivered
+        else:  # skip: after a missing file the next version; after a cleanup the oldest the log builds
+            head = cursor.version if isinstance(e, MissingFileError) else self.log.earliest_version()
+        self._report_loss(e, cursor.version, head)  # before the rows: a crash inside them still said it
+        if mode == "resnapshot":
+            self._jump(self.log.snapshot(head), Position.in_snapshot(head, 0))
+            self._deliver_initial_snapshot()
+        else:
+            self._jump(self.log.snapshot(head), Position.change(head + 1, 0))
+
+    def _report_loss(self, e: DeltaTailError, first: int, last: int) -> None:
+        """Log and count the versions ``first`` to ``last`` passed over (see :meth:`_data_lost`)."""
+        mode = self.config.on_data_loss
+        what = f"versions {first} to {last}" if last > first else f"version {first}"
+        self.stats.data_lost(last - first + 1, f"{what} passed over ({mode}): {e}")
         log.warning(
             "%s: data lost: %s (on_data_loss = %s); its changes were not delivered (%s)",
             self.stats.name,
             what,
             mode,
             e,
-            extra={"event": "data_loss", "fields": {"table": self.stats.name, "from_version": cursor.version,
-                                                   "versions": lost, "mode": mode}},
+            extra={"event": "data_loss", "fields": {"table": self.stats.name, "from_version": first,
+                                                   "to_version": last, "mode": mode}},
         )  # fmt: skip
-
-    def _resnapshot(self, e: DeltaTailError) -> int:
-        """Deliver the table's latest rows as a snapshot and follow on; returns the versions passed over."""
-        latest = self.log.latest_version()
-        cursor = self._cursor
-        if latest < cursor.version or (latest == cursor.version and cursor.index > 0):
-            raise e  # the snapshot's rows cannot follow rows of its own version already delivered
-        self._jump(self.log.snapshot(latest), Position.in_snapshot(latest, 0))
-        self._deliver_initial_snapshot()
-        return latest - cursor.version + 1
-
-    def _skip_lost(self, e: DeltaTailError) -> int:
-        """Jump to the oldest state still readable; returns the versions passed over."""
-        cursor = self._cursor
-        head = cursor.version if isinstance(e, MissingFileError) else self.log.earliest_version()
-        self._jump(self.log.snapshot(head), Position.change(head + 1, 0))
-        return head - cursor.version + 1
 
     def _jump(self, snap: Snapshot, cursor: Position) -> None:
         """Go on from ``snap`` at ``cursor``, checkpointed at once with ``snap`` saved (the old one is unreachable)."""
