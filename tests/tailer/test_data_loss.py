@@ -62,8 +62,12 @@ def rows_at(truth: Truth, version: int) -> Counter[int]:
     return truth[max(v for v in truth if v <= version)]
 
 
-def account(truth: Truth, out: Path, versions: range) -> Accounting:
-    """Exactly-once accounting of ``out`` over ``versions`` (see the module docstring)."""
+def account(truth: Truth, out: Path, versions: range, partial: frozenset[int] = frozenset()) -> Accounting:
+    """Exactly-once accounting of ``out`` over ``versions`` (see the module docstring).
+
+    ``partial``: versions of snapshots cut short by a loss (their files vacuumed while they were
+    delivered), which must hold nothing but rows of the table at their version.
+    """
     a = Accounting()
     per_version: dict[int, Counter[int]] = {}
     snapshot_rows: dict[int, Counter[int]] = {}
@@ -76,7 +80,10 @@ def account(truth: Truth, out: Path, versions: range) -> Accounting:
         per_version.setdefault(version, Counter())[row["id"]] += ADD[row["_change_type"]]
         a.delivered += 1
     for version, rows in snapshot_rows.items():
-        assert rows == rows_at(truth, version), f"the snapshot at {version} is the table's rows at {version}"
+        if version in partial:
+            assert not rows - rows_at(truth, version), f"the cut-short snapshot at {version} holds only its rows"
+        else:
+            assert rows == rows_at(truth, version), f"the snapshot at {version} is the table's rows at {version}"
         a.snapshots.append(version)
     a.changed_versions = set(per_version)
     covered = set()  # versions a snapshot stands for: after the last version delivered before it, up to it
@@ -100,13 +107,17 @@ def account(truth: Truth, out: Path, versions: range) -> Accounting:
     return a
 
 
-def run(root: Path, state: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def run(
+    root: Path, state: Path, out: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     args = ["run", str(root), "--state-dir", str(state), "--sink", f"jsonl:{out}", "--until-caught-up"]
+    start = [] if "--initial-snapshot" in extra else ["--starting-version", "0"]
     return subprocess.run(
-        [sys.executable, "-m", "tailer.cli", *args, "--starting-version", "0", "--no-watch", *extra],
+        [sys.executable, "-m", "tailer.cli", *args, *start, "--no-watch", *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -277,3 +288,36 @@ def test_on_data_loss_is_refused_for_lance_datasets(tmp_path: Path) -> None:
     done = run(tmp_path / "d", tmp_path / "state", tmp_path / "out.jsonl", "--on-data-loss", "skip")
     assert done.returncode != 0
     assert "on_data_loss applies to Delta tables" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("mode", ["fail", "resnapshot", "skip"])
+def test_a_resumed_snapshot_whose_files_were_vacuumed(tmp_path: Path, mode: str) -> None:
+    """Killed inside its initial snapshot at version 0; the file it reads is then rewritten and vacuumed."""
+    root, state, out, truth = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl", Truth()
+    write_deltalake(str(root), pa.table({"id": list(range(10))}))
+    record(root, truth)
+    crashed = run(root, state, out, "--initial-snapshot", env={"DELTATAIL_CRASH_AT": "after_write:1"})
+    assert crashed.returncode == -9
+    DeltaTable(str(root)).delete("id < 3")
+    record(root, truth)
+    write_deltalake(str(root), pa.table({"id": list(range(10, 15))}), mode="append")
+    record(root, truth)
+    DeltaTable(str(root)).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    held = out.read_text() if out.exists() else ""
+    done = run(root, state, out, "--on-data-loss", mode)
+    if mode == "fail":
+        assert done.returncode == 1 and "file does not exist" in done.stderr and "version 0" in done.stderr
+        assert (out.read_text() if out.exists() else "") == held
+        return
+    assert done.returncode == 0, done.stderr
+    a = account(truth, out, range(5), partial=frozenset({0}))
+    assert a.duplicated == 0
+    if mode == "resnapshot":  # superseded by a snapshot at the latest version, complete
+        assert "data lost: versions 0 to 4 (on_data_loss = resnapshot)" in done.stderr
+        assert sorted(a.snapshots)[-1] == 4 and a.changed_versions == set() and a.lost == 0
+    else:  # the rest of the snapshot passed over, then version 1 (its removed file is gone too)
+        assert "data lost: version 0 (on_data_loss = skip)" in done.stderr
+        assert "data lost: version 1 (on_data_loss = skip)" in done.stderr
+        # lost, as reported: version 1's three deletes, and the snapshot's ten rows if none reached the sink
+        # before the kill (a partial snapshot stands for version 0, as far as it goes)
+        assert a.changed_versions == {2} and a.lost == (3 if a.snapshots else 13)
