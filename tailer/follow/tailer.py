@@ -18,7 +18,9 @@ Life cycle of :meth:`Tailer.run`:
 4. SIGINT/SIGTERM (or :meth:`Tailer.stop`): finish the batch in hand, checkpoint, return.
 
 Errors that stop it: a version gap or a log cleaned up past the cursor
-(``VersionGapError``), a table deleted and recreated (``StateError``), an
+(``VersionGapError``) and a file vacuumed (``MissingFileError``), unless
+``on_data_loss`` says to resnapshot or skip (:meth:`Tailer._data_lost`), a table
+deleted and recreated (``StateError``), an
 unsupported reader feature or a non-additive schema change mid-stream
 (``UnsupportedFeatureError``/``SchemaChangeError``) — in the last two cases
 after delivering and checkpointing everything before that version.
