@@ -200,3 +200,19 @@ def test_min_readable_seconds_is_a_service_setting(tmp_path: Path) -> None:
     conf.write_text(f'[service]\nstate_root = "{tmp_path}"\nmin_readable_seconds = -1\n{table}')
     with pytest.raises(ConfigError, match="min_readable_seconds"):
         load_serve_config(str(conf))
+
+
+def test_audit_follow_fires_the_rule_on_commits_it_reaches_close_to_their_cleanup(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    make(root, int(time.time() * 1000))  # versions 0..3: 50, 45, 40, 35 hours old; readable 2 days
+    conf = tmp_path / "audit.toml"
+    conf.write_text('[[audit.alerts]]\nname = "cleanup soon"\nreadable_under_seconds = 21600\n')  # 6 hours
+    alerts = tmp_path / "alerts.jsonl"
+    args = ["audit", str(root), "--follow", "--until-caught-up", "--state-dir", str(tmp_path / "state")]
+    args += ["--config", str(conf), "--alert-output", str(alerts), "--starting-version", "0"]
+    done = subprocess.run([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    fired = [json.loads(line) for line in alerts.read_text().splitlines()]
+    # left when audited now: -2 h, 3 h, 8 h, 13 h: under 6 h for versions 0 and 1
+    assert [a["version"] for a in fired] == [0, 1]
+    assert "stays readable" in fired[1]["reasons"][0] and fired[1]["rule"] == "cleanup soon"
