@@ -49,6 +49,10 @@ Keys of a rule:
 ``retention_shortened``    ``true``: ``delta.deletedFileRetentionDuration`` (default 1 week) or
                            ``delta.logRetentionDuration`` (default 30 days) became shorter
 ``domain_change``          ``true`` (any domain) or a list of domain names (wildcards allowed)
+``readable_under_seconds`` the commit, when audited, stays readable for less than N seconds:
+                           its commit time plus the shorter of the two retention durations
+                           (:mod:`state.retention`) minus the time it is audited (decided by
+                           ``audit --follow``, which knows that time; undecided otherwise)
 ``include_create``         ``true``: the table's creation commit counts as a schema, protocol,
                            property or domain change (by default it does not)
 =========================  ==================================================================
@@ -107,6 +111,7 @@ class AlertRule:
     property_set: Mapping[str, str] | None = field(default=None, hash=False)
     retention_shortened: bool = False
     domain_change: tuple[str, ...] | None = None
+    readable_under_seconds: float | None = None
     include_create: bool = False
 
 
@@ -191,15 +196,22 @@ class Evaluation:
 _Verdict = tuple[bool | None, str]
 
 
-def evaluate(rules: tuple[AlertRule, ...] | list[AlertRule], event: AuditEvent) -> Evaluation:
-    """Every rule against ``event``: the alerts raised and the rules left undecided."""
+def evaluate(
+    rules: tuple[AlertRule, ...] | list[AlertRule], event: AuditEvent, readable_seconds: float | None = None
+) -> Evaluation:
+    """Every rule against ``event``: the alerts raised and the rules left undecided.
+
+    ``readable_seconds``: how long the event's commit stays readable at least as it is audited
+    (:meth:`state.retention.Retention.readable_seconds`); ``None`` leaves ``readable_under_seconds``
+    undecided.
+    """
     alerts: list[Alert] = []
     undecided: list[Undecided] = []
     for rule in rules:
         reasons: list[str] = []
         unknown: list[str] = []
         holds = True
-        for verdict in _verdicts(rule, event):
+        for verdict in _verdicts(rule, event, readable_seconds):
             ok, text = verdict
             if ok is False:
                 holds = False
@@ -217,7 +229,7 @@ def evaluate(rules: tuple[AlertRule, ...] | list[AlertRule], event: AuditEvent) 
     return Evaluation(tuple(alerts), tuple(undecided))
 
 
-def _verdicts(rule: AlertRule, e: AuditEvent) -> list[_Verdict]:
+def _verdicts(rule: AlertRule, e: AuditEvent, readable_seconds: float | None) -> list[_Verdict]:
     out: list[_Verdict] = []
     op = (e.operation or "").upper()
     if rule.operation_in is not None:
@@ -279,7 +291,18 @@ def _verdicts(rule: AlertRule, e: AuditEvent) -> list[_Verdict]:
     if rule.domain_change is not None:
         hits = [v for v in e.domain_changes if _matches(v.key, rule.domain_change)]
         out.append((bool(hits) and counts_creation, "; ".join(_describe("domain", v) for v in hits)))
+    if rule.readable_under_seconds is not None:
+        out.append(_readable_verdict(rule.readable_under_seconds, readable_seconds))
     return out
+
+
+def _readable_verdict(limit: float, readable_seconds: float | None) -> _Verdict:
+    if readable_seconds is None:
+        return None, "how long the commit stays readable"
+    return (
+        readable_seconds < limit,
+        f"the commit stays readable {readable_seconds:.0f}s more under the table's retention, under {limit:g}s",
+    )
 
 
 def _schema_verdict(kinds: frozenset[str], diff: SchemaDiff | None, counts_creation: bool) -> _Verdict:
@@ -367,6 +390,12 @@ def _count(value: Any) -> int:
     return value
 
 
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise ValueError("expected a number of seconds, at least 0")
+    return float(value)
+
+
 def _percent(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
         raise ValueError("expected a percentage between 0 and 100")
@@ -413,6 +442,7 @@ _KEYS: dict[str, Callable[[Any], Any]] = {
     "allow_unrecorded_user": _flag,
     "rows_inserted_over": _count,
     "rows_deleted_over": _count,
+    "readable_under_seconds": _seconds,
     "rows_updated_over": _count,
     "rows_deleted_pct_over": _percent,
     "schema_change": _schema_kinds,

@@ -38,6 +38,29 @@ def _bool(name: str, raw: str) -> bool:
     return parse_bool(raw, name=f"option {name}")
 
 
+#: The values of ``onDataLoss``.
+DATA_LOSS_MODES = ("fail", "resnapshot", "skip")
+
+
+def _data_loss(opts: Mapping[str, str]) -> str:
+    """``onDataLoss``, or Delta's ``failOnDataLoss`` (``false`` is ``skip``); both must agree.
+
+    Raises:
+        ConfigError: for a value that is none of :data:`DATA_LOSS_MODES`, or one that contradicts
+            ``failOnDataLoss``.
+    """
+    fail = _bool("failOnDataLoss", opts.get("failondataloss", "true"))
+    raw = opts.get("ondataloss")
+    if raw is None:
+        return "fail" if fail else "skip"
+    mode = raw.strip().lower()
+    if mode not in DATA_LOSS_MODES:
+        raise ConfigError(f"option onDataLoss must be one of {', '.join(DATA_LOSS_MODES)}, got {raw!r}")
+    if "failondataloss" in opts and fail != (mode == "fail"):
+        raise ConfigError(f"options onDataLoss={mode} and failOnDataLoss={opts['failondataloss']} contradict")
+    return mode
+
+
 def _timestamp(raw: str) -> int:
     return parse_timestamp_ms(raw, name="option startingTimestamp")
 
@@ -63,7 +86,8 @@ class SourceOptions:
     max_bytes: int | None = None
     net_changes: bool = False
     key_columns: tuple[str, ...] = ()
-    fail_on_data_loss: bool = True
+    #: ``onDataLoss``: ``fail``, ``resnapshot`` or ``skip`` (``failOnDataLoss=false`` is ``skip``).
+    on_data_loss: str = "fail"
     #: ``delta`` or ``lance`` when known (a ``lance://`` path, the ``format`` option, or :meth:`resolved`).
     table_format: TableFormat | None = None
     #: ``externalRoots``: comma-separated roots outside the table its log may name (:mod:`state.paths`).
@@ -107,7 +131,7 @@ class SourceOptions:
             max_bytes=_maybe(opts, "maxbytespertrigger", lambda v: parse_bytes(v, name="option maxBytesPerTrigger")),
             net_changes=_bool("netChanges", opts.get("netchanges", "false")),
             key_columns=keys,
-            fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
+            on_data_loss=_data_loss(opts),
             table_format=fmt,
             external_roots=tuple(
                 check_external_root(r.strip()) for r in opts.get("externalroots", "").split(",") if r.strip()
@@ -140,6 +164,7 @@ class SourceOptions:
                     ("netChanges", self.net_changes),
                     ("keyColumns", bool(self.key_columns)),
                     ("maxBytesPerTrigger", self.max_bytes is not None),
+                    ("onDataLoss=resnapshot", self.on_data_loss == "resnapshot"),
                 )
                 if on
             ]
@@ -150,6 +175,11 @@ class SourceOptions:
                     table=self.path,
                 )
         return self
+
+    @property
+    def fail_on_data_loss(self) -> bool:
+        """Whether a version the log no longer holds is an error (``onDataLoss=fail``, the default)."""
+        return self.on_data_loss == "fail"
 
     @property
     def lance(self) -> bool:

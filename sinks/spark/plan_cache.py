@@ -52,6 +52,8 @@ class PlanCache(ABC, Generic[P]):
         self.target: int | None = None
         #: How many times the state was built from the table (a restart, or an offset it did not serve).
         self.rebuilds = 0
+        #: How many times the log no longer held what the stream needed and ``onDataLoss`` went on past it.
+        self.data_losses = 0
         self.jump: tuple[tuple[int, int, int], Offset] | None = None
         #: The least time between two listings while idle (gap and truncation checks).
         self.check_seconds = CHECK_SECONDS

@@ -127,12 +127,15 @@ class StreamPlanner(PlanCache[VersionPlan]):
         snap = self._load(base)
         self._set_snapshot(snap)
         tid = self.table_id or ""
+        resnapshot = snap.version != base and self.options.on_data_loss == "resnapshot"
         if snap.version == base:
             self.jump = (start.position, start)
         else:  # data loss skipped ahead
-            to = Offset(tid, snap.version, 0, True) if start.snapshot else Offset(tid, snap.version + 1, 0)
+            to = (
+                Offset(tid, snap.version, 0, True) if start.snapshot or resnapshot else Offset(tid, snap.version + 1, 0)
+            )
             self.jump = (start.position, to)
-        if start.snapshot and snap.version >= 0:
+        if (start.snapshot or resnapshot) and snap.version >= 0:
             plan = plan_snapshot(snap, self._following().previous_ms or 0, self.feed.options.external_roots)
             self._plans[plan_key(plan)] = plan
 
@@ -168,24 +171,43 @@ class StreamPlanner(PlanCache[VersionPlan]):
             return self._data_loss(e, version)
 
     def _data_loss(self, error: VersionNotFoundError | VersionGapError, position: int) -> Snapshot:
-        """Fail (``failOnDataLoss``), or skip to the earliest snapshot the log still holds, with a warning."""
-        if self.options.fail_on_data_loss:
-            hint = "the log no longer holds the versions the stream needs; set failOnDataLoss=false to skip them"
+        """The log no longer holds the versions after ``position``: what ``onDataLoss`` says.
+
+        ``fail`` (``failOnDataLoss``): the error, with a hint. ``skip`` (``failOnDataLoss=false``):
+        the earliest snapshot the log still holds, the stream going on after it. ``resnapshot``: the
+        latest snapshot, whose rows the stream reads as an initial snapshot's (``snapshot`` offsets),
+        then on after it. Either way with a warning, counted in :attr:`data_losses`.
+
+        Raises:
+            VersionNotFoundError, VersionGapError: with ``fail``, or when the log still holds
+                versions before the missing one (a hole, not a cleanup).
+        """
+        mode = self.options.on_data_loss
+        if mode == "fail":
+            hint = (
+                "the log no longer holds the versions the stream needs; set onDataLoss=resnapshot to read the "
+                "table's current rows as a snapshot, or failOnDataLoss=false (onDataLoss=skip) to skip them"
+            )
             raise type(error)(
                 f"{error.message}; {hint}", table=error.table, version=error.version, file=error.file
             ) from error
         earliest = self.log.earliest_version()
         if earliest <= position:
             raise error
+        target = self.log.latest_version() if mode == "resnapshot" else earliest
+        self.data_losses += 1
         log.warning(
-            "%s: versions after %d up to %d are gone from the log (failOnDataLoss=false): their changes are "
-            "skipped; the stream goes on with version %d",
+            "%s: versions after %d up to %d are gone from the log (%s): their changes are skipped; "
+            "the stream goes on %s",
             self.log.table,
             position,
             earliest,
-            earliest + 1,
+            "failOnDataLoss=false" if mode == "skip" else "onDataLoss=resnapshot",
+            f"with the table's rows at version {target} as a snapshot"
+            if mode == "resnapshot"
+            else f"with version {target + 1}",
         )
-        return self.log.snapshot(earliest)
+        return self.log.snapshot(target)
 
     def _recreated(self, expected: str, found: str) -> StateError:
         return StateError(
@@ -220,7 +242,13 @@ class StreamPlanner(PlanCache[VersionPlan]):
         except VersionGapError as e:
             snap = self._data_loss(e, version)
             self._set_snapshot(snap)
-            self.jump = ((version + 1, 1, 0), Offset(self.table_id or "", snap.version + 1, 0))
+            tid = self.table_id or ""
+            if self.options.on_data_loss == "resnapshot":
+                plan = plan_snapshot(snap, self._following().previous_ms or 0, self.feed.options.external_roots)
+                self._plans[plan_key(plan)] = plan
+                self.jump = ((version + 1, 1, 0), Offset(tid, snap.version, 0, True))
+            else:
+                self.jump = ((version + 1, 1, 0), Offset(tid, snap.version + 1, 0))
             return self._following().discover()
         if check and not versions:
             self._last_check = now

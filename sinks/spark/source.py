@@ -36,6 +36,11 @@ Options (names as Delta's change data feed source; case-insensitive):
 ``failOnDataLoss``       ``true`` (default): a version the log no longer holds is an error;
                          ``false``: skip forward to the earliest version the log can still
                          build a snapshot of, with a warning (as Delta does)
+``onDataLoss``           ``fail`` (default), ``skip`` (``failOnDataLoss=false``) or
+                         ``resnapshot``: the table's rows at its latest version are read as
+                         initial-snapshot rows (snapshot offsets), and the stream goes on
+                         after them (Debezium's ``when_needed``); Delta tables only. Each
+                         loss is logged and counted (``planner.data_losses``)
 ``externalRoots``        ``s3://src/t,/mnt/clone``: roots outside the table whose files its
                          log may name (shallow clones); read with the table's ``storage.*``
                          options. Other paths outside the table are refused (:mod:`state.paths`)

@@ -109,9 +109,13 @@ class AlertNotifier:
         """A notifier with a started :class:`Webhook` per configured webhook."""
         return AlertNotifier(settings.rules, [Webhook(c) for c in settings.webhooks])
 
-    def notify(self, event: AuditEvent) -> Evaluation:
-        """Evaluate the rules on ``event``, log and send what they raise; returns the evaluation."""
-        result = evaluate(self.rules, event)
+    def notify(self, event: AuditEvent, readable_seconds: float | None = None) -> Evaluation:
+        """Evaluate the rules on ``event``, log and send what they raise; returns the evaluation.
+
+        ``readable_seconds``: how long the event's commit stays readable as it is audited (see
+        :func:`state.alerts.evaluate`).
+        """
+        result = evaluate(self.rules, event, readable_seconds)
         for alert in result.alerts:
             fields = {
                 "rule": alert.rule,

@@ -42,7 +42,8 @@ from pathlib import Path
 from state.alerts import Alert, Evaluation
 from state.audit import AuditEvent
 from state.cursor import Position
-from state.errors import DeltaTailError, StateError
+from state.errors import DeltaTailError, InvalidLogError, StateError
+from state.retention import retention
 from state.snapshot import Snapshot
 from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditTracker, table_row_count
@@ -362,7 +363,8 @@ class AuditFollower:
             event, snap, timestamp_ms = stepped.audit, stepped.snapshot, stepped.timestamp_ms
         if event is None:
             raise RuntimeError("the follower has no audit builder")  # a program error: _start gives it one
-        result = self.notifier.notify(event) if self.notifier is not None else Evaluation()
+        readable = _readable_seconds(snap, timestamp_ms, time.time())
+        result = self.notifier.notify(event, readable) if self.notifier is not None else Evaluation()
         self.outputs.write(event, result.alerts)
         self._unflushed = True
         crash_point("after_write")
@@ -406,3 +408,16 @@ class AuditFollower:
 
 def _log_watcher(log_dir: str, watch: bool) -> Watcher:
     return LogWatcher(log_dir, watch=watch)
+
+
+def _readable_seconds(snap: Snapshot, commit_ms: int, now: float) -> float | None:
+    """How long a commit of ``snap``'s table made at ``commit_ms`` stays readable at ``now`` (:mod:`state.retention`).
+
+    ``None`` when the table's retention properties are not intervals (the rule is then undecided).
+    """
+    if snap.metadata is None:
+        return None
+    try:
+        return retention(snap.metadata.configuration).readable_seconds(commit_ms, round(now * 1000))
+    except InvalidLogError:
+        return None

@@ -139,6 +139,7 @@ def tailer_config(
         snapshot_commits=s.get("snapshot_commits", d.snapshot_commits),
         until_caught_up=bool(s.get("until_caught_up", d.until_caught_up)),
         on_sink_gap=s.get("on_sink_gap", d.on_sink_gap),
+        on_data_loss=s.get("on_data_loss", d.on_data_loss),
         options=ChangeOptions(
             net_changes=bool(s.get("net_changes", READ_DEFAULTS.net_changes)),
             key_columns=keys(s.get("key")),

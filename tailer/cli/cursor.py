@@ -72,6 +72,10 @@ def status(args: argparse.Namespace) -> int:
         seconds = "" if r.seconds_behind is None else f" ({r.seconds_behind:.0f}s: the oldest undelivered commit's age)"
         print(f"{r.name}: {r.state}, cursor {cursor}, latest version {r.latest_version}, {lag} behind{seconds}")
         print(f"  {r.path}")
+        if r.readable_seconds is not None:
+            print(f"  oldest undelivered version readable for at least {r.readable_seconds:.0f}s more (retention)")
+        if r.data_losses:
+            print(f"  data lost {r.data_losses} times, {r.versions_lost} versions passed over (on_data_loss)")
         if r.error:
             print(f"  error: {r.error}")
     return 0

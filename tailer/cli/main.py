@@ -38,7 +38,15 @@ from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.serve import serve
-from tailer.cli.settings import SCHEMA_CHANGE_CHOICES, SINK_GAP_CHOICES, STORAGE, external_root_option, flag_type, merge
+from tailer.cli.settings import (
+    DATA_LOSS_CHOICES,
+    SCHEMA_CHANGE_CHOICES,
+    SINK_GAP_CHOICES,
+    STORAGE,
+    external_root_option,
+    flag_type,
+    merge,
+)
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
 from tailer.follow.stats import TableStats
@@ -127,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
             raise
         lance = None  # the store is unavailable now: each attempt of the service looks again
     config = tailer_config(args.table, s["state_dir"], s, start_of=lance_cli.run_start if lance else None)
+    if lance and config.on_data_loss != "fail":
+        raise ConfigError("on_data_loss applies to Delta tables; a Lance dataset's stream fails on a lost version")
     uri = s.get("sink", DEFAULT_SINK)
     retries = s.get("sink_retries")
     tune_for_latency()
@@ -305,6 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the sink holds fewer rows than were delivered to it (file truncated, deleted, rotated): "
         "fail (default) or accept (warn and go on)",
+    )
+    run.add_argument(
+        "--on-data-loss",
+        choices=DATA_LOSS_CHOICES,
+        default=None,
+        help="data the tailer still needs is gone (log cleaned up past the cursor, files vacuumed): fail "
+        "(default), resnapshot (deliver the table's current rows as a snapshot, go on from there) or skip "
+        "(jump to the oldest readable state); a loss is logged and counted",
     )
     run.add_argument("--reader-processes", type=flag_type("reader_processes"), default=None, help=READER_PROCESSES_HELP)
     _storage_option(run)

@@ -8,6 +8,8 @@ The file::
     auth_token_file = "/run/secrets/t"   # optional: /metrics and /readyz details need this bearer token
                                          # (or auth_token_env = "NAME": the token in that variable)
     ready_lag_seconds = 300              # /readyz: a catching-up table within this lag counts as ready
+    min_readable_seconds = 86400         # /readyz: not ready once a table's oldest undelivered version
+                                         # stays readable (retention) for less than this
     workers = 2                          # threads stepping tables
     step_versions = 50                   # versions a table delivers before the others get their turn
     safety_poll_seconds = 10             # watched local tables are looked at this often without a signal
@@ -37,7 +39,7 @@ The file::
 
 Lance datasets are followed alongside Delta tables (by a
 :class:`~tailer.lance.follow.LanceTailer`); the settings that only apply to
-Delta tables (``net_changes``, ``key``) are refused for them. Sink URIs may
+Delta tables (``net_changes``, ``key``, an ``on_data_loss`` other than ``fail``) are refused for them. Sink URIs may
 hold ``{table_name}`` and ``{table_id}`` (for a Lance dataset, its
 :func:`~tailer.lance.follow.lance_state_id`). A discovered table is
 named by its path relative to the root, ``/`` written ``.``. Everything is
@@ -108,6 +110,7 @@ class ServeConfig:
     tables: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (name, settings incl. path)
     discover: list[dict[str, Any]] = field(default_factory=list)
     auth_token: str | None = field(default=None, repr=False)  # the secret: never in a repr or a log
+    min_readable_seconds: float = 86400.0
 
 
 def load_serve_config(path: str) -> ServeConfig:
@@ -152,6 +155,7 @@ def load_serve_config(path: str) -> ServeConfig:
         state_root=values["state_root"],
         listen=None if listen in ("", "off") else listen,
         ready_lag_seconds=values.get("ready_lag_seconds", 300.0),
+        min_readable_seconds=values.get("min_readable_seconds", 86400.0),
         options=options,
         defaults=defaults,
         auth_token=load_auth_token(values.get("auth_token_file"), values.get("auth_token_env"), file=path),
@@ -334,6 +338,8 @@ def source(name: str, settings: Mapping[str, Any]) -> TableSource:
     sink = SinkFactory(str(settings.get("sink", DEFAULT_SINK)), name)
     if fmt == "lance":
         refused = [k for k in DELTA_ONLY if settings.get(k)]
+        if settings.get("on_data_loss", "fail") != "fail":
+            refused.append("on_data_loss")
         if refused:
             raise ConfigError(f"table {name!r} is a Lance dataset: {', '.join(refused)} apply to Delta tables only")
         return TableSource(name, tailer_config(table, "", settings, start_of=lance_run_start), sink, "lance")
@@ -486,6 +492,7 @@ def serve(config_path: str) -> int:
             config.ready_lag_seconds,
             service.health,
             auth_token=config.auth_token,
+            min_readable_seconds=config.min_readable_seconds,
         )
         server.start()
         log.info("metrics and health on http://%s:%d/ (/metrics, /healthz, /readyz)", host, server.port)

@@ -142,6 +142,17 @@ def schema_change_value(value: Any) -> str:
     return str(value)
 
 
+#: The values of ``on_data_loss`` (see :meth:`tailer.follow.tailer.Tailer._data_lost`).
+DATA_LOSS_CHOICES = ("fail", "resnapshot", "skip")
+
+
+def data_loss_value(value: Any) -> str:
+    """An ``on_data_loss`` setting: ``fail``, ``resnapshot`` or ``skip``."""
+    if value not in DATA_LOSS_CHOICES:
+        raise ValueError(f"expected one of {', '.join(DATA_LOSS_CHOICES)}, got {value!r}")
+    return str(value)
+
+
 def names(value: Any) -> tuple[str, ...]:
     """A list setting: ``a,b`` (flags, environment) or a TOML list of strings.
 
@@ -209,6 +220,7 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "skip_operations": names,
     "sink_retries": Number(int, 0),
     "on_sink_gap": sink_gap_value,
+    "on_data_loss": data_loss_value,
     "reader_processes": Number(int, 0, MAX_READER_PROCESSES, "each is a process of its own"),
     "external_roots": roots,
 }
@@ -218,6 +230,7 @@ SERVICE_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "state_root": text,
     "listen": text,
     "ready_lag_seconds": Number(float, 0),
+    "min_readable_seconds": Number(float, 0),
     "workers": Number(int, 1, MAX_WORKERS, "steps share one interpreter lock"),
     "step_versions": Number(int, 1),
     "safety_poll_seconds": Number(float, 0.1, DAY),

@@ -34,5 +34,8 @@ class TailerConfig:
     #: What to do when the sink holds fewer rows than were delivered to it (a file truncated,
     #: deleted or rotated away): ``"fail"`` (refuse, naming the gap) or ``"accept"`` (warn, go on).
     on_sink_gap: str = "fail"
+    #: What to do when data the tailer still needs is gone (the log cleaned up past the cursor, a
+    #: file vacuumed): ``"fail"``, ``"resnapshot"`` or ``"skip"`` (see ``Tailer._data_lost``).
+    on_data_loss: str = "fail"
     #: Options of the table's object store (credentials, endpoint); never shown, logged or saved.
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)

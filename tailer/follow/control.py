@@ -40,6 +40,11 @@ class TableState:
     seconds_behind: float | None
     state: str
     error: str | None
+    #: Seconds the oldest undelivered version stays readable at least (``None``: caught up or unknown).
+    readable_seconds: float | None = None
+    #: Data losses ``on_data_loss`` went on past, and the versions they passed over (from ``status.json``).
+    data_losses: int = 0
+    versions_lost: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object ``deltatail status --json`` prints."""
@@ -55,6 +60,9 @@ class TableState:
             "seconds_behind": self.seconds_behind,
             "state": self.state,
             "error": self.error,
+            "readable_seconds": self.readable_seconds,
+            "data_losses": self.data_losses,
+            "versions_lost": self.versions_lost,
         }
 
 
@@ -70,7 +78,9 @@ def describe(
     only moves at checkpoints; a stopped table shows its cursor, where it resumes. The lag
     (``seconds_behind``) is the age of the oldest version not yet delivered (its commit file's
     modification time: one request), 0 when caught up. A table whose log cannot be read shows the
-    error instead of its lag.
+    error instead of its lag. How long that version stays readable (``readable_seconds``) is the
+    retention the tailer recorded (:mod:`state.retention`) less that age; the data losses are the
+    recorded counts.
     """
     store = StateStore(str(directory))
     try:
@@ -104,7 +114,34 @@ def describe(
         seconds = 0.0 if latest <= delivered else _age_of_commit(log, delivered + 1)
     behind = None if latest is None else max(latest - delivered, 0)
     tid, cursor = (None, None) if saved is None else (saved.table_id, saved.cursor)
-    return TableState(name, table, str(directory), tid, cursor, delivered, latest, behind, seconds, state, error)
+    recorded = recorded or {}
+    return TableState(
+        name,
+        table,
+        str(directory),
+        tid,
+        cursor,
+        delivered,
+        latest,
+        behind,
+        seconds,
+        state,
+        error,
+        readable_seconds=_readable(recorded.get("retention_readable_ms"), seconds if behind else None),
+        data_losses=_count(recorded.get("data_losses")),
+        versions_lost=_count(recorded.get("versions_lost")),
+    )
+
+
+def _readable(readable_ms: Any, age: float | None) -> float | None:
+    """Seconds left of ``readable_ms`` for a commit ``age`` seconds old (``None`` if either is unknown)."""
+    if not isinstance(readable_ms, int) or age is None:
+        return None
+    return round(readable_ms / 1000 - age, 3)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
 
 
 def _age_of_commit(log: DeltaLog, version: int) -> float | None:

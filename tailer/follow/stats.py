@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
+from state.retention import Retention
+
 
 class TableState(Enum):
     """Where a followed table stands."""
@@ -43,6 +45,15 @@ class TableStats:
     rows_held: int = 0
     #: Times the sink was found holding fewer rows than were delivered to it (rows lost outside deltatail).
     sink_gaps: int = 0
+    #: Times data the tailer still needed was gone (log cleaned past the cursor, files vacuumed) and
+    #: ``on_data_loss`` (``resnapshot`` or ``skip``) went on past it; with ``fail`` the table fails instead.
+    data_losses: int = 0
+    #: Versions passed over by those losses (their changes were not delivered as changes).
+    versions_lost: int = 0
+    #: The last loss, in words (``None`` before any).
+    last_data_loss: str | None = None
+    #: The retention periods of the table as of the delivered version (``None``: not known yet, or unreadable).
+    retention: Retention | None = None
     last_checkpoint: float | None = None
     errors: Counter[str] = field(default_factory=Counter)
     retries: int = 0
@@ -66,6 +77,22 @@ class TableStats:
         if self.versions_behind == 0 or self.pending_commit_ms is None:
             return 0.0
         return max(now - self.pending_commit_ms / 1000, 0.0)
+
+    def readable_seconds(self, now: float) -> float | None:
+        """Seconds the oldest undelivered version stays readable at least (see :mod:`state.retention`).
+
+        ``None`` when nothing is known to be behind (caught up, or the next version's commit time is
+        not known yet) or the retention is not known. Negative once it may already be cleaned up.
+        """
+        if self.versions_behind == 0 or self.pending_commit_ms is None or self.retention is None:
+            return None
+        return self.retention.readable_seconds(self.pending_commit_ms, round(now * 1000))
+
+    def data_lost(self, versions: int, what: str) -> None:
+        """Count a loss of data the tailer needed, which ``on_data_loss`` went on past (``versions`` passed over)."""
+        self.data_losses += 1
+        self.versions_lost += versions
+        self.last_data_loss = what
 
     def seconds_since_delivered_commit(self, now: float) -> float | None:
         """Seconds since the newest delivered version was committed (``None`` before any): grows on an idle table."""

@@ -38,9 +38,18 @@ def status_document(stats: TableStats, now: float) -> dict[str, Any]:
         "delivered_commit_ms": stats.delivered_commit_ms,
         "pending_commit_ms": stats.pending_commit_ms,
         "seconds_behind": round(stats.seconds_behind(now), 3),
+        "readable_seconds": _rounded(stats.readable_seconds(now)),
+        "retention_readable_ms": None if stats.retention is None else stats.retention.readable_ms,
+        "data_losses": stats.data_losses,
+        "versions_lost": stats.versions_lost,
+        "last_data_loss": stats.last_data_loss,
         "updated": stats.updated,
         "written": now,
     }
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
 
 
 def write_status(directory: Path, stats: TableStats, now: float | None = None, *, durable: bool = True) -> None:
@@ -100,7 +109,15 @@ class StatusWriter:
 
     def _key(self) -> tuple[object, ...]:
         s = self.stats
-        return (s.state, s.error, s.delivered_version, s.newest_version, s.pending_commit_ms)
+        return (
+            s.state,
+            s.error,
+            s.delivered_version,
+            s.newest_version,
+            s.pending_commit_ms,
+            s.data_losses,
+            s.retention,
+        )
 
     @property
     def pending(self) -> bool:

@@ -18,7 +18,9 @@ Life cycle of :meth:`Tailer.run`:
 4. SIGINT/SIGTERM (or :meth:`Tailer.stop`): finish the batch in hand, checkpoint, return.
 
 Errors that stop it: a version gap or a log cleaned up past the cursor
-(``VersionGapError``), a table deleted and recreated (``StateError``), an
+(``VersionGapError``) and a file vacuumed (``MissingFileError``), unless
+``on_data_loss`` says to resnapshot or skip (:meth:`Tailer._data_lost`), a table
+deleted and recreated (``StateError``), an
 unsupported reader feature or, unless ``options.allow_non_additive`` (``run``'s default,
 ``on_schema_change = evolve``), a non-additive schema change mid-stream
 (``UnsupportedFeatureError``/``SchemaChangeError``) — in the last two cases
@@ -36,9 +38,18 @@ import pyarrow as pa
 
 from state.audit import AuditEvent
 from state.cursor import Position
-from state.errors import DeltaTailError, SchemaChangeError, StateError, UnsupportedFeatureError
+from state.errors import (
+    DeltaTailError,
+    InvalidLogError,
+    MissingFileError,
+    SchemaChangeError,
+    StateError,
+    UnsupportedFeatureError,
+    VersionGapError,
+)
 from state.feed import CommitEvent, TableInfo
 from state.planning import VersionPlan, plan_snapshot
+from state.retention import retention
 from state.snapshot import Snapshot
 from tailer.audit.feed import AuditTracker
 from tailer.follow.checkpointer import Checkpointer
@@ -106,6 +117,8 @@ class Tailer(FollowLoop):
         self._follower: LogFollower | None = None
         self._checkpoints: Checkpointer | None = None
         self._prev_ts: int | None = None
+        self._retention_of: object = None  # the metadata stats.retention was read from
+        self._lost_at_start: VersionGapError | None = None  # the log no longer reaches the saved cursor
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -116,12 +129,16 @@ class Tailer(FollowLoop):
         else:
             self._start_new()
         self.stats.table_id = self._table_id
+        if self._snap is not None:
+            self._note_retention(self._snap)
         self.stats.delivered_version = self._cursor.base_version
         self.stats.newest_version = max(self.stats.newest_version, self.stats.delivered_version)
         self.feed.check_filter()  # fail fast on a column the table does not have
         self._open_sink(TableInfo(self.log.table, self._table_id, table_name(self.log.table)))
         if saved is None and self._cursor.snapshot:
             self._checkpoint()  # fix the snapshot's version now, so a restart resumes the same snapshot
+        if self._lost_at_start is not None:
+            self._data_lost(self._lost_at_start)
 
     def _new_follower(self, head: Snapshot, previous_ms: int | None, table_id: str | None) -> LogFollower:
         c = self.config
@@ -177,12 +194,12 @@ class Tailer(FollowLoop):
         follower = self._new_follower(snap, saved.previous_timestamp_ms, saved.table_id)
         cursor = saved.cursor
         # Bring the snapshot to just before the cursor's version (commits already delivered).
-        target = cursor.base_version
-        for v in range(snap.version + 1, target + 1):
-            try:
-                snap, _ = snap.apply(follower.read_commit(v))
-            except DeltaTailError as e:
-                raise e.at(table=self.log.table, file=self.log.commit_path(v)) from None
+        try:
+            snap = self._replay(follower, snap, cursor.base_version)
+        except VersionGapError as e:
+            if self.config.on_data_loss == "fail":
+                raise
+            self._lost_at_start = e  # dealt with once the sink is open (see _data_lost)
         follower.reset(snap, saved.previous_timestamp_ms)
         self._follower = follower
         self._snap = snap
@@ -193,6 +210,27 @@ class Tailer(FollowLoop):
         self._checkpoints = self._checkpointer()
         self._checkpoints.saved_snapshot = (saved.snapshot_version, saved.snapshot_file)
         log.info("resuming %s at %s (saved snapshot version %d)", self.log.table, cursor, saved.snapshot_version)
+
+    def _replay(self, follower: LogFollower, snap: Snapshot, target: int) -> Snapshot:
+        """``snap`` brought on to version ``target`` by the commits after it (already delivered ones).
+
+        Where the log was cleaned up after ``snap`` but still reaches ``target`` from a checkpoint,
+        the snapshot at ``target`` is built from the log instead: nothing was lost.
+
+        Raises:
+            VersionGapError: if the log no longer reaches ``target``.
+            DeltaTailError: a commit that cannot be read, naming it.
+        """
+        for v in range(snap.version + 1, target + 1):
+            try:
+                snap, _ = snap.apply(follower.read_commit(v))
+            except VersionGapError:
+                if self.log.earliest_version() > target:
+                    raise
+                return self.log.snapshot(target)
+            except DeltaTailError as e:
+                raise e.at(table=self.log.table, file=self.log.commit_path(v)) from None
+        return snap
 
     def _start_new(self) -> None:
         c = self.config
@@ -225,6 +263,13 @@ class Tailer(FollowLoop):
         return self.log.storage.remote
 
     def _new_versions(self, limit: int | None = None) -> list[int]:
+        try:
+            return self._look(limit)
+        except VersionGapError as e:
+            self._data_lost(e)
+            return self._look(limit)
+
+    def _look(self, limit: int | None) -> list[int]:
         # Nothing new by name: the log is listed to tell "nothing new" from a gap (always before exiting).
         follower = self._following()
         versions = follower.discover(check_gaps=self.config.until_caught_up, limit=limit)
@@ -253,6 +298,12 @@ class Tailer(FollowLoop):
         stretch starts. A checkpoint inside a stretch (one due by time) saves the
         cursor against the snapshot saved before, never a snapshot handed on.
         """
+        try:
+            self._deliver_in_stretches(versions)
+        except (VersionGapError, MissingFileError) as e:
+            self._data_lost(e)
+
+    def _deliver_in_stretches(self, versions: list[int]) -> None:
         checkpoints = self._checkpoints
         if checkpoints is None:
             raise RuntimeError("the tailer has not started")
@@ -315,6 +366,7 @@ class Tailer(FollowLoop):
         """Deliver one planned version; ``False`` if stopped inside it (the cursor points at its next row)."""
         version = plan.context.version
         self._snap = snap
+        self._note_retention(snap)
         if not self._deliver(plan, task_batches, audit):
             return False
         self._prev_ts = plan.context.timestamp_ms
@@ -325,6 +377,12 @@ class Tailer(FollowLoop):
         return True
 
     def _deliver_initial_snapshot(self) -> None:
+        try:
+            self._deliver_snapshot_rows()
+        except MissingFileError as e:  # vacuumed since the snapshot was taken (a resumed one)
+            self._data_lost(e)
+
+    def _deliver_snapshot_rows(self) -> None:
         snap = self._snap
         if snap is None:
             raise RuntimeError("the tailer has not started")
@@ -367,6 +425,93 @@ class Tailer(FollowLoop):
                 )
             )
         return True
+
+    def _note_retention(self, snap: Snapshot) -> None:
+        """Keep the table's retention periods (:mod:`state.retention`) in the figures when its metadata changes.
+
+        A retention property that is not an interval is logged (once per metadata) and leaves the
+        retention unknown: it only feeds a warning, and following goes on.
+        """
+        metadata = snap.metadata
+        if metadata is None or metadata is self._retention_of:
+            return
+        self._retention_of = metadata
+        try:
+            self.stats.retention = retention(metadata.configuration, self.log.table)
+        except InvalidLogError as e:
+            self.stats.retention = None
+            log.warning("%s; how long undelivered versions stay readable is unknown", e)
+
+    # -- data loss -----------------------------------------------------------------------------
+
+    def _data_lost(self, e: VersionGapError | MissingFileError) -> None:
+        """What the tailer still needed is gone (the log cleaned up past the cursor, a file vacuumed).
+
+        ``on_data_loss``:
+
+        - ``fail`` (the default): ``e`` is raised (the table stops; nothing is skipped).
+        - ``resnapshot`` (Debezium's ``snapshot.mode=when_needed``): the table's rows at its latest
+          version are delivered as a snapshot (labelled as ``--initial-snapshot`` rows are), and
+          the tailer follows on from there.
+        - ``skip`` (Delta's ``failOnDataLoss=false``): the tailer jumps to the oldest state it can
+          still read: after a missing file, the next version; after a log cleaned up, the oldest
+          version the log can still build.
+
+        Either way the loss is logged (a warning naming the versions passed over and the error)
+        and counted (:meth:`TableStats.data_lost`). A gap in the log that is not a cleanup (the
+        log still holds versions before the missing one) is never passed over.
+
+        A snapshot being delivered whose files were vacuumed since it was taken (a resumed one)
+        is itself a loss: ``resnapshot`` takes a newer one, ``skip`` passes over the rest of it.
+
+        Raises:
+            VersionGapError, MissingFileError: ``e``, with ``fail``, or a gap that is not a cleanup,
+                or a ``resnapshot`` with no newer version to snapshot.
+        """
+        mode = self.config.on_data_loss
+        cursor = self._cursor
+        if mode == "fail":
+            raise e
+        if isinstance(e, VersionGapError) and self.log.earliest_version() <= cursor.base_version:
+            raise e  # a hole in the log, not a cleanup: never passed over
+        if mode == "resnapshot":
+            head = self.log.latest_version()
+            if head < cursor.version or (head == cursor.version and (cursor.index > 0 or cursor.snapshot)):
+                raise e  # the snapshot's rows cannot follow rows of its own version already delivered
+        else:  # skip: after a missing file the next version; after a cleanup the oldest the log builds
+            head = cursor.version if isinstance(e, MissingFileError) else self.log.earliest_version()
+        self._report_loss(e, cursor.version, head)  # before the rows: a crash inside them still said it
+        if mode == "resnapshot":
+            self._jump(self.log.snapshot(head), Position.in_snapshot(head, 0))
+            self._deliver_initial_snapshot()
+        else:
+            self._jump(self.log.snapshot(head), Position.change(head + 1, 0))
+
+    def _report_loss(self, e: DeltaTailError, first: int, last: int) -> None:
+        """Log and count the versions ``first`` to ``last`` passed over (see :meth:`_data_lost`)."""
+        mode = self.config.on_data_loss
+        what = f"versions {first} to {last}" if last > first else f"version {first}"
+        self.stats.data_lost(last - first + 1, f"{what} passed over ({mode}): {e}")
+        log.warning(
+            "%s: data lost: %s (on_data_loss = %s); its changes were not delivered (%s)",
+            self.stats.name,
+            what,
+            mode,
+            e,
+            extra={"event": "data_loss", "fields": {"table": self.stats.name, "from_version": first,
+                                                   "to_version": last, "mode": mode}},
+        )  # fmt: skip
+
+    def _jump(self, snap: Snapshot, cursor: Position) -> None:
+        """Go on from ``snap`` at ``cursor``, checkpointed at once with ``snap`` saved (the old one is unreachable)."""
+        self._snap = snap
+        self._prev_ts = snapshot_time(self.log, snap)
+        self._following().reset(snap, self._prev_ts)
+        self._cursor = cursor
+        self._note_retention(snap)
+        if self._checkpoints is not None:
+            self._checkpoints.saved_snapshot = None  # save this one: a restart must not replay from the old
+        self._checkpoint()
 
     # -- checkpoints ---------------------------------------------------------------------------
 

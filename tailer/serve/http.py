@@ -142,6 +142,24 @@ class TableCollector(Collector):
             "was accepted (on_sink_gap = accept); with the default (fail) the table fails instead",
             labels=["table"],
         )
+        readable = GaugeMetricFamily(
+            "deltatail_readable_seconds",
+            "Seconds the oldest version not yet delivered stays readable at least: its commit time plus the "
+            "shorter of delta.logRetentionDuration and delta.deletedFileRetentionDuration, minus now (negative: "
+            "it may be cleaned up already); absent when caught up",
+            labels=["table"],
+        )
+        losses = CounterMetricFamily(
+            "deltatail_data_losses",
+            "Times data the table still needed was gone (log cleaned past the cursor, files vacuumed) and "
+            "on_data_loss (resnapshot or skip) went on past it",
+            labels=["table"],
+        )
+        lost = CounterMetricFamily(
+            "deltatail_versions_lost",
+            "Versions whose changes were passed over by those data losses",
+            labels=["table"],
+        )
         state = GaugeMetricFamily(
             "deltatail_table_state", "1 for the table's current state, 0 for the others", labels=["table", "state"]
         )
@@ -164,6 +182,11 @@ class TableCollector(Collector):
             retries.add_metric([t], s.retries)
             held.add_metric([t], s.rows_held)
             gaps.add_metric([t], s.sink_gaps)
+            left = s.readable_seconds(now)
+            if left is not None:
+                readable.add_metric([t], left)
+            losses.add_metric([t], s.data_losses)
+            lost.add_metric([t], s.versions_lost)
             for st in TableState:
                 state.add_metric([t, st.value], 1.0 if s.state is st else 0.0)
         yield from (
@@ -179,6 +202,9 @@ class TableCollector(Collector):
             retries,
             held,
             gaps,
+            readable,
+            losses,
+            lost,
             state,
         )
         files = CounterMetricFamily(
@@ -194,14 +220,25 @@ class TableCollector(Collector):
         yield runs
 
 
-def readiness(tables: list[TableStats], ready_lag_seconds: float, now: float) -> list[str]:
+def readiness(
+    tables: list[TableStats], ready_lag_seconds: float, now: float, min_readable_seconds: float = 0.0
+) -> list[str]:
     """Why the service is not ready: one line per table that is not following (empty: ready).
 
     A table catching up counts as ready while its lag (:meth:`TableStats.seconds_behind`) is at most
-    ``ready_lag_seconds``.
+    ``ready_lag_seconds``. Whatever its state, a table whose oldest undelivered version stays readable
+    for less than ``min_readable_seconds`` (:meth:`TableStats.readable_seconds`) is not ready: the
+    table's retention will soon clean up what it still has to deliver.
     """
     problems = []
     for s in tables:
+        left = s.readable_seconds(now)
+        if left is not None and left < min_readable_seconds:
+            problems.append(
+                f"{s.name}: the oldest undelivered version (after {s.delivered_version}) stays readable "
+                f"{left:.0f}s more, under min_readable_seconds ({min_readable_seconds:.0f}s)"
+            )
+            continue
         if s.state is TableState.FOLLOWING:
             continue
         lag = s.seconds_behind(now)
@@ -319,6 +356,7 @@ class HealthServer:
         ready_lag_seconds: how far behind a catching-up table may be and still count as ready.
         health: why the process cannot serve, or ``None`` when it can (``/healthz``).
         auth_token: the bearer token ``/metrics`` and ``/readyz``'s details need (``None``: open).
+        min_readable_seconds: a table whose oldest undelivered version stays readable for less is not ready.
         request_timeout: seconds a socket may wait for the client (to send, or to take the answer).
         max_connections: connections handled at once; a new one beyond closes the oldest.
 
@@ -335,6 +373,7 @@ class HealthServer:
         health: Callable[[], str | None] = lambda: None,
         *,
         auth_token: str | None = None,
+        min_readable_seconds: float = 0.0,
         request_timeout: float = 5.0,
         max_connections: int = 32,
     ) -> None:
@@ -356,6 +395,7 @@ class HealthServer:
         self.registry = registry
         self.tables = tables
         self.ready_lag_seconds = ready_lag_seconds
+        self.min_readable_seconds = min_readable_seconds
         self._token = None if auth_token is None else auth_token.encode()
         self.health = health
         try:
@@ -383,7 +423,7 @@ class HealthServer:
             body = b"ok\n" if problem is None else f"unhealthy: {problem}\n".encode()
             self._send(request, 200 if problem is None else 503, body, "text/plain")
         elif path == "/readyz":
-            problems = readiness(self.tables(), self.ready_lag_seconds, time.time())
+            problems = readiness(self.tables(), self.ready_lag_seconds, time.time(), self.min_readable_seconds)
             doc: dict[str, object] = {"ready": not problems}
             if self._authorized(request):
                 doc["not_ready"] = problems

@@ -544,7 +544,7 @@ class Service:
     def _record(self, table: _Table) -> None:
         """Write the table's status file when its state or versions changed."""
         s = table.stats
-        key = (s.state, s.error, s.delivered_version, s.newest_version)
+        key = (s.state, s.error, s.delivered_version, s.newest_version, s.data_losses, s.retention)
         if key == table.reported or s.table_id == "":
             return
         table.reported = key

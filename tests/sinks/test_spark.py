@@ -558,6 +558,57 @@ def test_data_loss_mid_stream(tmp_path: Path) -> None:
     assert all_rows(run_batches(lenient, end), arrow_target(lenient.schema)).column("id").to_pylist() == [30]
 
 
+def test_on_data_loss_resnapshot_reads_the_current_rows_as_a_snapshot(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = cleaned_table(tmp_path / "t")
+    reader = stream_reader(root, startingVersion=1, onDataLoss="resnapshot")
+    with caplog.at_level(logging.WARNING, logger="deltatail"):
+        batches = run_batches(reader, reader.initialOffset())
+    rows = all_rows(batches, arrow_target(reader.schema))
+    current = DeltaTable(str(root)).to_pyarrow_table()  # the peer's reading of version 5
+    assert sorted(rows.column("id").to_pylist()) == sorted(current.column("id").to_pylist())
+    assert set(rows.column("_change_type").to_pylist()) == {"insert"}
+    assert [(b[0]["version"], b[1]["version"], b[2].num_rows) for b in batches] == [(1, 6, len(current))]
+    assert reader.planner.data_losses == 1 and "onDataLoss=resnapshot" in caplog.text
+    append(root, [11])
+    assert all_rows(run_batches(reader, batches[-1][1]), arrow_target(reader.schema)).column("id").to_pylist() == [11]
+
+
+def test_on_data_loss_resnapshot_mid_stream(tmp_path: Path) -> None:
+    root = new_table(tmp_path / "t")
+    reader = stream_reader(root, startingVersion=0, onDataLoss="resnapshot")
+    offset = run_batches(reader, reader.initialOffset())[-1][1]
+    for v in (1, 2):
+        append(root, [v * 10])
+    DeltaTable(str(root)).create_checkpoint()
+    for v in (0, 1):
+        (root / "_delta_log" / f"{v:020d}.json").unlink()
+    batches = run_batches(reader, offset)
+    rows = all_rows(batches, arrow_target(reader.schema))
+    assert sorted(rows.column("id").to_pylist()) == [0, 1, 2, 3, 4, 5, 10, 20]  # the rows at version 2
+    assert reader.planner.data_losses == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "mode"),
+    [({}, "fail"), ({"failOnDataLoss": "false"}, "skip"), ({"onDataLoss": "SKIP"}, "skip"),
+     ({"onDataLoss": "resnapshot"}, "resnapshot")],
+)  # fmt: skip
+def test_on_data_loss_option(tmp_path: Path, options: dict[str, str], mode: str) -> None:
+    parsed = SourceOptions.parse({"path": str(tmp_path), "format": "delta", **options})
+    assert parsed.on_data_loss == mode and parsed.fail_on_data_loss == (mode == "fail")
+
+
+def test_on_data_loss_option_refuses_nonsense(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="onDataLoss must be one of fail, resnapshot, skip"):
+        SourceOptions.parse({"path": str(tmp_path), "format": "delta", "onDataLoss": "ignore"})
+    with pytest.raises(ConfigError, match="contradict"):
+        SourceOptions.parse({"path": str(tmp_path), "format": "delta", "onDataLoss": "skip", "failOnDataLoss": "true"})
+    with pytest.raises(ConfigError, match="onDataLoss=resnapshot applies to Delta tables"):
+        SourceOptions.parse({"path": str(tmp_path), "format": "lance", "onDataLoss": "resnapshot"})
+
+
 def test_missing_data_file_fails_the_read(tmp_path: Path) -> None:
     root = new_table(tmp_path / "t")
     reader = stream_reader(root, startingVersion=0)
