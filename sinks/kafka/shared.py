@@ -75,14 +75,24 @@ class ProducerPool:
         """
         config = _settings(options)
         key = f"{options.backend}|{sorted(config.items())!r}"  # kept in memory only: it holds secrets
+        entry = self._take(key)
+        if entry is None:  # connecting may take open_timeout_ms: not under the lock other tables need
+            made = _Client(key, options.backend, _new_client(options, config))
+            entry = self._take(key, made)
+            if entry is not made:  # another table made one meanwhile
+                _close_client(made, 0)
+        return self._bind(entry, options, on_error)
+
+    def _take(self, key: str, made: _Client | None = None) -> _Client | None:
+        """Lease the pool's producer for ``key``, else ``made`` (put in the pool), else nothing."""
         with self._lock:
             entry = self._clients.get(key)
-            if entry is None:
-                entry = _Client(key, options.backend, _new_client(options, config))
-                self._clients[key] = entry
+            if entry is None and made is not None:
+                entry = self._clients[key] = made
                 self.created += 1
-            entry.users += 1
-        return self._bind(entry, options, on_error)
+            if entry is not None:
+                entry.users += 1
+            return entry
 
     def _bind(self, entry: _Client, options: KafkaOptions, on_error: OnError) -> Producer:
         lease = _Lease(self, entry, options.open_timeout_ms / 1000)

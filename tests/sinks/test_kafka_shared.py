@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import socket
 from typing import Any
 
 import orjson
@@ -11,6 +12,7 @@ import pytest
 
 pytest.importorskip("kafka")
 
+from sinks.kafka.options import KafkaOptions
 from sinks.kafka.shared import ProducerPool
 from sinks.kafka.sink import KafkaSink
 from state.cursor import Position
@@ -141,3 +143,20 @@ def test_a_message_not_acknowledged_breaks_the_shared_producer(proxied_broker: A
         sink.close()
     assert ids_in(kafka, topics[0]) == [1, 3]
     assert ids_in(kafka, topics[1]) == [2, 4]
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_unreachable_cluster_leaves_nothing_in_the_pool(backend: str) -> None:
+    pool = ProducerPool()
+    uri = f"kafka://127.0.0.1:{unused_port()}/t?open_timeout_ms=1500&backend={backend}"
+    if backend == "kafka-python":  # its producer connects as it is made: the lease itself fails
+        with pytest.raises(SinkUnavailableError, match="cannot connect to Kafka"):
+            pool.lease(KafkaOptions.from_uri(uri), lambda stamp, detail: None)
+    with pytest.raises(SinkError, match=r"cannot (connect to Kafka|get the partitions)"):
+        KafkaSink(uri, producers=pool).open(table(1))
+    assert pool.live == 0
