@@ -54,15 +54,16 @@ class ProducerPool:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._clients: dict[str, _Client] = {}
+        self._clients: dict[str, _Client] = {}  # what new leases get
+        self._open: set[_Client] = set()  # those and the broken ones their sinks still hold
         #: Library producers created since the pool was made (a shared one counts once).
         self.created = 0
 
     @property
     def live(self) -> int:
-        """Library producers open now."""
+        """Library producers open now (a broken one until its last sink lets it go)."""
         with self._lock:
-            return len(self._clients)
+            return len(self._open)
 
     def lease(self, options: KafkaOptions, on_error: OnError) -> Producer:
         """A producer for one sink over the pool's library producer for ``options``' settings.
@@ -75,23 +76,30 @@ class ProducerPool:
         """
         config = _settings(options)
         key = f"{options.backend}|{sorted(config.items())!r}"  # kept in memory only: it holds secrets
-        entry = self._take(key)
+        entry = self._existing(key)
         if entry is None:  # connecting may take open_timeout_ms: not under the lock other tables need
             made = _Client(key, options.backend, _new_client(options, config))
-            entry = self._take(key, made)
+            entry = self._add(made)
             if entry is not made:  # another table made one meanwhile
                 _close_client(made, 0)
         return self._bind(entry, options, on_error)
 
-    def _take(self, key: str, made: _Client | None = None) -> _Client | None:
-        """Lease the pool's producer for ``key``, else ``made`` (put in the pool), else nothing."""
+    def _existing(self, key: str) -> _Client | None:
+        """Lease the pool's producer for ``key``, if it has one."""
         with self._lock:
             entry = self._clients.get(key)
-            if entry is None and made is not None:
-                entry = self._clients[key] = made
-                self.created += 1
             if entry is not None:
                 entry.users += 1
+            return entry
+
+    def _add(self, made: _Client) -> _Client:
+        """Lease the pool's producer for ``made``'s key; ``made`` becomes it unless another was added meanwhile."""
+        with self._lock:
+            entry = self._clients.setdefault(made.key, made)
+            if entry is made:
+                self.created += 1
+                self._open.add(made)
+            entry.users += 1
             return entry
 
     def _bind(self, entry: _Client, options: KafkaOptions, on_error: OnError) -> Producer:
@@ -119,6 +127,7 @@ class ProducerPool:
             last = entry.users <= 0 and not entry.closed
             if last:
                 entry.closed = True
+                self._open.discard(entry)
                 if self._clients.get(entry.key) is entry:
                     del self._clients[entry.key]
         if last:
