@@ -32,6 +32,7 @@ from kafka.admin import NewTopic
 from sinks.kafka.debezium import EventOptions
 from sinks.kafka.encoding import ChangeEncoder
 from sinks.kafka.options import KafkaOptions
+from sinks.kafka.shared import ProducerPool
 from sinks.kafka.sink import KafkaSink
 from state.cursor import Position
 from state.feed import ChangeBatch, TableInfo
@@ -182,8 +183,8 @@ def bare_confluent(bootstrap: str, topic: str, batches: list[ChangeBatch]) -> fl
     return len(messages) / elapsed
 
 
-def through_sink(uri: str, batches: list[ChangeBatch]) -> float:
-    sink = KafkaSink(uri)
+def through_sink(uri: str, batches: list[ChangeBatch], pool: ProducerPool | None = None) -> float:
+    sink = KafkaSink(uri, producers=pool)
     sink.open(TABLE)
     return sum(len(b) for b in batches) / writes_seconds(sink, batches)
 
@@ -233,6 +234,10 @@ def main() -> None:
                 (
                     "KafkaSink confluent exactly_once",
                     through_sink(confluent.format(topic=new_topic(admin)) + "&exactly_once=true", batches),
+                ),
+                (
+                    "KafkaSink confluent, shared producer (serve)",
+                    through_sink(confluent.format(topic=new_topic(admin)), batches, ProducerPool()),
                 ),
             ]
         for label, (fmt, schemas) in FORMATS.items():

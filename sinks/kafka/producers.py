@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import importlib.util
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -75,6 +76,25 @@ class Outgoing:
         return (self.version, self.rank, self.base + self.rows[i], 0 if self.values[i] is not None else 1)
 
 
+class Lease(Protocol):
+    """A library producer shared with other sinks (:mod:`sinks.kafka.shared`), leased to one backend object."""
+
+    @property
+    def client(self) -> Any:
+        """The library producer (``KafkaProducer`` or confluent-kafka's ``Producer``)."""
+
+    @property
+    def broken(self) -> bool:
+        """Whether a message of any sink on it was not acknowledged: it sends nothing more."""
+
+    def release(self) -> None:
+        """Give the library producer back (idempotent); the last release closes it."""
+
+
+#: Why a sink on a broken shared producer sends nothing more.
+BROKEN_SHARED = "the producer shared with other tables stopped after a message was not acknowledged"
+
+
 class Producer(Protocol):
     """What the sink needs from a producer library."""
 
@@ -112,9 +132,10 @@ class PythonProducer:
 
     key_partitioner: ClassVar[bool] = False  # kafka-python's murmur2 is slower than the sink's
 
-    def __init__(self, options: KafkaOptions, on_error: OnError) -> None:
+    def __init__(self, options: KafkaOptions, on_error: OnError, *, lease: Lease | None = None) -> None:
+        self._lease = lease
         try:
-            self._producer = KafkaProducer(**options.producer_config())
+            self._producer = KafkaProducer(**options.producer_config()) if lease is None else lease.client
         except KafkaError as e:
             raise SinkUnavailableError(f"cannot connect to Kafka at {','.join(options.bootstrap)}: {e!r}") from e
         self._on_error = on_error
@@ -134,6 +155,9 @@ class PythonProducer:
         self, topic: str, key: bytes, value: bytes | None, headers: Headers, partition: int | None, stamp: Stamp
     ) -> None:
         """See :meth:`Producer.send`."""
+        if self._lease is not None and self._lease.broken:
+            self._on_error(stamp, BROKEN_SHARED)
+            return
         try:
             future = self._producer.send(topic, value=value, key=key, headers=headers, partition=partition)
         except MessageSizeTooLargeError as e:
@@ -148,6 +172,9 @@ class PythonProducer:
 
     def send_many(self, out: Outgoing) -> None:
         """See :meth:`Producer.send_many`."""
+        if self._lease is not None and self._lease.broken and len(out):
+            self._on_error(out.stamp(0), BROKEN_SHARED)  # the sink fails as unavailable and holds its cursor
+            return
         partitions = itertools.repeat(None) if out.partitions is None else out.partitions
         messages = zip(out.keys, out.values, out.headers, partitions, strict=False)
         for i, (key, value, headers, partition) in enumerate(messages):
@@ -188,14 +215,20 @@ class PythonProducer:
         return None
 
     def close(self, timeout_s: float) -> None:
-        """See :meth:`Producer.close`."""
+        """See :meth:`Producer.close`; a leased producer is released instead."""
+        if self._lease is not None:
+            self._lease.release()
+            return
         try:
             self._producer.close(timeout=timeout_s)
         except KafkaError:
             self.abort()
 
     def abort(self) -> None:
-        """See :meth:`Producer.abort`."""
+        """See :meth:`Producer.abort`; a leased producer is released instead (other sinks use it)."""
+        if self._lease is not None:
+            self._lease.release()
+            return
         sender = self._sender_force_close()
         if sender is not None:
             sender.join(self._join_s)
@@ -215,21 +248,27 @@ class ConfluentProducer:
     stamp from its key and value: nothing is allocated per message in Python. A message sent
     without a partition goes where librdkafka's ``murmur2_random`` partitioner puts it: the
     Java-compatible murmur2 of its (never null) key modulo the partition count librdkafka knows.
+
+    On a leased producer (shared with other sinks, :mod:`sinks.kafka.shared`) ``flush`` would
+    wait for every sink's messages, which other threads keep adding: there every delivery is
+    reported, this object counts its own, and :meth:`wait` serves reports until they are all in.
     """
 
     key_partitioner: ClassVar[bool] = True
 
-    def __init__(self, options: KafkaOptions, on_error: OnError) -> None:
+    def __init__(self, options: KafkaOptions, on_error: OnError, *, lease: Lease | None = None) -> None:
         self._ck = importlib.import_module("confluent_kafka")
         try:
-            self._producer = self._ck.Producer(options.confluent_config())
+            self._producer = self._ck.Producer(options.confluent_config()) if lease is None else lease.client
         except self._ck.KafkaException as e:
             raise SinkUnavailableError(f"cannot create a Kafka producer for {','.join(options.bootstrap)}: {e}") from e
         self._options = options
         self._on_error = on_error
+        self._lease = lease
         self._first: Stamp | None = None  # the first message sent since the last successful wait
         self._failures: list[tuple[Stamp, str]] = []
         self._unpolled = 0  # messages sent since the last poll
+        self._counts = _Counts() if lease is not None else None
 
     def partitions(self, topic: str) -> int:
         """See :meth:`Producer.partitions`."""
@@ -253,8 +292,13 @@ class ConfluentProducer:
         self, topic: str, key: bytes, value: bytes | None, headers: Headers, partition: int | None, stamp: Stamp
     ) -> None:
         """See :meth:`Producer.send`."""
-        report = _Reports(self._failed, lambda key, value: stamp)
+        if self._lease is not None and self._lease.broken:
+            self._on_error(stamp, BROKEN_SHARED)
+            return
+        report = _Reports(self._failed, lambda key, value: stamp, self._counts)
         self._produce(topic, key, value, headers, -1 if partition is None else partition, report, 0)
+        if self._counts is not None:
+            self._counts.sent += 1
         if self._first is None:
             self._first = stamp
         self._unpolled += 1
@@ -265,9 +309,27 @@ class ConfluentProducer:
         """See :meth:`Producer.send_many`."""
         if not len(out):
             return
+        if self._lease is not None and self._lease.broken:
+            self._on_error(out.stamp(0), BROKEN_SHARED)  # the sink fails as unavailable and holds its cursor
+            return
         if self._first is None:
             self._first = out.stamp(0)
-        produce, topic, report = self._producer.produce, out.topic, _Reports(self._failed, _Finder(out))
+        if self._counts is not None:
+            self._send_counted(out, self._counts)
+            return
+        self._send_all(out, _Reports(self._failed, _Finder(out)))
+
+    def _send_counted(self, out: Outgoing, counts: _Counts) -> None:
+        """:meth:`send_many` on a leased producer: count the messages queued (those before a refused one)."""
+        try:
+            self._send_all(out, _Reports(self._failed, _Finder(out), counts))
+        except SendRefused as e:
+            counts.sent += e.index
+            raise
+        counts.sent += len(out)
+
+    def _send_all(self, out: Outgoing, report: _Reports) -> None:
+        produce, topic = self._producer.produce, out.topic
         partitions = itertools.repeat(-1) if out.partitions is None else out.partitions  # -1: librdkafka chooses
         messages = zip(out.keys, out.values, out.headers, partitions, strict=False)
         due = _POLL_EVERY - 1 - self._unpolled  # the index of the next message after which reports are served
@@ -319,7 +381,8 @@ class ConfluentProducer:
 
     def wait(self, timeout_s: float) -> tuple[Stamp, str] | None:
         """See :meth:`Producer.wait`."""
-        remaining = self._producer.flush(timeout_s)
+        counts = self._counts
+        remaining = self._producer.flush(timeout_s) if counts is None else self._wait_counted(counts, timeout_s)
         self._unpolled = 0
         if self._failures:
             return min(self._failures)  # stamps grow in send order
@@ -328,15 +391,30 @@ class ConfluentProducer:
         self._first = None
         return None
 
+    def _wait_counted(self, counts: _Counts, timeout_s: float) -> int:
+        """Serve reports until every message of this sink got one or ``timeout_s`` passed; how many did not."""
+        deadline = time.monotonic() + timeout_s
+        while counts.reported < counts.sent:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._producer.poll(min(left, 0.1))
+        return counts.sent - counts.reported
+
     def close(self, timeout_s: float) -> None:
-        """See :meth:`Producer.close`."""
-        if self._producer.flush(timeout_s):
+        """See :meth:`Producer.close`; a leased producer is released instead."""
+        if self._lease is not None:
+            self._lease.release()
+        elif self._producer.flush(timeout_s):
             self.abort()
         else:
             self._producer.close()
 
     def abort(self) -> None:
-        """See :meth:`Producer.abort`."""
+        """See :meth:`Producer.abort`; a leased producer is released instead (other sinks use it)."""
+        if self._lease is not None:
+            self._lease.release()
+            return
         self._producer.purge(in_queue=True, in_flight=True, blocking=True)
         self._producer.flush(0)
         self._producer.close()
@@ -359,22 +437,44 @@ class _Finder:
         return out.stamp(0 if found is None else found)  # not found (never expected): the first one
 
 
+class _Counts:
+    """Messages one sink queued on a shared producer, and how many of them got a delivery report."""
+
+    __slots__ = ("_lock", "reported", "sent")
+
+    def __init__(self) -> None:
+        self.sent = 0  # only the sink's own thread adds to it
+        self.reported = 0
+        self._lock = threading.Lock()  # reports are served by whichever thread polls the shared producer
+
+    def report(self) -> None:
+        with self._lock:
+            self.reported += 1
+
+
 class _Reports:
     """The delivery report callback of a group of messages; calls ``failed(stamp, error)`` for each failure.
 
     With ``delivery.report.only.error`` it is only called for failures. A failed message's stamp is
     ``find(key, value)``: for a message identical (key and value) to an earlier one of its group,
-    that earlier one's, which is at or before it in send order.
+    that earlier one's, which is at or before it in send order. With ``counts`` (a shared producer,
+    which reports every delivery), each report is counted there.
     """
 
-    __slots__ = ("_failed", "_find")
+    __slots__ = ("_counts", "_failed", "_find")
 
     def __init__(
-        self, failed: Callable[[Stamp, Any], None], find: Callable[[bytes | None, bytes | None], Stamp]
+        self,
+        failed: Callable[[Stamp, Any], None],
+        find: Callable[[bytes | None, bytes | None], Stamp],
+        counts: _Counts | None = None,
     ) -> None:
         self._failed = failed
         self._find = find
+        self._counts = counts
 
     def __call__(self, error: Any, message: Any) -> None:
         if error is not None:
             self._failed(self._find(message.key(), message.value()), error)
+        if self._counts is not None:
+            self._counts.report()

@@ -33,6 +33,7 @@ from sinks.kafka.producers import (
     Stamp,
 )
 from sinks.kafka.schema_changes import schema_change_message
+from sinks.kafka.shared import ProducerPool
 from sinks.kafka.tails import Tail, TailCheck, TailReader, header_map
 from state.audit import AuditEvent
 from state.cursor import Position
@@ -59,16 +60,24 @@ class KafkaSink(Sink):
         uri: a ``kafka://`` URI.
         env: environment for ``KAFKA_*`` security variables; ``os.environ`` if ``None``.
         clock_ms: encoding time for Debezium ``ts_ms`` (injectable for reproducible output).
+        producers: a pool whose producer the sink shares with the other sinks of the same
+            producer settings (``serve``, :mod:`sinks.kafka.shared`); ``None``: a producer of its own.
 
     Raises:
         ConfigError: if the URI is invalid.
     """
 
     def __init__(
-        self, uri: str, *, env: Mapping[str, str] | None = None, clock_ms: Callable[[], int] | None = None
+        self,
+        uri: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        clock_ms: Callable[[], int] | None = None,
+        producers: ProducerPool | None = None,
     ) -> None:
         self.options = KafkaOptions.from_uri(uri, env)
         self._clock_ms = clock_ms
+        self._pool = producers
         self._producer: Producer | None = None
         self._lock = threading.Lock()
         self._reset()
@@ -210,6 +219,8 @@ class KafkaSink(Sink):
         return topic
 
     def _connect(self) -> Producer:
+        if self._pool is not None:
+            return self._pool.lease(self.options, self._on_error)
         if self.options.backend == "confluent":
             return ConfluentProducer(self.options, self._on_error)
         return PythonProducer(self.options, self._on_error)

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sinks.kafka.shared import ProducerPool
 from state.errors import ConfigError, DeltaTailError, StorageError
 from tailer.cli.configure import DEFAULT_SINK, tailer_config
 from tailer.cli.lance import PREFIX as LANCE_PREFIX
@@ -239,6 +240,9 @@ def _storage(raw: Any, where: str, path: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------- tables --
 
+#: The Kafka producers of the service's tables: one per cluster and producer settings (docs/serve.md).
+PRODUCERS = ProducerPool()
+
 
 @dataclass(frozen=True)
 class SinkFactory:
@@ -256,7 +260,7 @@ class SinkFactory:
 
     def __call__(self, tid: str) -> Sink:
         """A new, unopened sink for the table of id ``tid``."""
-        return open_sink(self.filled(tid))
+        return open_sink(self.filled(tid), PRODUCERS)
 
 
 def _sink_file(uri: str) -> Path | None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from sinks.embedded import JsonLinesSink, ParquetDirSink
+from sinks.kafka.shared import ProducerPool
 from sinks.kafka.sink import KafkaSink
 from state.errors import ConfigError
 from tailer.follow.sink import Sink
 
 
-def open_sink(uri: str) -> Sink:
-    """The sink a URI names (not yet opened).
+def open_sink(uri: str, producers: ProducerPool | None = None) -> Sink:
+    """The sink a URI names (not yet opened); a Kafka sink takes its producer from ``producers`` if given.
 
     Raises:
         ConfigError: if the URI's scheme is unknown or its path is empty.
@@ -21,7 +22,7 @@ def open_sink(uri: str) -> Sink:
     if uri.startswith("parquet:"):
         return ParquetDirSink(_path(uri, "parquet:"))
     if uri.startswith("kafka://"):
-        return KafkaSink(uri)
+        return KafkaSink(uri, producers=producers)
     raise ConfigError(f"unknown sink URI {uri!r}; expected jsonl:-, jsonl:PATH, parquet:DIR or kafka://HOST:PORT/TOPIC")
 
 
