@@ -427,6 +427,15 @@ class EventEncoder:
             self._schemas[cache_key] = found
         return found
 
+    def connect_schemas(self, schema: pa.Schema) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The Connect value and key schemas of rows of Arrow ``schema`` (the ``avro`` encoding's source).
+
+        Raises:
+            SinkError: if a column has no Connect schema.
+        """
+        data = [f for f in schema if f.name not in CHANGE_COLUMNS]
+        return self._value_schema(data), self._key_schema(schema)
+
     def _value_schema(self, data: list[pa.Field]) -> dict[str, Any]:
         modes, prefix = self.options.modes, self._prefix
         if self.format == "flat":

@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 
+from sinks.kafka.avro_options import AVRO_OPTIONS, AvroOptions, avro_options
 from sinks.kafka.connect_schema import ValueModes
 from sinks.kafka.debezium import HEARTBEAT_TOPIC, EventOptions
 from state.errors import ConfigError
@@ -88,6 +89,7 @@ class KafkaOptions:
     allow_unordered: bool = False
     heartbeat_interval: float | None = None
     heartbeat_topic: str = HEARTBEAT_TOPIC
+    avro: AvroOptions | None = None
 
     @staticmethod
     def from_uri(uri: str, env: Mapping[str, str] | None = None) -> KafkaOptions:
@@ -112,7 +114,7 @@ class KafkaOptions:
         for name in SECURITY_OPTIONS:
             if name not in raw and env.get(f"KAFKA_{name.upper()}"):
                 raw[name] = env[f"KAFKA_{name.upper()}"]
-        return _build_options(bootstrap, topic, raw, uri)
+        return replace(_build_options(bootstrap, topic, raw, uri), avro=avro_options(raw, uri, env))
 
     def producer_config(self) -> dict[str, Any]:
         """The settings handed to ``KafkaProducer`` (idempotence and ``acks`` set explicitly)."""
@@ -197,7 +199,7 @@ def _check_host(host: str, uri: str) -> str:
 def _query(query: str, uri: str) -> dict[str, str]:
     known = {
         "format", "key", "tombstones", "exactly_once", "commit_topic", "sink_id", "compression", "backend",
-        *_INT_OPTIONS, *SECURITY_OPTIONS, *_EVENT_OPTIONS,
+        *_INT_OPTIONS, *SECURITY_OPTIONS, *_EVENT_OPTIONS, *AVRO_OPTIONS,
     }  # fmt: skip
     raw: dict[str, str] = {}
     for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
@@ -261,6 +263,8 @@ _EVENT_OPTIONS = (
 def _event_options(raw: dict[str, str], uri: str, fmt: str) -> dict[str, Any]:
     """The :class:`KafkaOptions` fields of the event options in ``raw``."""
     given = [k for k in _EVENT_OPTIONS[:7] if k in raw and k != "server_name"]
+    if raw.get("encoding") == "avro":  # the json format's values follow the modes in Avro
+        given = [k for k in given if k not in ("time_mode", "decimal_mode")]
     if given and fmt == "json":
         raise ConfigError(f"kafka URI {uri!r}: {', '.join(given)} apply to format=debezium or format=flat only")
     defaults = EventOptions()

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 import orjson
 
 from sinks.json_text import CHANGE_TYPES, UPDATE, EncodedBatch
+from sinks.kafka.avro import AvroEncoder, avro_encoder
 from sinks.kafka.debezium import check_ordering, heartbeat_message
 from sinks.kafka.encoding import ChangeEncoder
 from sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
@@ -124,7 +125,7 @@ class KafkaSink(Sink):
         self.heartbeat_topic = self._heartbeat_topic(table)
         self.sink_id = opts.sink_id or default_sink_id(table.table_id, self.topic)
         clock = {} if self._clock_ms is None else {"clock_ms": self._clock_ms}
-        self._encoder = ChangeEncoder(
+        self._encoder: ChangeEncoder | AvroEncoder = ChangeEncoder(
             table,
             format=opts.format,
             key_columns=opts.key_columns,
@@ -132,6 +133,8 @@ class KafkaSink(Sink):
             events=opts.events,
             **clock,
         )
+        if opts.avro is not None:
+            self._encoder = avro_encoder(table, self.topic, opts, opts.avro, self._clock_ms)
         self._fixed_headers = (("dt.table_id", table.table_id.encode()), ("dt.sink_id", self.sink_id.encode()))
         try:
             producer = self._connect()
