@@ -239,7 +239,9 @@ def _columns(schema: Any) -> dict[str, tuple[str, bool]]:
 
 def _type_text(t: Any) -> str:
     if isinstance(t, list):
-        return " or ".join(_type_text(x) for x in t)
+        others = [x for x in t if x != "null"]
+        text = " or ".join(_type_text(x) for x in others)
+        return f"{text} (nullable)" if len(others) < len(t) else text
     if isinstance(t, dict):
         if t.get("type") == "record":
             return "record {" + ", ".join(f"{f['name']}: {_type_text(f['type'])}" for f in t["fields"]) + "}"

@@ -9,13 +9,16 @@ turned back into change rows and compared with deltalake's ``load_cdf`` of the s
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import decimal
 import io
 import json
-import logging
+import os
+import re
 import subprocess
 import sys
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Hashable, Iterator
@@ -38,6 +41,13 @@ from deltalake import DeltaTable, write_deltalake
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from schema_registry import SchemaRegistry
+
+from sinks.kafka.options import KafkaOptions
+from sinks.kafka.sink import KafkaSink
+from state.cursor import Position
+from state.errors import ConfigError, SinkError, SinkUnavailableError
+from state.feed import ChangeBatch, TableInfo
+from tailer.follow.transient import is_transient
 
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
@@ -86,8 +96,6 @@ class AvroReader:
 
 
 def _basic(user_info: str) -> str:
-    import base64
-
     return "Basic " + base64.b64encode(user_info.encode()).decode()
 
 
@@ -203,8 +211,6 @@ def debezium_changes(records: list[tuple[Any, Any, dict[str, bytes]]]) -> Counte
 def run_until_caught_up(table: Path, state: Path, sink: str, **env: str) -> subprocess.CompletedProcess[bytes]:
     script = Path(sys.executable).parent / "deltatail"
     args = [str(script), "run", str(table), "--state-dir", str(state), "--sink", sink, "--until-caught-up"]
-    import os
-
     return subprocess.run(args, cwd=ROOT, env={**os.environ, **env}, capture_output=True, timeout=120)
 
 
@@ -293,3 +299,227 @@ def test_flat_and_json_rows_decode_to_the_tables_changes(
     got = Counter(freeze({k: x for k, x in v.items() if k != "_commit_timestamp"}) for _, v, _ in records)
     assert got == expected_changes(tmp_path / "t", "iso", "precise")
     assert all(isinstance(v["_commit_timestamp"], str) for _, v, _ in records)
+
+
+@pytest.mark.slow
+def test_variants_arrive_as_debezium_json_strings(kafka_broker: Any, registry: SchemaRegistry, tmp_path: Path) -> None:
+    """Variant columns (at any depth) are ``io.debezium.data.Json`` strings holding Spark's ``to_json`` text."""
+    name = "kernel-rs/unshredded-variant"
+    root = ROOT.parent / "shared" / "delta-tables" / name
+    if not root.is_dir():
+        pytest.skip(f"corpus table {name} is not here")
+    topic = kafka_broker.new_topic(1)
+    uri = kafka_broker.uri(topic, format="debezium", encoding="avro", registry=registry.url)
+    done = run_until_caught_up(root, tmp_path / "state", uri)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    events = [v for _, v, _ in AvroReader(registry.url).records(kafka_broker, topic)]
+    expectations = json.loads((ROOT / "tests" / "expectations" / "variant_expectations.json").read_text())
+    files = expectations["tables"][name]["files"]
+    assert len(events) == sum(f["rows"] for f in files.values())
+    by_id = {e["after"]["id"]: e["after"] for e in events}
+    heads = [row for f in files.values() for row in f["head"]]
+    assert heads and all(by_id[row["id"]] == row for row in heads)
+    schema = json.loads(registry.schemas[registry.subjects[f"{topic}-value"][0] - 1])
+    before, after = (next(f for f in schema["fields"] if f["name"] == n)["type"][1] for n in ("before", "after"))
+    assert after == "deltatail.delta.unshredded_variant.Value"  # the record of before, by name
+    v = next(f for f in before["fields"] if f["name"] == "v")["type"][1]
+    assert v == {"type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Json"}
+
+
+# ---------------------------------------------------------------- schema changes, outages, the cache
+
+TABLE = TableInfo("/data/orders", "tid-orders", "orders")
+TS = dt.datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC)
+
+
+def batch(version: int, ids: list[int], required: tuple[str, ...] = (), **columns: pa.Array) -> ChangeBatch:
+    """Insert rows of ``ids`` and ``columns`` (nullable unless ``required``) at ``version``."""
+    n = len(ids)
+    rows = pa.record_batch(
+        {
+            "id": pa.array(ids, pa.int64()),
+            **columns,
+            "_change_type": pa.array(["insert"] * n),
+            "_commit_version": pa.array([version] * n, pa.int64()),
+            "_commit_timestamp": pa.array([TS] * n, pa.timestamp("us", tz="UTC")),
+        }
+    )
+    schema = pa.schema([f.with_nullable(f.name not in required) for f in rows.schema])
+    return ChangeBatch(Position.change(version, 0), rows.cast(schema))
+
+
+def test_schema_ids_are_cached_and_a_compatible_change_is_a_new_version(
+    kafka_broker: Any, registry: SchemaRegistry
+) -> None:
+    topic = kafka_broker.new_topic(1)
+    sink = KafkaSink(kafka_broker.uri(topic, format="debezium", key="id", encoding="avro", registry=registry.url))
+    sink.open(TABLE)
+    for version in range(5):
+        sink.write(batch(version, [version * 10 + i for i in range(20)], name=pa.array(["x"] * 20)))
+    # a new nullable column: BACKWARD compatible (its Avro field is optional with a null default)
+    sink.write(batch(5, [100], name=pa.array(["y"]), note=pa.array([None], pa.string())))
+    sink.flush()
+    sink.close()
+    posts = [path for method, path, _ in registry.requests if method == "POST"]
+    value, key = f"/subjects/{topic}-value/versions", f"/subjects/{topic}-key/versions"
+    assert posts == [value, key, value]  # one per new schema (the key's did not change), never one per message
+    assert len(registry.subjects[f"{topic}-value"]) == 2 and len(registry.subjects[f"{topic}-key"]) == 1
+    events = [v for _, v, _ in AvroReader(registry.url).records(kafka_broker, topic)]
+    assert len(events) == 101
+    assert events[-1]["after"] == {"id": 100, "name": "y", "note": None}
+    assert events[0]["after"] == {"id": 0, "name": "x"}
+
+
+def test_an_incompatible_change_names_the_column_and_the_rule(kafka_broker: Any, registry: SchemaRegistry) -> None:
+    topic = kafka_broker.new_topic(1)
+    sink = KafkaSink(kafka_broker.uri(topic, format="flat", key="id", encoding="avro", registry=registry.url))
+    sink.open(TABLE)
+    sink.write(batch(1, [1], ("amount",), amount=pa.array([5], pa.int64())))
+    with pytest.raises(SinkError, match=r"BACKWARD and the table's schema changed: column 'amount' changed type "
+                       r"from long to string") as caught:  # fmt: skip
+        sink.write(batch(2, [2], amount=pa.array(["five"])))
+    assert caught.value.version == 2 and caught.value.table == TABLE.path
+    assert not isinstance(caught.value, SinkUnavailableError)
+    registry.config[f"{topic}-value"] = "FORWARD"  # old readers must read new data: a removed NOT NULL column breaks
+    with pytest.raises(SinkError, match=r"rule is FORWARD .*column 'amount' was removed"):
+        sink.write(batch(3, [3]))
+    sink.flush()
+    sink.close()
+    assert len(kafka_broker.consume(topic)) == 1  # nothing of the refused batches was sent
+
+
+def test_a_registry_down_mid_stream_holds_the_batch_and_a_new_run_sends_it_once(
+    kafka_broker: Any, registry: SchemaRegistry
+) -> None:
+    topic = kafka_broker.new_topic(1)
+    uri = kafka_broker.uri(
+        topic, format="debezium", key="id", encoding="avro", registry=registry.url, exactly_once=True
+    )
+    sink = KafkaSink(uri)
+    sink.open(TABLE)
+    sink.write(batch(1, [1, 2]))
+    sink.flush()
+    registry.stop()
+    with pytest.raises(SinkUnavailableError, match=f"cannot reach the Schema Registry at {registry.url}") as caught:
+        sink.write(batch(2, [3], extra=pa.array([1.5])))  # a new schema: the registry is needed
+    assert is_transient(caught.value) and caught.value.version == 2
+    sink.close()
+    registry.start()  # the same port; the service's next run resends from the cursor (version 1 again)
+    again = KafkaSink(uri)
+    again.open(TABLE)
+    again.write(batch(1, [1, 2]))
+    again.write(batch(2, [3], extra=pa.array([1.5])))
+    again.flush()
+    again.close()
+    events = [v for _, v, _ in AvroReader(registry.url).records(kafka_broker, topic)]
+    assert [e["after"] for e in events] == [{"id": 1}, {"id": 2}, {"id": 3, "extra": 1.5}]
+
+
+@pytest.mark.slow
+def test_a_registry_down_at_start_is_retried_and_nothing_is_lost_or_repeated(
+    kafka_broker: Any, registry: SchemaRegistry, tmp_path: Path
+) -> None:
+    """``deltatail run`` against a registry that is down waits and retries; once it is up, every change arrives once.
+
+    The registry asks for basic auth (user from a file, password from the environment): neither the
+    password nor the user appears in the logs, the status or the state directory.
+    """
+    typed_table(tmp_path / "t")
+    registry.user, registry.password = "deltatail-user", "s3cr3t-Pa55"
+    (tmp_path / "user.txt").write_text("deltatail-user\n")
+    registry.stop()  # down before the run starts (the port is kept)
+    topic = kafka_broker.new_topic(1)
+    uri = kafka_broker.uri(
+        topic,
+        format="debezium",
+        key="id",
+        exactly_once=True,
+        encoding="avro",
+        registry=registry.url,
+        registry_user=f"@{tmp_path / 'user.txt'}",
+        registry_password="env:REGISTRY_PW",
+    )
+    script = Path(sys.executable).parent / "deltatail"
+    args = [str(script), "run", str(tmp_path / "t"), "--state-dir", str(tmp_path / "state"), "--sink", uri]
+    process = subprocess.Popen(
+        [*args, "--until-caught-up"],
+        cwd=ROOT,
+        env={**os.environ, "REGISTRY_PW": "s3cr3t-Pa55"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "state").is_dir() or process.poll() is not None:
+            assert time.monotonic() < deadline and process.poll() is None, process.communicate()[1].decode()[-2000:]
+            time.sleep(0.1)
+        time.sleep(2.0)  # a few failed attempts
+        assert process.poll() is None, process.communicate()[1].decode()[-2000:]
+        registry.start()
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err.decode()[-3000:]
+    logs = out.decode() + err.decode()
+    assert f"cannot reach the Schema Registry at {registry.url}" in logs
+    reader = AvroReader(registry.url, {"basic.auth.user.info": "deltatail-user:s3cr3t-Pa55"})
+    records = reader.records(kafka_broker, topic)
+    assert debezium_changes(records) == expected_changes(tmp_path / "t", "iso", "string")
+    assert all(auth == _basic("deltatail-user:s3cr3t-Pa55") for _, _, auth in registry.requests)
+    # a second run finds everything delivered (exactly once across runs)
+    again = subprocess.run([*args, "--until-caught-up"], cwd=ROOT, env={**os.environ, "REGISTRY_PW": "s3cr3t-Pa55"},
+                           capture_output=True, timeout=120)  # fmt: skip
+    assert again.returncode == 0 and len(kafka_broker.consume(topic)) == len(records)
+    logs += again.stdout.decode() + again.stderr.decode()
+    state = b"".join(p.read_bytes() for p in (tmp_path / "state").rglob("*") if p.is_file())
+    for secret in ("s3cr3t-Pa55", "deltatail-user", base64.b64encode(b"deltatail-user:s3cr3t-Pa55").decode()):
+        assert secret not in logs and secret.encode() not in state
+
+
+def test_wrong_credentials_stop_the_sink_without_showing_them(kafka_broker: Any, registry: SchemaRegistry) -> None:
+    registry.user, registry.password = "u", "right-one"
+    topic = kafka_broker.new_topic(1)
+    uri = kafka_broker.uri(
+        topic, format="flat", key="id", encoding="avro", registry=registry.url,
+        registry_user="u", registry_password="env:PW",
+    )  # fmt: skip
+    sink = KafkaSink(uri, env={"PW": "wrong-one"})
+    sink.open(TABLE)
+    with pytest.raises(SinkError, match=r"refused the credentials \(401\)") as caught:
+        sink.write(batch(1, [1]))
+    sink.close()
+    assert "wrong-one" not in str(caught.value) and not isinstance(caught.value, SinkUnavailableError)
+    assert "wrong-one" not in repr(sink.options)
+
+
+@pytest.mark.parametrize(
+    ("options", "env", "message"),
+    [
+        ({"encoding": "avro"}, {}, "encoding=avro needs registry=http://HOST:PORT"),
+        ({"encoding": "xml"}, {}, "encoding='xml'; expected json or avro"),
+        ({"registry": "http://r:1"}, {}, "registry apply to encoding=avro only"),
+        ({"encoding": "avro", "registry": "ftp://r:1"}, {}, "registry must be the http:// or https:// URL"),
+        ({"encoding": "avro", "registry": "http://u:pw@r:1"}, {}, "without credentials"),
+        ({"encoding": "avro", "registry": "http://r:1", "registry_password": "hunter2"}, {}, "must be a reference"),
+        ({"encoding": "avro", "registry": "http://r:1", "registry_password": "env:NOPE"}, {}, "NOPE, which is not set"),
+        (
+            {"encoding": "avro", "registry": "http://r:1", "registry_password": "@/no/such"},
+            {},
+            "/no/such, which cannot",
+        ),
+        ({"encoding": "avro", "registry": "http://r:1", "registry_timeout_ms": "0"}, {}, "registry_timeout_ms='0'"),
+    ],
+)
+def test_avro_options_are_checked(options: dict[str, str], env: dict[str, str], message: str) -> None:
+    uri = "kafka://127.0.0.1:9092/t?" + "&".join(f"{k}={v}" for k, v in options.items())
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+        KafkaOptions.from_uri(uri, env)
+    assert "hunter2" not in str(caught.value) and ":pw@" not in str(caught.value)
+
+
+def test_time_and_decimal_modes_apply_to_json_rows_in_avro_only() -> None:
+    with pytest.raises(ConfigError, match="time_mode apply to format=debezium or format=flat only"):
+        KafkaOptions.from_uri("kafka://127.0.0.1:9092/t?time_mode=micros")
+    opts = KafkaOptions.from_uri("kafka://127.0.0.1:9092/t?time_mode=micros&encoding=avro&registry=http://r:1")
+    assert opts.events.modes.time == "micros" and opts.avro is not None and opts.avro.registry == "http://r:1"
