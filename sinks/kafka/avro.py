@@ -101,6 +101,7 @@ class AvroEncoder:
         )
         self._events = EventEncoder(table, format, key_columns, events, clock_ms) if format in EVENT_FORMATS else None
         self._writers: dict[pa.Schema, tuple[_Writer, _Writer]] = {}
+        self._others: dict[str, tuple[_Writer, _Writer]] = {}
 
     def encode(self, batch: ChangeBatch, operation: str | None = None) -> EncodedBatch:
         """Encode every row of ``batch`` (registering its schemas first if they are new).
@@ -127,6 +128,27 @@ class AvroEncoder:
                 version=batch.start.version,
             ) from e
         return EncodedBatch(encoded.rows, out_keys, out_values, encoded.change_types)
+
+    def encode_other(
+        self, topic: str, schemas: tuple[dict[str, Any], dict[str, Any]], key: bytes, value: bytes
+    ) -> tuple[bytes, bytes]:
+        """A JSON ``key`` and ``value`` of another topic (transaction events) in Avro, Connect ``schemas`` (key, value).
+
+        Raises:
+            SinkError: if the registry refuses a schema or the message does not fit it.
+            SinkUnavailableError: if the Schema Registry cannot be reached.
+        """
+        writers = self._others.get(topic)
+        if writers is None:
+            try:
+                writers = (
+                    self._writer(f"{topic}-key", to_avro(schemas[0])),
+                    self._writer(f"{topic}-value", to_avro(schemas[1])),
+                )
+            except SinkError as e:
+                raise e.at(table=self.table.path) from e
+            self._others[topic] = writers
+        return writers[0].write(key), writers[1].write(value)
 
     def _json_texts(self, batch: ChangeBatch, encoded: EncodedBatch) -> tuple[list[bytes], list[bytes | None]]:
         """The ``json`` format's keys and values under the value modes (the JSON encoding has none)."""

@@ -17,6 +17,7 @@ from kafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 from sinks.kafka.avro_options import AVRO_OPTIONS, AvroOptions, avro_options
 from sinks.kafka.connect_schema import ValueModes
 from sinks.kafka.debezium import HEARTBEAT_TOPIC, EventOptions
+from sinks.kafka.transactions import TRANSACTION_OPTIONS, TRANSACTION_TOPIC, transaction_options
 from state.errors import ConfigError
 from state.feed import TableInfo
 from tailer.parse import parse_bool
@@ -90,6 +91,8 @@ class KafkaOptions:
     heartbeat_interval: float | None = None
     heartbeat_topic: str = HEARTBEAT_TOPIC
     avro: AvroOptions | None = None
+    transactions: bool = False
+    transaction_topic: str = TRANSACTION_TOPIC
 
     @staticmethod
     def from_uri(uri: str, env: Mapping[str, str] | None = None) -> KafkaOptions:
@@ -200,6 +203,7 @@ def _query(query: str, uri: str) -> dict[str, str]:
     known = {
         "format", "key", "tombstones", "exactly_once", "commit_topic", "sink_id", "compression", "backend",
         *_INT_OPTIONS, *SECURITY_OPTIONS, *_EVENT_OPTIONS, *AVRO_OPTIONS,
+        *TRANSACTION_OPTIONS,
     }  # fmt: skip
     raw: dict[str, str] = {}
     for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
@@ -246,6 +250,7 @@ def _build_options(bootstrap: tuple[str, ...], topic: str, raw: dict[str, str], 
         compression=_compression(raw.get("compression", "none"), raw.get("backend", "kafka-python"), uri),
         security=_security(raw, uri),
         **_event_options(raw, uri, fmt),
+        **transaction_options(raw, uri, fmt),
         **ints,
     )
     if opts.tombstones and not opts.key_columns:
@@ -279,6 +284,7 @@ def _event_options(raw: dict[str, str], uri: str, fmt: str) -> dict[str, Any]:
         source_db=_name("source_db", raw.get("source_db", defaults.source_db), uri),
         source_schema=_name("source_schema", raw["source_schema"], uri) if "source_schema" in raw else None,
         source_table=_name("source_table", raw["source_table"], uri) if "source_table" in raw else None,
+        transactions=_bool("transactions", raw.get("transactions", "false"), uri),
     )
     interval = None
     if "heartbeat_interval" in raw:

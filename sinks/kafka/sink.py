@@ -34,6 +34,7 @@ from sinks.kafka.producers import (
     Stamp,
 )
 from sinks.kafka.tails import Tail, TailCheck, TailReader, header_map
+from sinks.kafka.transactions import TransactionLog, boundary_message, boundary_schemas, commit_ms, data_collection
 from state.audit import AuditEvent
 from state.cursor import Position
 from state.errors import ConfigError, SinkError, SinkUnavailableError
@@ -124,6 +125,10 @@ class KafkaSink(Sink):
         self.commit_topic = fill_topic(opts.commit_topic, table) if opts.commit_topic else None
         self.heartbeat_topic = self._heartbeat_topic(table)
         self.sink_id = opts.sink_id or default_sink_id(table.table_id, self.topic)
+        self._tx = TransactionLog(table.table_id, self.sink_id) if opts.transactions else None
+        self.transaction_topic = (
+            fill_topic(opts.transaction_topic, table, opts.events.server_name) if opts.transactions else None
+        )
         clock = {} if self._clock_ms is None else {"clock_ms": self._clock_ms}
         self._encoder: ChangeEncoder | AvroEncoder = ChangeEncoder(
             table,
@@ -154,6 +159,7 @@ class KafkaSink(Sink):
             self._heartbeat_partitions = (
                 self._partition_count(producer, self.heartbeat_topic) if self.heartbeat_topic else 0
             )
+            self._tx_partitions = self._partition_count(producer, self.transaction_topic) if self._tx else 0
             if opts.exactly_once:
                 self._read_tails()
         except BaseException as e:
@@ -215,6 +221,8 @@ class KafkaSink(Sink):
                 self._tails[partition] = check.check_partition(partition, first, last)
             if self.commit_topic:
                 self._read_commit_tail(reader)
+            if self._tx is not None:
+                self._read_transaction_tail(reader)
         finally:
             reader.close()
         self._sent = {p: t.stamp for p, t in self._tails.items()}
@@ -230,6 +238,17 @@ class KafkaSink(Sink):
             if ours and headers.get("dt.table_id") == self.table.table_id.encode():
                 self._last_commit_version = int(headers.get("dt.version", b"-1"))
 
+    def _read_transaction_tail(self, reader: TailReader) -> None:
+        assert self._tx is not None and self.transaction_topic is not None
+        for tail in self._tails.values():  # rows of a commit already held count in its END
+            version, rank, index, _ = tail.stamp
+            if rank < COMMIT_RANK and index >= 0:
+                self._tx.seen(version, index + 1)
+        partition = choose_partition(self.table.table_id.encode(), self._tx_partitions)
+        ends = reader.ends(self.transaction_topic, [partition])
+        if partition in ends:
+            self._tx.resume(header_map(ends[partition][1].headers))
+
     # -- writing ---------------------------------------------------------------
 
     def write(self, batch: ChangeBatch) -> None:
@@ -244,6 +263,9 @@ class KafkaSink(Sink):
                 the row's position.
         """
         self._check_usable()
+        if self._tx is not None and not batch.start.snapshot and len(batch):
+            self._transaction_event(batch.start.version, "BEGIN", commit_ms(batch.rows.column("_commit_timestamp")))
+            self._tx.seen(batch.start.version, batch.end.index)
         version, operation = self._operation
         with collector_paused():
             encoded = self._encoder.encode(batch, operation if version == batch.start.version else None)
@@ -343,6 +365,9 @@ class KafkaSink(Sink):
                 or it cannot be sent.
         """
         self._check_usable()
+        if self._tx is not None:
+            self._transaction_event(event.version, "BEGIN", event.timestamp_ms)
+            self._transaction_event(event.version, "END", event.timestamp_ms)
         if self.commit_topic is None:
             return
         if event.audit is None:
@@ -365,6 +390,30 @@ class KafkaSink(Sink):
             producer.send(self.commit_topic, key, value, headers, partition, stamp)
         except SendRefused as e:
             raise self._refused(e, self.commit_topic, key, value, stamp) from e
+
+    def _transaction_event(self, version: int, status: str, ts_ms: int | None) -> None:
+        """Send the ``BEGIN`` or ``END`` of commit ``version`` unless it was sent (:mod:`sinks.kafka.transactions`)."""
+        tx, topic = self._tx, self.transaction_topic
+        assert tx is not None and topic is not None
+        if (tx.begun if status == "BEGIN" else tx.ended) >= version:
+            return
+        events = self.options.events
+        collection = data_collection(events.source_db, events.source_schema, events.table_name(self.table))
+        count = None if status == "BEGIN" else tx.rows.get(version, 0)
+        key, value = boundary_message(status, self.table.table_id, version, ts_ms, collection, count)
+        if isinstance(self._encoder, AvroEncoder):
+            key, value = self._encoder.encode_other(topic, boundary_schemas(events.server_name), key, value)
+        headers = [*self._fixed_headers, ("dt.version", b"%d" % version), ("dt.change_type", status.encode())]
+        stamp = (version, COMMIT_RANK, -1, 0 if status == "BEGIN" else 1)
+        partition = choose_partition(self.table.table_id.encode(), self._tx_partitions)
+        if status == "BEGIN":
+            tx.begun = version
+        else:
+            tx.ended = version
+        try:
+            self._producer_for_sending().send(topic, key, value, headers, partition, stamp)
+        except SendRefused as e:
+            raise self._refused(e, topic, key, value, stamp) from e
 
     def commit_started(self, version: int, operation: str | None) -> None:
         """Remember the Delta operation of ``version`` for the ``source.operation`` of its rows (``debezium``)."""
