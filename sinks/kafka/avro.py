@@ -19,6 +19,7 @@ the rule. Schema ids are cached (one registry request per new schema, never one 
 
 from __future__ import annotations
 
+import importlib
 import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +28,6 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from fastavro import parse_schema, schemaless_writer
 
 from sinks.json_text import EncodedBatch, joined_objects
 from sinks.kafka.avro_options import AvroOptions
@@ -38,7 +38,7 @@ from sinks.kafka.encoding import ChangeEncoder, wall_clock_ms
 from sinks.kafka.event_columns import mode_text
 from sinks.kafka.options import KafkaOptions
 from sinks.kafka.registry import Refused, RegistryClient
-from state.errors import SinkError
+from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, TableInfo
 
 
@@ -49,6 +49,7 @@ class _Writer:
     header: bytes
     parsed: Any
     schema: AvroSchema
+    writer: Callable[[Any, Any, Any], None]
 
     def write(self, payload: bytes) -> bytes:
         datum = orjson.loads(payload)
@@ -56,7 +57,7 @@ class _Writer:
             datum = self.schema.convert(datum)
         out = io.BytesIO()
         out.write(self.header)
-        schemaless_writer(out, self.parsed, datum)
+        self.writer(out, self.parsed, datum)
         return out.getvalue()
 
 
@@ -74,7 +75,7 @@ class AvroEncoder:
         clock_ms: the encoding time (Debezium's ``ts_ms``).
 
     Raises:
-        ConfigError: as :class:`~sinks.kafka.encoding.ChangeEncoder`.
+        ConfigError: as :class:`~sinks.kafka.encoding.ChangeEncoder`; if fastavro is not installed.
     """
 
     def __init__(
@@ -89,6 +90,10 @@ class AvroEncoder:
         events: EventOptions,
         clock_ms: Callable[[], int],
     ) -> None:
+        try:
+            self._fastavro = importlib.import_module("fastavro")
+        except ImportError:
+            raise ConfigError("encoding=avro needs the package fastavro: pip install 'deltatail[avro]'") from None
         events = replace(events, schemas=False)
         self.table = table
         self.topic = topic
@@ -195,7 +200,7 @@ class AvroEncoder:
         except Refused as e:
             raise SinkError(refusal_message(e, schema.schema)) from e
         header = b"\x00" + schema_id.to_bytes(4, "big")
-        return _Writer(header, parse_schema(schema.schema), schema)
+        return _Writer(header, self._fastavro.parse_schema(schema.schema), schema, self._fastavro.schemaless_writer)
 
 
 def avro_encoder(

@@ -159,7 +159,9 @@ class KafkaSink(Sink):
             self._heartbeat_partitions = (
                 self._partition_count(producer, self.heartbeat_topic) if self.heartbeat_topic else 0
             )
-            self._tx_partitions = self._partition_count(producer, self.transaction_topic) if self._tx else 0
+            self._tx_partitions = (
+                self._partition_count(producer, self.transaction_topic) if self.transaction_topic else 0
+            )
             if opts.exactly_once:
                 self._read_tails()
         except BaseException as e:

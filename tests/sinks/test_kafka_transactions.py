@@ -95,11 +95,11 @@ def test_begin_and_end_of_every_commit_exactly_once_across_kills(kafka_broker: A
 
     boundaries = [(orjson.loads(r.key), orjson.loads(r.value)) for r in kafka_broker.consume(tx_topic)]
     table_id = boundaries[0][1]["id"].rpartition(":")[0]
-    wanted = []
+    wanted: list[tuple[dict[str, str], str, int | None, list[dict[str, Any]] | None]] = []
     for version in sorted(expected):
         tx = f"{table_id}:{version}"
         wanted.append(({"id": tx}, "BEGIN", None, None))
-        collections = [{"data_collection": f"delta.{'t'}", "event_count": expected[version]}]
+        collections = [{"data_collection": "delta.t", "event_count": expected[version]}]
         wanted.append(({"id": tx}, "END", expected[version], collections))
     assert [(k, v["status"], v["event_count"], v["data_collections"]) for k, v in boundaries] == wanted
     assert all(isinstance(v["ts_ms"], int) for _, v in boundaries)
