@@ -37,7 +37,7 @@ from sinks.kafka.encoding import ChangeEncoder
 from sinks.kafka.registry import RegistryClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sinks"))
-from schema_registry import SchemaRegistry  # noqa: E402 - the tests' stand-in registry
+from schema_registry import SchemaRegistry
 
 
 def main() -> None:
