@@ -85,7 +85,7 @@ class AvroSchema:
 
 @dataclass(slots=True)
 class _Context:
-    defined: set[str] = field(default_factory=set)
+    defined: dict[str, Converter] = field(default_factory=dict)  # record full name -> its converter
     anonymous: int = 0
 
 
@@ -183,6 +183,8 @@ def _record(connect: dict[str, Any], context: _Context, where: str) -> AvroSchem
         full = f"{DEFAULT_NAMESPACE}.ConnectDefault{context.anonymous}"
     else:
         full = ".".join(avro_name(part) for part in name.split("."))
+        if full in context.defined:  # a second use of a named record: a reference by name (same fields)
+            return AvroSchema(full, context.defined[full])
     names: dict[str, str] = {}
     fields: list[dict[str, Any]] = []
     converters: list[tuple[str, str, Callable[[Any], Any] | None]] = []
@@ -201,20 +203,18 @@ def _record(connect: dict[str, Any], context: _Context, where: str) -> AvroSchem
         fields.append(entry)
         converters.append((safe, column, inner.convert))
     namespace, _, short = full.rpartition(".")
-    if full in context.defined:  # a second use of a named record: a reference by name (same fields)
-        schema: Any = full
-    else:
-        context.defined.add(full)
-        schema = {"type": "record", "name": short, "fields": fields}
-        if namespace:
-            schema["namespace"] = namespace
-        if name is not None:
-            schema["connect.name"] = name
-            if "version" in connect:
-                schema["connect.version"] = connect["version"]
-    if all(safe == column and convert is None for safe, column, convert in converters):
-        return AvroSchema(schema, None)
-    return AvroSchema(schema, _record_converter(converters))
+    schema: dict[str, Any] = {"type": "record", "name": short, "fields": fields}
+    if namespace:
+        schema["namespace"] = namespace
+    if name is not None:
+        schema["connect.name"] = name
+        if "version" in connect:
+            schema["connect.version"] = connect["version"]
+    convert = None
+    if any(safe != column or inner is not None for safe, column, inner in converters):
+        convert = _record_converter(converters)
+    context.defined[full] = convert
+    return AvroSchema(schema, convert)
 
 
 def _record_converter(converters: list[tuple[str, str, Callable[[Any], Any] | None]]) -> Callable[[Any], Any]:
