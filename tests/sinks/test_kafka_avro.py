@@ -46,7 +46,7 @@ from sinks.kafka.options import KafkaOptions
 from sinks.kafka.sink import KafkaSink
 from state.cursor import Position
 from state.errors import ConfigError, SinkError, SinkUnavailableError
-from state.feed import ChangeBatch, TableInfo
+from state.feed import ChangeBatch, CommitEvent, TableInfo
 from tailer.follow.transient import is_transient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -379,6 +379,8 @@ def test_an_incompatible_change_names_the_column_and_the_rule(kafka_broker: Any,
         sink.write(batch(2, [2], amount=pa.array(["five"])))
     assert caught.value.version == 2 and caught.value.table == TABLE.path
     assert not isinstance(caught.value, SinkUnavailableError)
+    with pytest.raises(SinkError, match=r"column 'qty' was added without a default \(a NOT NULL column\)"):
+        sink.write(batch(2, [2], ("amount", "qty"), amount=pa.array([6], pa.int64()), qty=pa.array([1], pa.int32())))
     registry.config[f"{topic}-value"] = "FORWARD"  # old readers must read new data: a removed NOT NULL column breaks
     with pytest.raises(SinkError, match=r"rule is FORWARD .*column 'amount' was removed"):
         sink.write(batch(3, [3]))
@@ -529,3 +531,29 @@ def test_avro_without_fastavro_is_a_clear_error(monkeypatch: pytest.MonkeyPatch)
     sink = KafkaSink("kafka://127.0.0.1:1/t?encoding=avro&registry=http://127.0.0.1:1&open_timeout_ms=1")
     with pytest.raises(ConfigError, match=r"encoding=avro needs the package fastavro"):
         sink.open(TABLE)
+
+
+def test_transaction_events_are_avro_too(kafka_broker: Any, registry: SchemaRegistry) -> None:
+    topic, tx_topic = kafka_broker.new_topic(1), kafka_broker.new_topic(1, prefix="tx")
+    uri = kafka_broker.uri(
+        topic, format="debezium", key="id", encoding="avro", registry=registry.url,
+        transactions=True, transaction_topic=tx_topic,
+    )  # fmt: skip
+    sink = KafkaSink(uri)
+    sink.open(TABLE)
+    sink.write(batch(7, [1, 2]))
+    sink.commit_event(CommitEvent(7, 1_700_000_000_000, "WRITE"))
+    sink.flush()
+    sink.close()
+    reader = AvroReader(registry.url)
+    events = [v for _, v, _ in reader.records(kafka_broker, topic)]
+    assert [e["transaction"] for e in events] == [
+        {"id": "tid-orders:7", "total_order": k, "data_collection_order": k} for k in (1, 2)
+    ]
+    boundaries = reader.records(kafka_broker, tx_topic)
+    assert [(k, v["status"], v["event_count"], v["data_collections"]) for k, v, _ in boundaries] == [
+        ({"id": "tid-orders:7"}, "BEGIN", None, None),
+        ({"id": "tid-orders:7"}, "END", 2, [{"data_collection": "delta.orders", "event_count": 2}]),
+    ]
+    value_schema = json.loads(registry.schemas[registry.subjects[f"{tx_topic}-value"][0] - 1])
+    assert (value_schema["namespace"], value_schema["name"]) == ("deltatail", "TransactionMetadataValue")
