@@ -262,7 +262,10 @@ class KafkaSink(Sink):
             SinkError: if the sink is not open or has failed; if a row cannot be encoded (nothing
                 of the batch was sent); or if a message is over ``max_message_bytes`` or refused by
                 the producer (the rows before it were queued, and the sink stops). The error names
-                the row's position.
+                the row's position. With ``encoding=avro``: if the Schema Registry refuses a new
+                schema (:mod:`sinks.kafka.avro`).
+            SinkUnavailableError: (``encoding=avro``) if the Schema Registry cannot be reached; nothing
+                of the batch was sent.
         """
         self._check_usable()
         if self._tx is not None and not batch.start.snapshot and len(batch):
@@ -352,6 +355,9 @@ class KafkaSink(Sink):
 
     def commit_event(self, event: CommitEvent) -> None:
         """Publish the commit's audit event to the commit topic, if one is configured.
+
+        With ``transactions=true``, first the commit's ``BEGIN`` (if no row sent it) and ``END`` events
+        (:mod:`sinks.kafka.transactions`).
 
         The value is exactly the audit event's dict form
         (:meth:`AuditEvent.to_json <state.audit.AuditEvent.to_json>`, format
