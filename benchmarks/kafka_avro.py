@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from kafka import KafkaAdminClient
@@ -65,6 +66,11 @@ def main() -> None:
             avro_size = len(avro.encode(batches[0]).values[0] or b"")
             json_size = len(json_encoder.encode(batches[0]).values[0] or b"")
             print(f"{args.rows} rows, debezium events: Avro value ~{avro_size} B, JSON value ~{json_size} B")
+            for label, encoder in (("Avro", avro), ("JSON", json_encoder)):
+                started = time.perf_counter()
+                for batch in batches:
+                    encoder.encode(batch)
+                print(f"encoding alone, {label}: {(time.perf_counter() - started) / args.rows * 1e6:.1f} us/event")
             uri = f"kafka://{bootstrap}/{{topic}}?format=debezium&key=id"
             avro_uri = uri + f"&encoding=avro&registry={registry.url}"
             runs: dict[str, list[float]] = {}
