@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from schema_registry import SchemaRegistry
 
 from sinks.kafka.options import KafkaOptions
+from sinks.kafka.registry import RegistryClient
 from sinks.kafka.sink import KafkaSink
 from state.cursor import Position
 from state.errors import ConfigError, SinkError, SinkUnavailableError
@@ -557,3 +558,30 @@ def test_transaction_events_are_avro_too(kafka_broker: Any, registry: SchemaRegi
     ]
     value_schema = json.loads(registry.schemas[registry.subjects[f"{tx_topic}-value"][0] - 1])
     assert (value_schema["namespace"], value_schema["name"]) == ("deltatail", "TransactionMetadataValue")
+
+
+def test_column_names_are_made_avro_safe_and_a_clash_or_a_misfit_is_refused(
+    kafka_broker: Any, registry: SchemaRegistry
+) -> None:
+    topic = kafka_broker.new_topic(1)
+    sink = KafkaSink(kafka_broker.uri(topic, format="flat", key="id", encoding="avro", registry=registry.url))
+    sink.open(TABLE)
+    sink.write(batch(1, [1], **{"unit price": pa.array([2.5]), "3d": pa.array(["x"])}))
+    with pytest.raises(SinkError, match=r"the columns 'a-b' and 'a_b' both become the Avro field name 'a_b'"):
+        sink.write(batch(2, [2], **{"a-b": pa.array([1]), "a_b": pa.array([2])}))
+    # NaN of a NOT NULL double is null in Connect JSON, which its Avro field cannot hold
+    registry.config[f"{topic}-value"] = "NONE"
+    with pytest.raises(SinkError, match=r"a row of the batch at 3:0 does not fit its Avro schema") as caught:
+        sink.write(batch(3, [3], ("x",), x=pa.array([float("nan")])))
+    assert caught.value.version == 3
+    sink.flush()
+    sink.close()
+    (row,) = [v for _, v, _ in AvroReader(registry.url).records(kafka_broker, topic)]
+    assert (row["unit_price"], row["_3d"], row["__op"]) == (2.5, "x", "c")
+
+
+def test_a_registry_url_with_credentials_is_refused_by_the_client() -> None:
+    with pytest.raises(SinkError, match="must not carry credentials"):
+        RegistryClient("http://user:pw@127.0.0.1:1")
+    with pytest.raises(SinkError, match="must be an http"):
+        RegistryClient("ftp://127.0.0.1:1")
