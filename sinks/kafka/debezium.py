@@ -25,7 +25,8 @@ Formats (``format=`` of the Kafka sink; :class:`sinks.kafka.encoding.ChangeEncod
     for an initial snapshot or when the tailer did not say, see :meth:`tailer.follow.sink.Sink.commit_started`)
     and ``index`` (the row's index in its commit, or in the snapshot): ``(commit_version, snapshot,
     index)`` is the row's position. The top-level ``ts_ms`` is when the event was encoded
-    (``ts_us``, ``ts_ns``: the same instant in finer units). There is no ``transaction`` block.
+    (``ts_us``, ``ts_ns``: the same instant in finer units). With ``transactions=true`` a
+    ``transaction`` block follows ``source`` (:mod:`sinks.kafka.transactions`).
 
     ``op`` and the pairing of updates are as before (:mod:`sinks.kafka.encoding`): with key columns the
     pre- and post-image of one key in one batch are one ``u`` event; otherwise a pre-image is a
@@ -71,6 +72,7 @@ from sinks.json_text import DELETE, INSERT, POSTIMAGE, PREIMAGE, UPDATE, Encoded
 from sinks.json_text import text_scalar as _scalar
 from sinks.kafka.connect_schema import ValueModes, schema_name, struct_schema
 from sinks.kafka.event_columns import mode_text
+from sinks.kafka.transactions import BLOCK_SCHEMA, block_parts
 from state.errors import ConfigError, SinkError
 from state.feed import CHANGE_COLUMNS, ChangeBatch, FollowStatus, TableInfo
 
@@ -103,6 +105,8 @@ class EventOptions:
         source_table: ``source.table``; default the table's name.
         positions: rows carry their position, written as ``source.index``; ``False`` where they
             do not (the Spark writer: a micro-batch's rows come without one), and ``index`` is ``null``.
+        transactions: every event carries a ``transaction`` block, and is one change row
+            (:mod:`sinks.kafka.transactions`).
     """
 
     schemas: bool = False
@@ -112,6 +116,7 @@ class EventOptions:
     source_schema: str | None = None
     source_table: str | None = None
     positions: bool = True
+    transactions: bool = False
 
     def table_name(self, table: TableInfo) -> str:
         """``source.table``: the option, else the table's name, else its id."""
@@ -267,7 +272,7 @@ class EventEncoder:
         kinds = set(change_types)
         created = "r" if batch.start.snapshot else "c"
         n = len(batch)
-        if not self.key_columns or not kinds & {PREIMAGE, POSTIMAGE}:
+        if not self.key_columns or self.options.transactions or not kinds & {PREIMAGE, POSTIMAGE}:
             if kinds <= {INSERT, POSTIMAGE}:
                 return _Events(list(range(n)), change_types, created, False, None, None)
             if kinds <= {DELETE, PREIMAGE}:
@@ -364,6 +369,7 @@ class EventEncoder:
         ts_ms = self._clock_ms()
         index = _index_text(batch, events) if self.options.positions else "null"
         op: Any = f'"{events.op}"' if isinstance(events.op, str) else Wrapped('"', events.op, '"')
+        tx = self.options.transactions and not batch.start.snapshot
         return [
             '{"before":',
             before,
@@ -371,7 +377,9 @@ class EventEncoder:
             after,
             ',"source":' + self._source_prefix(batch, operation),
             index,
-            '},"op":',
+            "}",
+            *(block_parts(self.table.table_id, batch.start.version, batch.start.index, events.rows) if tx else []),
+            ',"op":',
             op,
             f',"ts_ms":{ts_ms},"ts_us":{ts_ms * 1000},"ts_ns":{ts_ms * 1_000_000}}}',
         ]
@@ -427,6 +435,15 @@ class EventEncoder:
             self._schemas[cache_key] = found
         return found
 
+    def connect_schemas(self, schema: pa.Schema) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The Connect value and key schemas of rows of Arrow ``schema`` (the ``avro`` encoding's source).
+
+        Raises:
+            SinkError: if a column has no Connect schema.
+        """
+        data = [f for f in schema if f.name not in CHANGE_COLUMNS]
+        return self._value_schema(data), self._key_schema(schema)
+
     def _value_schema(self, data: list[pa.Field]) -> dict[str, Any]:
         modes, prefix = self.options.modes, self._prefix
         if self.format == "flat":
@@ -445,6 +462,7 @@ class EventEncoder:
                 struct_schema(data, modes, name=f"{prefix}.Value", optional=True, field="before"),
                 struct_schema(data, modes, name=f"{prefix}.Value", optional=True, field="after"),
                 SOURCE_SCHEMA,
+                *([BLOCK_SCHEMA] if self.options.transactions else []),
                 {"type": "string", "optional": False, "field": "op"},
                 {"type": "int64", "optional": True, "field": "ts_ms"},
                 {"type": "int64", "optional": True, "field": "ts_us"},

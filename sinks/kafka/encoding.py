@@ -62,7 +62,8 @@ Format = Literal["json", "debezium", "flat"]
 FORMATS: tuple[Format, ...] = ("json", "debezium", "flat")
 
 
-def _wall_clock_ms() -> int:
+def wall_clock_ms() -> int:
+    """Now, in epoch milliseconds (Debezium's ``ts_ms`` by default)."""
     return time.time_ns() // 1_000_000
 
 
@@ -93,7 +94,7 @@ class ChangeEncoder:
         format: str = "json",
         key_columns: Sequence[str] = (),
         tombstones: bool = False,
-        clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock_ms: Callable[[], int] = wall_clock_ms,
         events: EventOptions | None = None,
     ) -> None:
         if format not in FORMATS:

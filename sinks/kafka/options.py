@@ -14,8 +14,10 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 
+from sinks.kafka.avro_options import AVRO_OPTIONS, AvroOptions, avro_options
 from sinks.kafka.connect_schema import ValueModes
 from sinks.kafka.debezium import HEARTBEAT_TOPIC, EventOptions
+from sinks.kafka.transactions import TRANSACTION_OPTIONS, TRANSACTION_TOPIC, transaction_options
 from state.errors import ConfigError
 from state.feed import TableInfo
 from tailer.parse import parse_bool
@@ -89,6 +91,9 @@ class KafkaOptions:
     heartbeat_interval: float | None = None
     heartbeat_topic: str = HEARTBEAT_TOPIC
     schema_changes: bool = False
+    avro: AvroOptions | None = None
+    transactions: bool = False
+    transaction_topic: str = TRANSACTION_TOPIC
 
     @staticmethod
     def from_uri(uri: str, env: Mapping[str, str] | None = None) -> KafkaOptions:
@@ -113,7 +118,7 @@ class KafkaOptions:
         for name in SECURITY_OPTIONS:
             if name not in raw and env.get(f"KAFKA_{name.upper()}"):
                 raw[name] = env[f"KAFKA_{name.upper()}"]
-        return _build_options(bootstrap, topic, raw, uri)
+        return replace(_build_options(bootstrap, topic, raw, uri), avro=avro_options(raw, uri, env))
 
     def producer_config(self) -> dict[str, Any]:
         """The settings handed to ``KafkaProducer`` (idempotence and ``acks`` set explicitly)."""
@@ -199,7 +204,8 @@ def _query(query: str, uri: str) -> dict[str, str]:
     known = {
         "format", "key", "tombstones", "exactly_once", "commit_topic", "sink_id", "compression", "backend",
         "schema_changes",
-        *_INT_OPTIONS, *SECURITY_OPTIONS, *_EVENT_OPTIONS,
+        *_INT_OPTIONS, *SECURITY_OPTIONS, *_EVENT_OPTIONS, *AVRO_OPTIONS,
+        *TRANSACTION_OPTIONS,
     }  # fmt: skip
     raw: dict[str, str] = {}
     for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
@@ -247,6 +253,7 @@ def _build_options(bootstrap: tuple[str, ...], topic: str, raw: dict[str, str], 
         compression=_compression(raw.get("compression", "none"), raw.get("backend", "kafka-python"), uri),
         security=_security(raw, uri),
         **_event_options(raw, uri, fmt),
+        **transaction_options(raw, uri, fmt),
         **ints,
     )
     if opts.tombstones and not opts.key_columns:
@@ -264,6 +271,8 @@ _EVENT_OPTIONS = (
 def _event_options(raw: dict[str, str], uri: str, fmt: str) -> dict[str, Any]:
     """The :class:`KafkaOptions` fields of the event options in ``raw``."""
     given = [k for k in _EVENT_OPTIONS[:7] if k in raw and k != "server_name"]
+    if raw.get("encoding") == "avro":  # the json format's values follow the modes in Avro
+        given = [k for k in given if k not in ("time_mode", "decimal_mode")]
     if given and fmt == "json":
         raise ConfigError(f"kafka URI {uri!r}: {', '.join(given)} apply to format=debezium or format=flat only")
     defaults = EventOptions()
@@ -278,6 +287,7 @@ def _event_options(raw: dict[str, str], uri: str, fmt: str) -> dict[str, Any]:
         source_db=_name("source_db", raw.get("source_db", defaults.source_db), uri),
         source_schema=_name("source_schema", raw["source_schema"], uri) if "source_schema" in raw else None,
         source_table=_name("source_table", raw["source_table"], uri) if "source_table" in raw else None,
+        transactions=_bool("transactions", raw.get("transactions", "false"), uri),
     )
     interval = None
     if "heartbeat_interval" in raw:

@@ -16,12 +16,16 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
 from sinks.kafka.options import KafkaOptions
+from state.cursor import Position
 from state.errors import SinkUnavailableError
 
 # A stamp orders a sink's messages: (version, snapshot_rank, index, 0 for an event / 1 for its tombstone).
 Stamp = tuple[int, int, int, int]
-#: The stamp of a commit event of ``version`` is ``(version, COMMIT_RANK, -1, 0)``.
+#: The stamp of a commit event of ``version`` is ``(version, COMMIT_RANK, -1, 0)``; 1, 2, 3 for its schema-change
+#: event and its transaction BEGIN and END.
 COMMIT_RANK = 2
+#: The stamp of a heartbeat is ``(delivered version, HEARTBEAT_RANK, -1, 0)``.
+HEARTBEAT_RANK = 3
 #: Headers of one message: (name, UTF-8 value) pairs.
 Headers = list[tuple[str, bytes]]
 #: Pending futures are pruned of acknowledged ones whenever this many accumulate.
@@ -478,3 +482,32 @@ class _Reports:
             self._failed(self._find(message.key(), message.value()), error)
         if self._counts is not None:
             self._counts.report()
+
+
+def held_rows(count: int, message_rows: list[int], sent_rows: list[int]) -> int:
+    """Rows of a batch of ``count`` rows none of whose messages were sent.
+
+    A row without a message of its own goes with the next row that has one (the later image of a
+    paired update carries both); rows after the last message go with it.
+    """
+    sent = set(sent_rows)
+    held, previous = 0, -1
+    for row in sorted(set(message_rows)):
+        if row not in sent:
+            held += row - previous
+        previous = row
+    if previous not in sent:
+        held += count - 1 - previous
+    return held
+
+
+def describe_stamp(stamp: Stamp) -> str:
+    """What a stamped message is, for an error: a row, a tombstone, or an event (commit, schema, transaction...)."""
+    version, rank, index, sub = stamp
+    if rank == COMMIT_RANK:
+        kind = ("commit", "schema-change", "transaction BEGIN", "transaction END")[sub]
+        return f"the {kind} event of version {version}"
+    if rank == HEARTBEAT_RANK:
+        return f"the heartbeat at version {version}"
+    what = "tombstone" if sub else "row"
+    return f"{what} at position {Position(version, rank, index)}"

@@ -1,12 +1,11 @@
 """A sink that publishes change rows to a Kafka topic: ``kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?OPTION=VALUE&...]``.
 
-The options, the delivery rules, the partition choice, the headers, exactly-once resume and
-heartbeats are documented in ``docs/kafka.md``; the ``debezium`` and ``flat`` formats in
-``docs/debezium.md``. In short: the producer is idempotent with ``acks=all``; :meth:`KafkaSink.flush`
-raises :class:`~state.errors.SinkError` naming the first position Kafka did not acknowledge, and the
-first failure stops the sink. Every message goes to the partition of its key (murmur2, as Java
-clients do). With ``exactly_once``, ``open`` reads every partition's tail
-(:mod:`sinks.kafka.tails`) and ``write`` skips each message not after what its partition holds.
+Options, delivery rules, partitions, headers, exactly-once resume and heartbeats: ``docs/kafka.md``;
+the ``debezium`` and ``flat`` formats: ``docs/debezium.md``. The producer is idempotent with ``acks=all``;
+:meth:`KafkaSink.flush` raises :class:`~state.errors.SinkError` naming the first position Kafka did not
+acknowledge, and the first failure stops the sink. Every message goes to its key's partition (murmur2, as
+Java clients do). With ``exactly_once``, ``open`` reads every partition's tail (:mod:`sinks.kafka.tails`)
+and ``write`` skips each message not after what its partition holds.
 """
 
 from __future__ import annotations
@@ -18,12 +17,14 @@ from collections.abc import Callable, Mapping
 import orjson
 
 from sinks.json_text import CHANGE_TYPES, UPDATE, EncodedBatch
+from sinks.kafka.avro import AvroEncoder, avro_encoder
 from sinks.kafka.debezium import check_ordering, heartbeat_message
 from sinks.kafka.encoding import ChangeEncoder
 from sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
 from sinks.kafka.partitioner import choose_partition, choose_partitions
 from sinks.kafka.producers import (
     COMMIT_RANK,
+    HEARTBEAT_RANK,
     ConfluentProducer,
     Headers,
     Outgoing,
@@ -31,10 +32,13 @@ from sinks.kafka.producers import (
     PythonProducer,
     SendRefused,
     Stamp,
+    describe_stamp,
+    held_rows,
 )
 from sinks.kafka.schema_changes import schema_change_message
 from sinks.kafka.shared import ProducerPool
 from sinks.kafka.tails import Tail, TailCheck, TailReader, header_map
+from sinks.kafka.transactions import TransactionLog, boundary_message, boundary_schemas, commit_ms, data_collection
 from state.audit import AuditEvent
 from state.cursor import Position
 from state.errors import ConfigError, SinkError, SinkUnavailableError
@@ -45,8 +49,6 @@ from tailer.collector import collector_paused
 from tailer.follow.sink import Sink
 
 _BEFORE_ALL: Stamp = (-1, 0, 0, 0)
-#: The stamp of a heartbeat is ``(delivered version, HEARTBEAT_RANK, -1, 0)``.
-HEARTBEAT_RANK = 3
 #: The ``dt.change_type`` header of each change type the encoder emits.
 _CHANGE_TYPE_HEADERS: dict[str, tuple[str, bytes]] = {
     t: ("dt.change_type", t.encode()) for t in (*CHANGE_TYPES, UPDATE)
@@ -133,11 +135,15 @@ class KafkaSink(Sink):
         self.table = table
         self.topic = fill_topic(opts.topic, table)
         self.commit_topic = fill_topic(opts.commit_topic, table) if opts.commit_topic else None
-        self.heartbeat_topic = self._heartbeat_topic(table)
-        self.schema_topic = self._schema_topic(table)
+        self.heartbeat_topic = self.schema_topic = self.transaction_topic = None
+        beats, schemas, tx = opts.heartbeat_interval is not None, opts.schema_changes, opts.transactions
+        self.heartbeat_topic = self._own_topic(table, opts.heartbeat_topic if beats else None, "heartbeat_topic")
+        self.schema_topic = self._own_topic(table, opts.events.server_name if schemas else None, "schema change topic")
+        self.transaction_topic = self._own_topic(table, opts.transaction_topic if tx else None, "transaction_topic")
         self.sink_id = opts.sink_id or default_sink_id(table.table_id, self.topic)
+        self._tx = TransactionLog(table.table_id, self.sink_id) if opts.transactions else None
         clock = {} if self._clock_ms is None else {"clock_ms": self._clock_ms}
-        self._encoder = ChangeEncoder(
+        self._encoder: ChangeEncoder | AvroEncoder = ChangeEncoder(
             table,
             format=opts.format,
             key_columns=opts.key_columns,
@@ -145,6 +151,8 @@ class KafkaSink(Sink):
             events=opts.events,
             **clock,
         )
+        if opts.avro is not None:
+            self._encoder = avro_encoder(table, self.topic, opts, opts.avro, self._clock_ms)
         self._fixed_headers = (("dt.table_id", table.table_id.encode()), ("dt.sink_id", self.sink_id.encode()))
         try:
             producer = self._connect()
@@ -165,6 +173,9 @@ class KafkaSink(Sink):
                 self._partition_count(producer, self.heartbeat_topic) if self.heartbeat_topic else 0
             )
             self._schema_partitions = self._partition_count(producer, self.schema_topic) if self.schema_topic else 0
+            self._tx_partitions = (
+                self._partition_count(producer, self.transaction_topic) if self.transaction_topic else 0
+            )
             if opts.exactly_once:
                 self._read_tails()
         except BaseException as e:
@@ -192,28 +203,20 @@ class KafkaSink(Sink):
         else:
             producer.close(self.options.open_timeout_ms / 1000)
 
-    def _heartbeat_topic(self, table: TableInfo) -> str | None:
-        opts = self.options
-        if opts.heartbeat_interval is None:
-            return None
-        topic = fill_topic(opts.heartbeat_topic, table, opts.events.server_name)
-        if topic in (self.topic, self.commit_topic):
-            raise ConfigError(
-                f"heartbeat_topic {topic} is the topic of changes or commit events; heartbeats need their own",
-                table=table.path,
-            )
-        return topic
+    def _own_topic(self, table: TableInfo, template: str | None, option: str) -> str | None:
+        """The topic of one kind of event (``option`` names it in errors), ``None`` when that kind is off.
 
-    def _schema_topic(self, table: TableInfo) -> str | None:
-        """The schema change topic (``schema_changes=true``): Debezium's, named by ``server_name``."""
-        opts = self.options
-        if not opts.schema_changes:
+        Raises:
+            ConfigError: if it is the topic of changes or of another kind of event: each needs its own.
+        """
+        if template is None:
             return None
-        topic = fill_topic(opts.events.server_name, table)
-        if topic in (self.topic, self.commit_topic, self.heartbeat_topic):
+        topic = fill_topic(template, table, self.options.events.server_name)
+        taken = (self.topic, self.commit_topic, self.heartbeat_topic, self.schema_topic, self.transaction_topic)
+        if topic in taken:
             raise ConfigError(
-                f"the schema change topic {topic} (server_name) is the topic of changes, commit events or "
-                "heartbeats; schema changes need their own",
+                f"{option} {topic} is the topic of changes or commit events, or of other events (heartbeats, "
+                "schema changes, transactions); each needs a topic of its own",
                 table=table.path,
             )
         return topic
@@ -242,6 +245,8 @@ class KafkaSink(Sink):
                 self._tails[partition] = check.check_partition(partition, first, last)
             if self.commit_topic:
                 self._read_commit_tail(reader)
+            if self._tx is not None:
+                self._read_transaction_tail(reader)
         finally:
             reader.close()
         self._sent = {p: t.stamp for p, t in self._tails.items()}
@@ -249,13 +254,27 @@ class KafkaSink(Sink):
 
     def _read_commit_tail(self, reader: TailReader) -> None:
         assert self.commit_topic is not None
-        partition = choose_partition(self.table.table_id.encode(), self._commit_partitions)
-        ends = reader.ends(self.commit_topic, [partition])
-        if partition in ends:
-            headers = header_map(ends[partition][1].headers)
+        headers = self._last_headers(reader, self.commit_topic, self._commit_partitions)
+        if headers is not None:
             ours = headers.get("dt.sink_id") == self.sink_id.encode()
             if ours and headers.get("dt.table_id") == self.table.table_id.encode():
                 self._last_commit_version = int(headers.get("dt.version", b"-1"))
+
+    def _read_transaction_tail(self, reader: TailReader) -> None:
+        assert self._tx is not None and self.transaction_topic is not None
+        for tail in self._tails.values():  # rows of a commit already held count in its END
+            version, rank, index, _ = tail.stamp
+            if rank < COMMIT_RANK and index >= 0:
+                self._tx.seen(version, index + 1)
+        headers = self._last_headers(reader, self.transaction_topic, self._tx_partitions)
+        if headers is not None:
+            self._tx.resume(headers)
+
+    def _last_headers(self, reader: TailReader, topic: str, partitions: int) -> dict[str, bytes] | None:
+        """The headers of the last message in this table's partition of ``topic``; ``None`` if it is empty."""
+        partition = choose_partition(self.table.table_id.encode(), partitions)
+        ends = reader.ends(topic, [partition])
+        return header_map(ends[partition][1].headers) if partition in ends else None
 
     # -- writing ---------------------------------------------------------------
 
@@ -268,9 +287,15 @@ class KafkaSink(Sink):
             SinkError: if the sink is not open or has failed; if a row cannot be encoded (nothing
                 of the batch was sent); or if a message is over ``max_message_bytes`` or refused by
                 the producer (the rows before it were queued, and the sink stops). The error names
-                the row's position.
+                the row's position. With ``encoding=avro``: if the Schema Registry refuses a new
+                schema (:mod:`sinks.kafka.avro`).
+            SinkUnavailableError: (``encoding=avro``) if the Schema Registry cannot be reached; nothing
+                of the batch was sent.
         """
         self._check_usable()
+        if self._tx is not None and not batch.start.snapshot and len(batch):
+            self._transaction_event(batch.start.version, "BEGIN", commit_ms(batch.rows.column("_commit_timestamp")))
+            self._tx.seen(batch.start.version, batch.end.index)
         version, operation = self._operation
         with collector_paused():
             encoded = self._encoder.encode(batch, operation if version == batch.start.version else None)
@@ -345,7 +370,7 @@ class KafkaSink(Sink):
             partitions.append(partition)
             rows.append(row)
         if len(rows) < len(encoded.rows):
-            self._held += _held_rows(len(batch), encoded.rows, rows)
+            self._held += held_rows(len(batch), encoded.rows, rows)
         return Outgoing(self.topic, keys, values, headers, partitions, version, rank, base, rows)
 
     @property
@@ -355,6 +380,9 @@ class KafkaSink(Sink):
 
     def commit_event(self, event: CommitEvent) -> None:
         """Publish the commit's audit event to the commit topic, if one is configured.
+
+        With ``transactions=true``, first the commit's ``BEGIN`` (if no row sent it) and ``END`` events
+        (:mod:`sinks.kafka.transactions`).
 
         The value is exactly the audit event's dict form
         (:meth:`AuditEvent.to_json <state.audit.AuditEvent.to_json>`, format
@@ -370,6 +398,9 @@ class KafkaSink(Sink):
                 or it cannot be sent.
         """
         self._check_usable()
+        if self._tx is not None:
+            self._transaction_event(event.version, "BEGIN", event.timestamp_ms)
+            self._transaction_event(event.version, "END", event.timestamp_ms)
         if self.commit_topic is None and self.schema_topic is None:
             return
         if event.audit is None:
@@ -391,20 +422,15 @@ class KafkaSink(Sink):
         headers = [*self._fixed_headers, ("dt.version", b"%d" % event.version), ("dt.change_type", b"commit")]
         partition = None if self._by_producer else choose_partition(key, self._commit_partitions)
         stamp = (event.version, COMMIT_RANK, -1, 0)
-        producer = self._producer_for_sending()
-        try:
-            producer.send(self.commit_topic, key, value, headers, partition, stamp)
-        except SendRefused as e:
-            raise self._refused(e, self.commit_topic, key, value, stamp) from e
+        self._send(self.commit_topic, key, value, headers, partition, stamp)
 
     def _send_schema_change(
         self, topic: str, event: CommitEvent, schema: StructType, diff: SchemaDiff, *, created: bool
     ) -> None:
         """Send the Debezium schema-change event of ``event``'s version (:mod:`sinks.kafka.schema_changes`).
 
-        At least once: a restart may send it again (consumers tell repeats by ``source.table_id`` and
-        ``source.commit_version``); the topic is shared by every table of the server, so its tail says
-        nothing about one table.
+        At least once (repeats told by ``source.table_id`` and ``source.commit_version``): the topic is
+        shared by every table of the server, so its tail says nothing about one table.
         """
         key, value = schema_change_message(
             self.table,
@@ -419,11 +445,28 @@ class KafkaSink(Sink):
         headers = [*self._fixed_headers, ("dt.version", b"%d" % event.version), ("dt.change_type", b"schema_change")]
         partition = None if self._by_producer else choose_partition(key, self._schema_partitions)
         stamp = (event.version, COMMIT_RANK, -1, 1)
-        producer = self._producer_for_sending()
-        try:
-            producer.send(topic, key, value, headers, partition, stamp)
-        except SendRefused as e:
-            raise self._refused(e, topic, key, value, stamp) from e
+        self._send(topic, key, value, headers, partition, stamp)
+
+    def _transaction_event(self, version: int, status: str, ts_ms: int | None) -> None:
+        """Send the ``BEGIN`` or ``END`` of commit ``version`` unless it was sent (:mod:`sinks.kafka.transactions`)."""
+        tx, topic = self._tx, self.transaction_topic
+        assert tx is not None and topic is not None
+        if (tx.begun if status == "BEGIN" else tx.ended) >= version:
+            return
+        events = self.options.events
+        collection = data_collection(events.source_db, events.source_schema, events.table_name(self.table))
+        count = None if status == "BEGIN" else tx.rows.get(version, 0)
+        key, value = boundary_message(status, self.table.table_id, version, ts_ms, collection, count)
+        if isinstance(self._encoder, AvroEncoder):
+            key, value = self._encoder.encode_other(topic, boundary_schemas(events.server_name), key, value)
+        headers = [*self._fixed_headers, ("dt.version", b"%d" % version), ("dt.change_type", status.encode())]
+        stamp = (version, COMMIT_RANK, -1, 2 if status == "BEGIN" else 3)
+        partition = choose_partition(self.table.table_id.encode(), self._tx_partitions)
+        if status == "BEGIN":
+            tx.begun = version
+        else:
+            tx.ended = version
+        self._send(topic, key, value, headers, partition, stamp)
 
     def commit_started(self, version: int, operation: str | None) -> None:
         """Remember the Delta operation of ``version`` for the ``source.operation`` of its rows (``debezium``)."""
@@ -454,11 +497,7 @@ class KafkaSink(Sink):
         ]
         partition = None if self._by_producer else choose_partition(key, self._heartbeat_partitions)
         stamp = (status.delivered_version, HEARTBEAT_RANK, -1, 0)
-        producer = self._producer_for_sending()
-        try:
-            producer.send(self.heartbeat_topic, key, value, headers, partition, stamp)
-        except SendRefused as e:
-            raise self._refused(e, self.heartbeat_topic, key, value, stamp) from e
+        self._send(self.heartbeat_topic, key, value, headers, partition, stamp)
 
     def _commit_value(self, audit: AuditEvent) -> bytes:
         body = audit.to_json()
@@ -468,6 +507,15 @@ class KafkaSink(Sink):
             return orjson.dumps(body)
         except TypeError as e:
             raise SinkError(f"commit event is not JSON-serialisable: {e}", table=self.table.path) from e
+
+    def _send(
+        self, topic: str, key: bytes, value: bytes | None, headers: Headers, partition: int | None, stamp: Stamp
+    ) -> None:
+        """Send one message (a commit, schema-change, transaction or heartbeat event); a refusal is a SinkError."""
+        try:
+            self._producer_for_sending().send(topic, key, value, headers, partition, stamp)
+        except SendRefused as e:
+            raise self._refused(e, topic, key, value, stamp) from e
 
     def _send_many(self, out: Outgoing) -> None:
         producer = self._producer_for_sending()
@@ -481,16 +529,18 @@ class KafkaSink(Sink):
         if e.too_large:
             size = len(key) + len(value or b"")
             message = (
-                f"the message for {_describe(stamp)} is too large ({size} bytes of key and value, "
+                f"the message for {describe_stamp(stamp)} is too large ({size} bytes of key and value, "
                 f"max_message_bytes={self.options.max_message_bytes}): {e.detail}"
             )
         else:
-            message = f"cannot send the message for {_describe(stamp)} to {topic}: {e.detail}"
+            message = f"cannot send the message for {describe_stamp(stamp)} to {topic}: {e.detail}"
         return self._fail(message, stamp)
 
     def _on_error(self, stamp: Stamp, detail: str) -> None:
         """Called by the producer for each unacknowledged message; the first one stops the sink."""
-        self._fail(f"Kafka did not acknowledge the message for {_describe(stamp)}: {detail}", stamp, unavailable=True)
+        self._fail(
+            f"Kafka did not acknowledge the message for {describe_stamp(stamp)}: {detail}", stamp, unavailable=True
+        )
 
     def _fail(self, message: str, stamp: Stamp, *, unavailable: bool = False) -> SinkError:
         with self._lock:
@@ -543,33 +593,6 @@ class KafkaSink(Sink):
         undelivered = producer.wait((opts.delivery_timeout_ms + opts.request_timeout_ms) / 1000)
         if undelivered is not None:
             stamp, why = undelivered
-            message = f"Kafka did not acknowledge the message for {_describe(stamp)}: {why}"
+            message = f"Kafka did not acknowledge the message for {describe_stamp(stamp)}: {why}"
             self._fail(message, stamp, unavailable=True)  # stops the sink unless an earlier failure already did
             raise SinkUnavailableError(message, table=self.table.path, version=stamp[0])  # first in send order
-
-
-def _held_rows(count: int, message_rows: list[int], sent_rows: list[int]) -> int:
-    """Rows of a batch of ``count`` rows none of whose messages were sent.
-
-    A row without a message of its own goes with the next row that has one (the later image of a
-    paired update carries both); rows after the last message go with it.
-    """
-    sent = set(sent_rows)
-    held, previous = 0, -1
-    for row in sorted(set(message_rows)):
-        if row not in sent:
-            held += row - previous
-        previous = row
-    if previous not in sent:
-        held += count - 1 - previous
-    return held
-
-
-def _describe(stamp: Stamp) -> str:
-    version, rank, index, sub = stamp
-    if rank == COMMIT_RANK:
-        return f"the {'schema-change' if sub else 'commit'} event of version {version}"
-    if rank == HEARTBEAT_RANK:
-        return f"the heartbeat at version {version}"
-    what = "tombstone" if sub else "row"
-    return f"{what} at position {Position(version, rank, index)}"

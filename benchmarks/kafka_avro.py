@@ -1,0 +1,107 @@
+"""Avro-encoded Debezium events through KafkaSink versus a bare producer sending the same bytes, and versus JSON.
+
+The same change rows (``benchmarks.kafka_sink``'s orders: id, customer, decimal amount, timestamp)
+go to a local tansu broker as ``format=debezium&key=id`` events four ways, each the best of three
+interleaved runs:
+
+- KafkaSink with ``encoding=avro`` (its schemas registered with the tests' stand-in Schema
+  Registry, ``tests/sinks/schema_registry.py``, on 127.0.0.1: one request per schema, none per message);
+- a bare kafka-python producer sending the very bytes the Avro sink sends (keys, values, the five
+  headers), pre-encoded: the target is the sink at >= 80% of it;
+- KafkaSink with the JSON encoding of the same events, and a bare producer of those JSON bytes.
+
+Run::
+
+    .venv/bin/python -m benchmarks.kafka_avro [--rows N] [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from kafka import KafkaAdminClient
+
+from benchmarks.kafka_sink import (
+    TABLE,
+    bare_producer,
+    make_batches,
+    new_topic,
+    tansu_broker,
+    through_sink,
+)
+from sinks.kafka.avro import AvroEncoder
+from sinks.kafka.debezium import EventOptions
+from sinks.kafka.encoding import ChangeEncoder
+from sinks.kafka.registry import RegistryClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sinks"))
+from schema_registry import SchemaRegistry
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    batches = make_batches(args.rows)
+    registry = SchemaRegistry()
+    registry.start()
+    try:
+        with tansu_broker() as bootstrap:
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+            avro = AvroEncoder(
+                TABLE,
+                topic="bench-avro",
+                registry=RegistryClient(registry.url),
+                format="debezium",
+                key_columns=["id"],
+                tombstones=False,
+                events=EventOptions(),
+                clock_ms=lambda: 1_700_000_000_000,
+            )
+            json_encoder = ChangeEncoder(TABLE, format="debezium", key_columns=["id"])
+            avro_size = len(avro.encode(batches[0]).values[0] or b"")
+            json_size = len(json_encoder.encode(batches[0]).values[0] or b"")
+            print(f"{args.rows} rows, debezium events: Avro value ~{avro_size} B, JSON value ~{json_size} B")
+            for label, encoder in (("Avro", avro), ("JSON", json_encoder)):
+                started = time.perf_counter()
+                for batch in batches:
+                    encoder.encode(batch)
+                print(f"encoding alone, {label}: {(time.perf_counter() - started) / args.rows * 1e6:.1f} us/event")
+            uri = f"kafka://{bootstrap}/{{topic}}?format=debezium&key=id"
+            avro_uri = uri + f"&encoding=avro&registry={registry.url}"
+            runs: dict[str, list[float]] = {}
+            for _ in range(args.runs):
+                figures = {
+                    "KafkaSink, Avro (encodes too)": through_sink(avro_uri.format(topic=new_topic(admin)), batches),
+                    "bare kafka-python, the same Avro bytes + 5 headers": bare_producer(
+                        bootstrap,
+                        new_topic(admin),
+                        batches,
+                        headers=True,
+                        encoder=avro,  # type: ignore[arg-type]
+                    ),
+                    "KafkaSink, JSON (encodes too)": through_sink(uri.format(topic=new_topic(admin)), batches),
+                    "bare kafka-python, the same JSON bytes + 5 headers": bare_producer(
+                        bootstrap, new_topic(admin), batches, headers=True, encoder=json_encoder
+                    ),
+                }
+                for label, rate in figures.items():
+                    runs.setdefault(label, []).append(rate)
+            admin.close()
+    finally:
+        registry.stop()
+    best = {label: max(rates) for label, rates in runs.items()}
+    for label, rate in best.items():
+        print(f"{label:<56}{rate:>10,.0f} msg/s (runs: {', '.join(f'{r:,.0f}' for r in runs[label])})")
+    avro_ratio = best["KafkaSink, Avro (encodes too)"] / best["bare kafka-python, the same Avro bytes + 5 headers"]
+    json_vs = best["KafkaSink, Avro (encodes too)"] / best["KafkaSink, JSON (encodes too)"]
+    print(f"Avro sink / bare producer of its bytes: {avro_ratio:.0%} (target >= 80%)")
+    print(f"Avro sink / JSON sink, same events: {json_vs:.0%}")
+
+
+if __name__ == "__main__":
+    main()
