@@ -12,6 +12,7 @@ storage once and detects the format) and then ask ``table.format`` for what they
 - :meth:`TableFormat.follow`: a :class:`FollowedTable` for ``run`` and ``serve``: its state id
   (:attr:`FollowedTable.table_id`), the directory to watch, the check before it starts, and its
   tailer (a :class:`~tailer.follow.loop.FollowLoop`);
+- :meth:`TableFormat.claims`: ``serve``'s discovery (a local directory holding one of its tables);
 - :meth:`TableFormat.refused`: the settings it does not support (the front end raises a
   ``ConfigError`` in its own words: ``--net-changes``, ``net_changes``, ``netChanges``);
 - :meth:`TableFormat.audit_feed`: ``deltatail audit``'s events, or a ``ConfigError`` for a format
@@ -157,6 +158,14 @@ class TableFormat(Protocol):
 
         Raises:
             StorageError: if the store cannot be reached (a transient error: the caller looks again later).
+        """
+        ...
+
+    def claims(self, directory: str) -> bool:
+        """Whether the local ``directory`` holds a table of this format (``serve``'s discovery: a look, no store).
+
+        Unlike :meth:`detect`, the fallback format answers for itself here: a directory no format
+        claims is not a table.
         """
         ...
 

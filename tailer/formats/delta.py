@@ -9,6 +9,7 @@ whose reader then names what is missing (no ``_delta_log``, no commit).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +91,10 @@ class DeltaFormat:
     def detect(self, storage: Storage, uri: str) -> bool:
         """Always: the fallback format (its reader names what is missing)."""
         return True
+
+    def claims(self, directory: str) -> bool:
+        """Whether ``directory`` has a ``_delta_log`` subdirectory."""
+        return os.path.isdir(os.path.join(directory, "_delta_log"))
 
     def refused(self, asked: Sequence[str]) -> tuple[str, ...]:
         """Nothing: every setting applies to Delta tables."""

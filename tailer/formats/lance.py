@@ -22,7 +22,7 @@ from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
 from tailer.formats.base import KEY, MAX_BYTES, NET_CHANGES, ChangeRequest, ChangeRun
-from tailer.lance.dataset import LanceDataset, looks_like_lance
+from tailer.lance.dataset import LanceDataset, is_lance_dataset, looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_state_id, lance_table_id
 from tailer.read.feed import ChangeOptions
@@ -159,6 +159,10 @@ class LanceFormat:
     def detect(self, storage: Storage, uri: str) -> bool:
         """:func:`~tailer.lance.dataset.looks_like_lance` (one listing of ``_versions/``)."""
         return looks_like_lance(uri, storage)
+
+    def claims(self, directory: str) -> bool:
+        """:func:`~tailer.lance.dataset.is_lance_dataset` (a manifest in ``_versions/``, and no ``_delta_log``)."""
+        return is_lance_dataset(directory)
 
     def refused(self, asked: Sequence[str]) -> tuple[str, ...]:
         """Net changes, their key and a byte limit per micro-batch (:data:`REFUSED`)."""

@@ -67,6 +67,14 @@ def detect(uri: str, storage: Storage) -> TableFormat:
     return DELTA
 
 
+def claimed(directory: str) -> TableFormat | None:
+    """The first format of :data:`FORMATS` that claims the local ``directory`` as its table, if any (discovery)."""
+    for f in FORMATS:
+        if f.claims(directory):
+            return f
+    return None
+
+
 def open_table(
     uri: str,
     storage_options: Mapping[str, str] | None = None,
