@@ -17,6 +17,7 @@ from state.errors import ConfigError
 from tailer.cli.main import main
 from tailer.formats.registry import FALLBACK, FORMATS, claimed, format_named, format_names, open_table
 from tailer.storage import LocalStorage, Storage
+from tailer.storage.factory import storage_for
 
 
 def delta_table(root: Path) -> Path:
@@ -35,7 +36,7 @@ def lance_dataset(root: Path) -> Path:
 def resolutions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every location whose storage is resolved from now on (the real resolver still answers)."""
     seen: list[str] = []
-    real: Callable[[str, Mapping[str, str] | None], Storage] = tailer.table.storage_for
+    real: Callable[[str, Mapping[str, str] | None], Storage] = storage_for
 
     def counting(location: str, options: Mapping[str, str] | None = None) -> Storage:
         seen.append(location)
