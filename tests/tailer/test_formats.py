@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from deltalake import DeltaTable, write_deltalake
 from lance_datasets import rows
 
 import tailer.table
-from state.errors import ConfigError
+from state.errors import ConfigError, StorageError
 from tailer.cli.main import main
 from tailer.formats.registry import FALLBACK, FORMATS, claimed, format_named, format_names, open_table
 from tailer.storage import LocalStorage, Storage
@@ -123,3 +124,22 @@ def test_audit_refuses_a_format_without_audit_events(tmp_path: Path, capsys: pyt
     ds = lance_dataset(tmp_path / "l")
     assert main(["audit", str(ds)]) == 2
     assert "not Lance datasets" in capsys.readouterr().err
+
+
+def test_an_unreachable_store_is_a_transient_error_only_when_the_format_must_be_looked_at() -> None:
+    with socket.socket() as s:  # a port nobody listens on: the connection is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = {
+        "aws_endpoint": f"http://127.0.0.1:{port}",
+        "aws_allow_http": "true",
+        "aws_region": "us-east-1",
+        "aws_access_key_id": "test",
+        "aws_secret_access_key": "test",
+        "max_retries": "0",
+        "retry_timeout": "1s",
+    }
+    with pytest.raises(StorageError) as e:
+        open_table("s3://bucket/t", options)
+    assert e.value.transient and e.value.table == "s3://bucket/t"
+    assert open_table("lance://s3://bucket/t", options).format.name == "lance"  # the prefix tells: no request
