@@ -15,10 +15,12 @@ versions exist, with a recovery hint); a missing deletion or row-id file is a
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -50,7 +52,7 @@ from state.lance.planning import VersionDiff
 from state.lance.row_ids import decode_row_ids
 from state.paths import resolve_logged_path
 from tailer.storage import FileInfo, Storage
-from tailer.storage.factory import storage_for
+from tailer.table import table_storage
 
 VERSIONS_DIR = "_versions"
 #: Where a fragment's data files are, below the root.
@@ -67,6 +69,18 @@ CLEANED_UP_HINT = (
 def join(root: str, *parts: str) -> str:
     """``root/part/...`` for a local path or a URI."""
     return "/".join([root.rstrip("/"), *parts])
+
+
+def is_lance_dataset(directory: str | Path) -> bool:
+    """Whether a local directory holds a Lance dataset (a manifest in ``_versions/``) rather than a ``_delta_log``."""
+    base = Path(directory)
+    if (base / "_delta_log").is_dir():
+        return False
+    try:
+        names = os.listdir(base / VERSIONS_DIR)
+    except OSError:
+        return False
+    return any(parse_manifest_name(n) is not None for n in names)
 
 
 def looks_like_lance(root: str, storage: Storage) -> bool:
@@ -138,7 +152,7 @@ class LanceDataset:
 
     Args:
         root: the dataset's root (a path or URI): the directory that holds ``_versions/``.
-        storage: where it is; by default :func:`~tailer.storage.factory.storage_for` the root.
+        storage: where it is; by default :func:`~tailer.table.table_storage` the root.
         cache: how many decoded manifests to keep.
         external_roots: roots outside the dataset whose files a manifest may name (:mod:`state.paths`).
     """
@@ -148,7 +162,7 @@ class LanceDataset:
     ) -> None:
         self.root = root.rstrip("/") or root
         self.external_roots = external_roots
-        self.storage = storage if storage is not None else storage_for(root)
+        self.storage = storage if storage is not None else table_storage(root)
         self.versions_dir = join(self.root, VERSIONS_DIR)
         self._v2: bool | None = None
         self._lock = threading.Lock()
