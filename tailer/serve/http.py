@@ -8,7 +8,8 @@ delivered, 0 when caught up), ``deltatail_delivered_commit_timestamp_seconds``,
 (label ``change_type``), ``deltatail_commits_total``,
 ``deltatail_checkpoint_age_seconds``, ``deltatail_errors_total`` (label
 ``kind``), ``deltatail_retries_total`` (sink or store unavailable) and
-``deltatail_table_state`` (1 for the table's state, label ``state``); each
+``deltatail_table_state`` (1 for the table's state, label ``state``), and for a table in an
+object store ``deltatail_store_requests_total`` (the requests sent to it); each
 family's help text says exactly what it counts. Process
 wide: the reader processes' ``deltatail_reader_files_total`` and
 ``deltatail_reader_runs_total``, and prometheus-client's process figures
@@ -142,6 +143,11 @@ class TableCollector(Collector):
             "was accepted (on_sink_gap = accept); with the default (fail) the table fails instead",
             labels=["table"],
         )
+        store = CounterMetricFamily(
+            "deltatail_store_requests",
+            "Requests sent to the table's object store by this process (its cost: rate() per minute)",
+            labels=["table"],
+        )
         state = GaugeMetricFamily(
             "deltatail_table_state", "1 for the table's current state, 0 for the others", labels=["table", "state"]
         )
@@ -164,6 +170,8 @@ class TableCollector(Collector):
             retries.add_metric([t], s.retries)
             held.add_metric([t], s.rows_held)
             gaps.add_metric([t], s.sink_gaps)
+            if s.store_requests is not None:
+                store.add_metric([t], s.store_requests)
             for st in TableState:
                 state.add_metric([t, st.value], 1.0 if s.state is st else 0.0)
         yield from (
@@ -179,6 +187,7 @@ class TableCollector(Collector):
             retries,
             held,
             gaps,
+            store,
             state,
         )
         files = CounterMetricFamily(

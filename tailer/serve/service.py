@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -69,6 +70,9 @@ log = logging.getLogger("deltatail")
 
 #: The file :func:`probe_state_root` writes and removes in the state root.
 PROBE_FILE = ".deltatail-probe"
+#: An object-store table's next poll is its idle interval times 1 +- this (uniformly drawn): the polls
+#: of many tables spread over time instead of going out together.
+POLL_JITTER = 0.2
 #: Seconds without a turn of the dispatcher after which the service is reported unhealthy.
 DISPATCHER_STALL_SECONDS = 30.0
 
@@ -426,7 +430,10 @@ class Service:
                 table.due = 0.0  # more to do: its turn again after the others
                 return False
             tailer.rest()
-            table.due = self._clock() + tailer.idle_timeout(self.options.safety_poll_seconds if table.watched else None)
+            wait = tailer.idle_timeout(self.options.safety_poll_seconds if table.watched else None)
+            if table.remote:  # polls of many tables spread over time, never in step: +-POLL_JITTER
+                wait *= 1 + random.uniform(-POLL_JITTER, POLL_JITTER)
+            table.due = self._clock() + wait
             return True
         except Exception as e:
             if is_transient(e):
@@ -434,6 +441,10 @@ class Service:
             else:
                 self._fail(table, e)
             return None
+        finally:
+            counter = getattr(table.storage, "counter", None)
+            if counter is not None:
+                table.stats.store_requests = counter.requests()
 
     def _unavailable(self, table: _Table, error: Exception, now: float) -> None:
         """A transient fault: close the table's tailer and sink, hold its cursor, retry with backoff."""
