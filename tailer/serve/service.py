@@ -59,6 +59,7 @@ from tailer.follow.tailer import Tailer, TailerConfig
 from tailer.follow.transient import describe, fault_of, is_transient
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_state_id
+from tailer.log.notifications import Subscription, hub_for
 from tailer.log.starts import table_id
 from tailer.log.watch_many import DirectoryWatcher
 from tailer.read.feed import ChangeFeed
@@ -135,6 +136,7 @@ class _Table:
     #: while a fault lasts (making one needs file descriptors, certificates...).
     storage: Storage | None = None
     remote: bool = False  # on an object store: a step that found a commit does not show it caught up
+    notified: Subscription | None = None  # notifications of an object-store table's log
     started: float | None = None  # when the step in hand began
     stalled: bool = False  # the step in hand was reported as not answering
 
@@ -482,6 +484,9 @@ class Service:
         tailer.open()
         if config.watch and not feed.storage.remote:
             self._watch(table, tailer, feed.log.log_dir)
+        elif config.notifications and feed.storage.remote:  # hints: the queue's one long poll serves every table
+            hub = hub_for(config.notifications, config.storage_options)
+            table.notified = Subscription(hub, feed.log.log_dir, lambda: self._watcher.notify(table.source.name))
         return tailer
 
     def _watch(self, table: _Table, tailer: Tailer | LanceTailer, directory: str) -> None:
@@ -530,6 +535,9 @@ class Service:
         except Exception as e:
             log.debug("table %s: cannot stop watching: %s", table.source.name, describe(e))
         table.watched = False
+        notified, table.notified = table.notified, None
+        if notified is not None:
+            notified.close()
         if tailer is None:
             return
         try:
