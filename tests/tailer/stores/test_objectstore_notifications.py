@@ -34,8 +34,10 @@ from state.errors import ConfigError
 from tailer.follow.tailer import Tailer, TailerConfig
 from tailer.log.notifications import NotificationHub, SqsNotifications, s3_event_objects
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tailer: serve_child.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py (tests/ is not a package)
 from objectstores import BUCKET, MOTO_KEY_ID, MOTO_REGION, MOTO_SECRET, Cloud, CountingProxy, wait_until
+from serve_child import ServeChild, delivered, expected, wait_for
 
 pytest_plugins = ("objectstore_fixtures",)
 
@@ -289,3 +291,45 @@ def test_one_hub_wakes_only_the_tables_whose_log_an_object_is_in(s3: Cloud) -> N
     assert woken == Counter({"a": 1, "ab": 1})
     assert (hub.received, hub.matched) == (6, 3)
     hub.close()
+
+
+@pytest.mark.slow
+def test_serve_follows_many_tables_from_one_queue(notified: tuple[Cloud, str], tmp_path: Path) -> None:
+    """Three S3 tables in one ``deltatail serve``, notifications in ``[defaults]``, a safety poll of an hour.
+
+    Each table's commits are found, so the one long poll of the queue wakes every table it names; the
+    output of each equals deltalake's ``load_cdf``; idle, the tables send their store no request.
+    """
+    cloud, queue = notified
+    uris = {name: cloud.uri(name) for name in ("a", "b", "c")}
+    for uri in uris.values():
+        write_deltalake(uri, rows([0]), storage_options=cloud.writer_options, configuration=CDF)
+    storage = "".join(f'{k} = "{v}"\n' for k, v in cloud.options.items())
+    tables = "".join(f'[[tables]]\nname = "{n}"\npath = "{u}"\n[tables.storage]\n{storage}' for n, u in uris.items())
+    out = tmp_path / "out"
+    out.mkdir()
+    file = tmp_path / "serve.toml"
+    file.write_text(
+        f'[service]\nstate_root = "{tmp_path / "state"}"\nlisten = "127.0.0.1:0"\n\n'
+        f'[defaults]\nsink = "jsonl:{out}/{{table_name}}.jsonl"\npoll_interval = 0.05\n'
+        f'max_poll_interval = 3600\ncheckpoint_seconds = 0.5\nnotifications = "{queue}"\n\n{tables}'
+    )
+    child = ServeChild(file, tmp_path / "serve.log")
+
+    def all_delivered() -> bool:
+        return all(delivered(out / f"{n}.jsonl") == expected(u, cloud.writer_options) for n, u in uris.items())
+
+    try:
+        child.start()
+        wait_for(all_delivered, "version 0 of each table", child)
+        for i in (1, 2):
+            for uri in uris.values():
+                write_deltalake(uri, rows([i]), storage_options=cloud.writer_options, mode="append")
+        wait_for(all_delivered, "every table's commits found on their notifications", child)
+        time.sleep(1.0)  # the looks after the last commits are done
+        before = {n: child.metric("deltatail_store_requests_total", table=n) for n in uris}
+        time.sleep(2.0)
+        assert {n: child.metric("deltatail_store_requests_total", table=n) for n in uris} == before  # idle: none
+    finally:
+        code = child.stop()
+    assert code == 0
