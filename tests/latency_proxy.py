@@ -23,8 +23,8 @@ import asyncio
 import contextlib
 import ctypes
 import os
-import signal
 import random
+import signal
 import subprocess
 import sys
 import time

@@ -14,6 +14,7 @@ SQS queue, as S3 does. Proven here:
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sys
@@ -85,6 +86,10 @@ def delivered_up_to(out: Path) -> int:
     return max((int(r["_commit_version"]) for r in output(out)), default=-1)
 
 
+def at_version(out: Path, version: int) -> bool:
+    return delivered_up_to(out) == version
+
+
 def canon(row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, v) for k, v in row.items() if k not in ("_commit_timestamp", "_position")))
 
@@ -117,7 +122,12 @@ def test_s3_event_notifications_are_read_off_the_queue_as_the_objects_created(no
     cloud.put("t/part with space+plus.parquet", b"x")
     source = SqsNotifications(queue, cloud.options)
     got: list[tuple[str, str]] = []
-    wait_until(lambda: bool(got.extend(source.receive(1)) or len(got) >= 2), 30, "two notifications")
+
+    def two() -> bool:
+        got.extend(source.receive(1))
+        return len(got) >= 2
+
+    wait_until(two, 30, "two notifications")
     assert sorted(got) == sorted(
         [
             (BUCKET, cloud.key("t/_delta_log/00000000000000000000.json")),
@@ -155,7 +165,7 @@ def test_a_notified_tailer_finds_commits_by_their_notification_and_sends_nothing
         wait_until(lambda: delivered_up_to(out) == 0, 60, "version 0 delivered")
         for v in (1, 2, 3):
             write_deltalake(uri, rows([10 * v]), storage_options=cloud.writer_options, mode="append")
-            wait_until(lambda v=v: delivered_up_to(out) == v, 60, f"version {v} delivered on its notification")
+            wait_until(functools.partial(at_version, out, v), 60, f"version {v} delivered on its notification")
         time.sleep(0.5)  # the look after the last commit (its listing) is done
         proxy.take()
         time.sleep(2.0)
