@@ -275,9 +275,10 @@ class LogFollower:
     def confirm_not_recreated(self) -> None:
         """Wait for a deferred check of :meth:`discover` (nothing to wait for without one) and raise what it found.
 
+        A store that failed the check's request raises here what :meth:`discover` would have raised.
+
         Raises:
             StateError: if the table was deleted and recreated.
-            StorageError: if the store failed the check's request.
         """
         pending, self._pending_check = self._pending_check, None
         if pending is not None:

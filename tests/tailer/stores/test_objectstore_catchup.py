@@ -17,11 +17,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import obstore as obs
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from state.errors import ConfigError, StorageError
+from state.errors import ConfigError, StateError, StorageError
+from tailer.log.delta_log import DeltaLog
+from tailer.log.follower import LogFollower
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.storage.objectstore import ObjectStoreStorage
 
@@ -29,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tailer: cd
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py, latency_proxy.py
 from cdf_helpers import assert_same_rows, corpus_table
 from latency_proxy import LatencyProxy
-from objectstores import BUCKET, Cloud
+from objectstores import BUCKET, Cloud, raw_store
 
 pytest_plugins = ("objectstore_fixtures",)
 
@@ -135,3 +138,41 @@ def test_read_ahead_settings_are_storage_options_with_bounds() -> None:
     for bad in ({"deltatail_concurrency": "0"}, {"deltatail_read_ahead_bytes": "lots"}):
         with pytest.raises(ConfigError, match="deltatail_"):
             ObjectStoreStorage(bad)
+
+
+def followed_to_1(s3: Cloud, name: str) -> tuple[LogFollower, bytes]:
+    """A table of two commits followed (deferred checks) to version 1; the bytes of commit 1."""
+    uri = s3.uri(name)
+    write_deltalake(uri, pa.table({"id": [1]}), storage_options=s3.writer_options, configuration=CDF)
+    write_deltalake(uri, pa.table({"id": [2]}), storage_options=s3.writer_options, mode="append")
+    log = DeltaLog(uri, ObjectStoreStorage(s3.options))
+    follower = LogFollower(log, log.snapshot(0), gap_check_seconds=3600)
+    follower.defer_checks = True
+    assert follower.discover() == [1]  # by name; commit 0 checked alongside
+    follower.confirm_not_recreated()  # commit 0 as read
+    follower.plan(1)
+    data = bytes(obs.get(raw_store("s3", s3.server.endpoint), s3.key(f"{name}/_delta_log/{1:020d}.json")).bytes())
+    return follower, data
+
+
+@pytest.mark.parametrize("found_by", ["name", "listing"])
+def test_a_rewritten_head_commit_refuses_the_table_checked_alongside_or_from_the_listing(
+    s3: Cloud, found_by: str
+) -> None:
+    """Commit 1 (the head) rewritten, as by a recreated table, and a commit 2 after it.
+
+    Found by name, the HEAD of commit 1 runs alongside and awaiting it refuses the table; found by the
+    listing that follows a found commit, the listing's own entry of commit 1 refuses it at once.
+    """
+    follower, data = followed_to_1(s3, found_by)
+    if found_by == "name":
+        assert follower.discover() == []  # the listing after a found commit: nothing more
+    s3.put(f"{found_by}/_delta_log/{1:020d}.json", data + b"\n")  # another table's commit 1
+    s3.put(f"{found_by}/_delta_log/{2:020d}.json", data)
+    if found_by == "name":
+        assert follower.discover() == [2]  # returned at once: the check is in flight
+        with pytest.raises(StateError, match="commit 1 was rewritten"):
+            follower.confirm_not_recreated()
+    else:
+        with pytest.raises(StateError, match="commit 1 was rewritten"):
+            follower.discover()

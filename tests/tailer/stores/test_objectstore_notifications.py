@@ -31,13 +31,13 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from sinks.embedded import JsonLinesSink
-from state.errors import ConfigError
+from state.errors import ConfigError, StorageError
 from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.log.notifications import NotificationHub, SqsNotifications, s3_event_objects
+from tailer.log.notifications import NotificationHub, SqsNotifications, hub_for, s3_event_objects
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tailer: serve_child.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py (tests/ is not a package)
-from objectstores import BUCKET, MOTO_KEY_ID, MOTO_REGION, MOTO_SECRET, Cloud, CountingProxy, wait_until
+from objectstores import BUCKET, MOTO_KEY_ID, MOTO_REGION, MOTO_SECRET, Cloud, CountingProxy, free_port, wait_until
 from serve_child import ServeChild, delivered, expected, wait_for
 
 pytest_plugins = ("objectstore_fixtures",)
@@ -139,6 +139,18 @@ def test_s3_event_notifications_are_read_off_the_queue_as_the_objects_created(no
     assert list(s3_event_objects("not json")) == []
     with pytest.raises(ConfigError, match="SQS queue"):
         SqsNotifications("s3://not-a-queue")
+    with pytest.raises(ConfigError, match="SQS queue"):
+        hub_for("https://sqs.us-east-1.amazonaws.com/")
+
+
+def test_a_queue_that_cannot_be_read_is_a_transient_storage_error_naming_it(s3: Cloud) -> None:
+    """Nothing listens at the queue's address: the error names the queue and the failure, never a credential."""
+    queue = f"http://127.0.0.1:{free_port()}/123456789012/gone"
+    options = {**s3.options, "AWS_SECRET_ACCESS_KEY": "Sup3r-Secret-Value"}
+    with pytest.raises(StorageError) as failed:
+        SqsNotifications(queue, options).receive(0)
+    assert failed.value.transient and queue in str(failed.value)
+    assert "Sup3r-Secret-Value" not in str(failed.value)
 
 
 @pytest.mark.slow
