@@ -4,8 +4,8 @@ Run ``.venv/bin/python -m benchmarks.objectstore_idle`` (``--tables 200 --idle-s
 default; ``--quick``: 20 tables, 20 s). One moto server (S3 and SQS) on 127.0.0.1; the tables
 (``--tables`` of them, one commit each, CDF on) are written straight to moto. ``deltatail serve``
 runs as a child process with its store options and its queue URL pointing at a counting proxy in
-front of moto, which counts every request it sends (S3 and SQS alike). For each mode, once every
-table is ready, the requests of ``--idle-seconds`` with no commit are counted:
+front of moto, which counts every request it sends (S3 and SQS alike). For each mode, 45 s after
+every table is ready, the requests of ``--idle-seconds`` with no commit are counted:
 
 - **polling**: the defaults (poll every 1 s, doubling to 5 s; a listing every 10 s);
 - **notifications**: the bucket's S3 event notifications to an SQS queue, ``notifications`` in
@@ -49,6 +49,9 @@ from serve_child import ServeChild  # noqa: E402
 
 TARGET_NOTIFIED_PER_MINUTE = 5
 SAFETY_SECONDS = 1800
+#: Seconds between the last table ready and the idle window: on two loaded cores, 200 tables' first
+#: checkpoints (each a step, so a look) spread over tens of seconds.
+SETTLE_SECONDS = 45.0
 
 
 def commit_zero() -> list[dict[str, Any]]:
@@ -122,7 +125,7 @@ def idle_minute(label: str, file: Path, proxy: CountingProxy, seconds: float, n:
             time.sleep(0.5)
         if child.not_ready() != {}:
             raise RuntimeError(f"{label}: tables not ready: {list((child.not_ready() or {}).items())[:3]}")
-        time.sleep(5.0)  # the start-up looks settle
+        time.sleep(SETTLE_SECONDS)  # past every table's first checkpoint (a look of its own when it falls due)
         proxy.take()
         time.sleep(seconds)
         sent = Counter(f"{'SQS' if 'Action=' in r[1] or r[0] == 'POST' else 'S3'} {kind(r)}" for r in proxy.take())
