@@ -104,6 +104,7 @@ def tailer_config(table: TableRef | str, state_dir: str, s: Mapping[str, Any]) -
         poll_interval=s.get("poll_interval", d.poll_interval),
         max_poll_interval=s.get("max_poll_interval", d.max_poll_interval),
         watch=not s.get("no_watch", not d.watch),
+        notifications=s.get("notifications"),
         checkpoint_commits=s.get("checkpoint_commits", d.checkpoint_commits),
         checkpoint_seconds=s.get("checkpoint_seconds", d.checkpoint_seconds),
         snapshot_commits=s.get("snapshot_commits", d.snapshot_commits),

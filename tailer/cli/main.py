@@ -261,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-watch", action="store_const", const=True, default=None, help="poll only, no inotify")
     run.add_argument(
+        "--notifications",
+        default=None,
+        metavar="QUEUE_URL",
+        help="object stores: an SQS queue of the bucket's S3 event notifications; look when one names the log, "
+        "else every --max-poll-interval",
+    )
+    run.add_argument(
         "--checkpoint-commits",
         type=flag_type("checkpoint_commits"),
         default=None,

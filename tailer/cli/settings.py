@@ -206,6 +206,7 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "poll_interval": Number(float, 0.01, DAY),
     "max_poll_interval": Number(float, 0.01, DAY),
     "no_watch": flag,
+    "notifications": text,
     "checkpoint_commits": Number(int, 1),
     "checkpoint_seconds": Number(float, 0.01, DAY),
     "snapshot_commits": Number(int, 1),

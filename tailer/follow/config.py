@@ -37,5 +37,9 @@ class TailerConfig:
     #: What to do when data the tailer still needs is gone (the log cleaned up past the cursor, a
     #: file vacuumed): ``"fail"``, ``"resnapshot"`` or ``"skip"`` (see ``Tailer._data_lost``).
     on_data_loss: str = "fail"
+    #: The URL of an SQS queue that receives the S3 event notifications of the table's bucket
+    #: (:mod:`tailer.log.notifications`): an object-store table is then looked at when one names its
+    #: log, and otherwise every ``max_poll_interval`` (a safety poll), not at every ``poll_interval``.
+    notifications: str | None = None
     #: Options of the table's object store (credentials, endpoint); never shown, logged or saved.
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)

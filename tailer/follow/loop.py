@@ -34,6 +34,7 @@ from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import Progress, count_change_types, status
 from tailer.follow.status_file import StatusWriter
+from tailer.log.notifications import NotifiedWatcher, hub_for
 from tailer.log.watch import LogWatcher, Watcher
 
 log = logging.getLogger("deltatail")
@@ -162,7 +163,7 @@ class FollowLoop(ABC):
         """
         self.open()
         # An object store cannot be watched: it is polled (listing from the last position).
-        watcher = self._make_watcher(self._watch_dir, self.config.watch and not self._remote)
+        watcher = self._notified() or self._make_watcher(self._watch_dir, self.config.watch and not self._remote)
         self._watcher = watcher
         try:
             while not self._stop.is_set():
@@ -171,7 +172,7 @@ class FollowLoop(ABC):
                     break
                 if not delivered:
                     self.rest()
-                    watcher.wait(self.idle_timeout())
+                    self._wait_for_news(watcher)
             self._checkpoint()
         finally:
             watcher.close()
@@ -264,7 +265,9 @@ class FollowLoop(ABC):
         """
         c = self.config
         timeout = c.poll_interval if poll is None else poll
-        if poll is None and self._remote:
+        if poll is None and self._remote and c.notifications:
+            timeout = max(c.max_poll_interval, c.poll_interval)  # notified: this is only the safety poll
+        elif poll is None and self._remote:
             doublings = min(max(self._idle_polls - 1, 0), 60)  # 2**60 outgrows any interval; 2**1024 overflows
             backoff = c.poll_interval * 2**doublings
             timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
@@ -273,6 +276,29 @@ class FollowLoop(ABC):
             if due_in is not None:
                 timeout = min(timeout, due_in)
         return timeout
+
+    def _wait_for_news(self, watcher: Watcher) -> None:
+        """Wait for the watcher's signal or the idle timeout; notified, only a notification or the safety poll ends it.
+
+        A wait cut short for a checkpoint or a status write (:meth:`idle_timeout`) is not a reason to
+        look at an object store whose notifications say when to: those are done (:meth:`rest`) and
+        the wait goes on.
+        """
+        if not (self._remote and self.config.notifications):
+            watcher.wait(self.idle_timeout())
+            return
+        safety = self._clock() + max(self.config.max_poll_interval, self.config.poll_interval)
+        while not self._stop.is_set():
+            if watcher.wait(min(self.idle_timeout(), max(safety - self._clock(), 0.0))) or self._clock() >= safety:
+                return
+            self.rest()
+
+    def _notified(self) -> Watcher | None:
+        """On an object store with ``notifications``: a watcher woken by the queue's notifications of its log."""
+        if not (self._remote and self.config.notifications):
+            return None
+        hub = hub_for(self.config.notifications, self.config.storage_options)
+        return NotifiedWatcher(hub, self._watch_dir)
 
     def _write_status(self, *, force: bool = False) -> None:
         """Write ``status.json`` if the figures changed (at most about once a second unless ``force``).

@@ -57,6 +57,8 @@ class TableStats:
     last_checkpoint: float | None = None
     errors: Counter[str] = field(default_factory=Counter)
     retries: int = 0
+    #: Requests sent to the table's object store by this process (``None``: not an object store).
+    store_requests: int | None = None
     error: str | None = None
     updated: float = field(default_factory=time.time)
 

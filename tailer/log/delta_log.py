@@ -392,7 +392,7 @@ class DeltaLog:
                 found.append((v, listing.commits[v]))
                 v += 1
             if not found and check_gaps and listing.commits and min(listing.commits) > after + 1:
-                raise self._gap(after, min(listing.commits))
+                raise self.gap_error(after, min(listing.commits))
             return found
         while (limit is None or len(found) < limit) and (info := self.probe(v)) is not None:
             found.append((v, info))
@@ -409,10 +409,11 @@ class DeltaLog:
             return found
         listing = self.list_log(after + 1)
         if listing.commits and min(listing.commits) > after + 1:
-            raise self._gap(after, min(listing.commits))
+            raise self.gap_error(after, min(listing.commits))
         return found
 
-    def _gap(self, after: int, later: int) -> VersionGapError:
+    def gap_error(self, after: int, later: int) -> VersionGapError:
+        """The error of a log where commit ``after + 1`` is missing while commit ``later`` exists."""
         return VersionGapError(
             f"commit {after + 1} is missing while commit {later} exists: "
             "the log has a gap or was cleaned up past this position",

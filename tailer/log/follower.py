@@ -33,8 +33,10 @@ snapshot after the newest planned version, and that version's
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from state.audit import AuditEvent
@@ -43,13 +45,27 @@ from state.commit import Commit
 from state.errors import DeltaTailError, InvalidLogError, MissingFileError, StateError, VersionGapError
 from state.planning import VersionPlan, plan_commit
 from state.snapshot import Snapshot
-from tailer.log.delta_log import DeltaLog
+from tailer.log.delta_log import DeltaLog, LogListing
 from tailer.storage import FileInfo
 
 #: Seconds between listings of the log that look for a gap when no next commit exists.
 GAP_CHECK_SECONDS = 10.0
 #: Commit files fetched ahead of planning on a remote store (see :meth:`LogFollower.prefetch`).
 PREFETCH_COMMITS = 256
+#: Threads making the deferred recreated-table checks of every follower in the process (one HEAD each).
+CHECK_THREADS = 4
+
+_checks: ThreadPoolExecutor | None = None
+_checks_lock = threading.Lock()
+
+
+def _checker() -> ThreadPoolExecutor:
+    """The process's threads for deferred checks (started on first use)."""
+    global _checks
+    with _checks_lock:
+        if _checks is None:
+            _checks = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="deltatail-recreated")
+        return _checks
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +166,9 @@ class LogFollower:
         self._discovered: dict[int, FileInfo] = {}
         self._found_ms: dict[int, int] = {}  # the last discovery's commits' modification times (kept when planned)
         self._newest_known = -1
+        #: Whether :meth:`discover` checks the head's commit on a thread, awaited by :meth:`confirm_not_recreated`.
+        self.defer_checks = False
+        self._pending_check: Future[None] | None = None
         self.head = head
         self.previous_ms = previous_ms
         self.reset(head, previous_ms)
@@ -175,42 +194,95 @@ class LogFollower:
         versions are probed and returned (a table catching up, shared fairly with others). On an
         object store one commit is probed by name (a GET whose bytes the read takes), and the call
         after one that found commits lists the log instead: following costs a request per poll,
-        and a backlog a request per 1,000 commits. The head's
-        commit is checked (:meth:`check_not_recreated`) on every call locally; on a remote
-        store, where each check is a request, before new versions are returned and whenever
-        the log is listed: an idle table there costs one request per call, plus a listing
-        and that check per gap-check interval.
+        and a backlog a request per 1,000 commits.
+
+        The head's commit is checked (:meth:`check_not_recreated`) on every call locally. On a
+        remote store a listing starts at the head's own commit, whose size and modification time
+        it returns: the check costs no request there. When a commit is found by name, the head's
+        commit is checked with one HEAD request, before this returns, or with :attr:`defer_checks`
+        concurrently with what follows (the data's reads), the caller awaiting it with
+        :meth:`confirm_not_recreated` before it delivers a row. An idle table there costs one
+        request per call, plus a listing per gap-check interval.
 
         Raises:
             VersionGapError: if a listing finds later commits while the next one is missing.
             StateError: if the table was deleted and recreated (see :meth:`check_not_recreated`).
         """
+        self.confirm_not_recreated()  # a check still pending from the last call
         remote = self.log.storage.remote
         if not remote:
             self.check_not_recreated()  # locally a stat is cheap: a recreated table is refused at once
         now = self._clock()
-        listed = remote and self._hot
-        if listed:
+        gap_due = check_gaps or now - self._last_gap_check >= self.gap_check_seconds
+        if remote and self._hot:
             # Commits were just found: one listing tells whether more came (a backlog: all of them
             # in one request) or none, and is a gap check too.
             self._last_gap_check = now
-            found = self._discover_checked(limit=limit, by_listing=True)
+            found = self._listed(limit)
         else:
             # On a store, one commit by name (its bytes kept for the read) and back to deliver it: the
             # next call lists, rather than probing the commit after it first.
             found = self.log.discover_commits(self.head.version, check_gaps=False, limit=1 if remote else limit)
-        if not found and not listed and (check_gaps or now - self._last_gap_check >= self.gap_check_seconds):
-            self._last_gap_check = now
-            found = self._discover_checked()
-            self.check_not_recreated()
-        elif remote and found:
-            self.check_not_recreated()  # the new commits continue the commit read last, not a new table
+            if not found and gap_due:
+                self._last_gap_check = now
+                found = self._listed(limit) if remote else self._discover_checked()
+                if not remote:
+                    self.check_not_recreated()
+            elif remote and found:
+                self._check_found()  # the new commits continue the commit read last, not a new table
         self._hot = bool(found)
         self._discovered = dict(found)
         self._found_ms = {v: info.modification_time for v, info in found}
         if found:
             self.know_commits_up_to(found[-1][0])
         return [v for v, _ in found]
+
+    def _listed(self, limit: int | None) -> list[tuple[int, FileInfo]]:
+        """The commits after the head from one listing that starts at the head's own commit (checked from it).
+
+        Raises:
+            VersionGapError: if later commits exist while the next one is missing.
+            StateError: if the head's commit was rewritten, or the log now ends before it.
+        """
+        v = self.head.version
+        listing = self.log.list_log(max(v, 0))
+        if v >= 0:
+            head = listing.commits.get(v)
+            self._check_head(v, self._head_file, head, listing)
+            if head is not None and self._head_file is None:
+                self._head_file = (head.size, head.modification_time)
+        found: list[tuple[int, FileInfo]] = []
+        n = v + 1
+        while (limit is None or len(found) < limit) and n in listing.commits:
+            found.append((n, listing.commits[n]))
+            n += 1
+        later = [c for c in listing.commits if c > v]
+        if not found and later:
+            e = self.log.gap_error(v, min(later))
+            raise VersionGapError(_with_hint(e.message, self.hints.gap), table=e.table, version=e.version, file=e.file)
+        return found
+
+    def _check_found(self) -> None:
+        """Check the head's commit with a HEAD request: now, or (with :attr:`defer_checks`) on a thread."""
+        v, expected = self.head.version, self._head_file
+        if v < 0:
+            return
+        if not self.defer_checks:
+            self._check_head(v, expected, self._stat_or_none(v))
+            return
+        self._pending_check = _checker().submit(lambda: self._check_head(v, expected, self._stat_or_none(v)))
+
+    def confirm_not_recreated(self) -> None:
+        """Wait for a deferred check of :meth:`discover` (nothing to wait for without one) and raise what it found.
+
+        A store that failed the check's request raises here what :meth:`discover` would have raised.
+
+        Raises:
+            StateError: if the table was deleted and recreated.
+        """
+        pending, self._pending_check = self._pending_check, None
+        if pending is not None:
+            pending.result()
 
     def _discover_checked(self, *, limit: int | None = None, by_listing: bool = False) -> list[tuple[int, FileInfo]]:
         """New commits, the log listed to tell "nothing new" from a gap (the error with the follower's hint)."""
@@ -238,23 +310,42 @@ class LogFollower:
         v = self.head.version
         if v < 0:
             return
+        info = self._stat_or_none(v)
+        self._check_head(v, self._head_file, info)
+        if info is not None and self._head_file is None:
+            self._head_file = (info.size, info.modification_time)
+
+    def _stat_or_none(self, version: int) -> FileInfo | None:
         try:
-            info = self.log.storage.stat(self.log.commit_path(v))
+            return self.log.storage.stat(self.log.commit_path(version))
         except MissingFileError:
-            info = None
+            return None
+
+    def _check_head(
+        self, v: int, expected: tuple[int, int] | None, info: FileInfo | None, listing: LogListing | None = None
+    ) -> None:
+        """Whether commit ``v`` (the head's) is as read: ``info`` is its file now, ``listing`` a listing from ``v`` on.
+
+        Raises:
+            StateError: if it was rewritten, or is gone while the log now ends before it.
+        """
         if info is not None:
-            if self._head_file is None or self._head_file == (info.size, info.modification_time):
-                self._head_file = (info.size, info.modification_time)
+            if expected is None or expected == (info.size, info.modification_time):
                 return
             reason = f"commit {v} was rewritten since it was read"
         else:
-            try:
-                latest = self.log.latest_version()
-            except DeltaTailError:
-                latest = -1
-            if latest >= v:
-                return  # cleaned up by log retention: the log goes on
-            reason = f"the table's log now ends at version {latest}, before version {v} already read"
+            if listing is not None:
+                if any(c > v for c in listing.commits) or any(c >= v for c in listing.checkpoints):
+                    return  # cleaned up by log retention: the log goes on
+                reason = f"the table's log now ends before version {v} already read"
+            else:
+                try:
+                    latest = self.log.latest_version()
+                except DeltaTailError:
+                    latest = -1
+                if latest >= v:
+                    return  # cleaned up by log retention: the log goes on
+                reason = f"the table's log now ends at version {latest}, before version {v} already read"
         raise StateError(
             f"{reason}: the table was deleted and recreated, or its log truncated; {self.hints.recreated}",
             table=self.log.table,
@@ -334,6 +425,13 @@ class LogFollower:
             UnsupportedFeatureError: if it needs unsupported reader features.
             StateError: if it carries another table id.
         """
+        try:
+            return self._plan(version, file)
+        except DeltaTailError:
+            self.confirm_not_recreated()  # a recreated table explains a commit that does not follow: said first
+            raise
+
+    def _plan(self, version: int, file: FileInfo | None) -> FollowedVersion:
         commit, file, path = self._next(version, file)
         event = None if self.audit is None else self._audit_event(commit, file, path)
         try:

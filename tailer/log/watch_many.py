@@ -33,6 +33,7 @@ class DirectoryWatcher:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._keys: dict[int, str] = {}
+        self._notified: set[str] = set()
         self._watches: dict[str, int] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -83,6 +84,13 @@ class DirectoryWatcher:
                 self._keys.pop(wd, None)
                 inotify_rm_watch(self._fd, wd)  # type: ignore[arg-type]
 
+    def notify(self, key: str) -> None:
+        """Report ``key``'s directory changed (a notification from elsewhere): the next :meth:`wait` returns it."""
+        with self._lock:
+            self._notified.add(key)
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"\0")
+
     def wait(self, timeout: float) -> set[str]:
         """Block until a watched directory changes, :meth:`wake` is called, or ``timeout`` seconds pass.
 
@@ -96,6 +104,9 @@ class DirectoryWatcher:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(fd, 4096):
                         pass
+        with self._lock:
+            changed |= self._notified
+            self._notified = set()
         return changed
 
     def _read_events(self) -> set[str]:

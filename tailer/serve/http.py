@@ -8,7 +8,8 @@ delivered, 0 when caught up), ``deltatail_delivered_commit_timestamp_seconds``,
 (label ``change_type``), ``deltatail_commits_total``,
 ``deltatail_checkpoint_age_seconds``, ``deltatail_errors_total`` (label
 ``kind``), ``deltatail_retries_total`` (sink or store unavailable) and
-``deltatail_table_state`` (1 for the table's state, label ``state``); each
+``deltatail_table_state`` (1 for the table's state, label ``state``), and for a table in an
+object store ``deltatail_store_requests_total`` (the requests sent to it); each
 family's help text says exactly what it counts. Process
 wide: the reader processes' ``deltatail_reader_files_total`` and
 ``deltatail_reader_runs_total``, and prometheus-client's process figures
@@ -160,6 +161,11 @@ class TableCollector(Collector):
             "Versions whose changes were passed over by those data losses",
             labels=["table"],
         )
+        store = CounterMetricFamily(
+            "deltatail_store_requests",
+            "Requests sent to the table's object store by this process (its cost: rate() per minute)",
+            labels=["table"],
+        )
         state = GaugeMetricFamily(
             "deltatail_table_state", "1 for the table's current state, 0 for the others", labels=["table", "state"]
         )
@@ -187,6 +193,8 @@ class TableCollector(Collector):
                 readable.add_metric([t], left)
             losses.add_metric([t], s.data_losses)
             lost.add_metric([t], s.versions_lost)
+            if s.store_requests is not None:
+                store.add_metric([t], s.store_requests)
             for st in TableState:
                 state.add_metric([t, st.value], 1.0 if s.state is st else 0.0)
         yield from (
@@ -205,6 +213,7 @@ class TableCollector(Collector):
             readable,
             losses,
             lost,
+            store,
             state,
         )
         files = CounterMetricFamily(

@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -59,6 +60,7 @@ from tailer.follow.status import status
 from tailer.follow.tailer import TailerConfig
 from tailer.follow.transient import describe, fault_of, is_transient
 from tailer.formats.registry import FALLBACK, open_table
+from tailer.log.notifications import Subscription, hub_for
 from tailer.log.watch_many import DirectoryWatcher
 from tailer.serve.state_root import StateRoot, write_status
 from tailer.table import TableRef
@@ -67,6 +69,9 @@ log = logging.getLogger("deltatail")
 
 #: The file :func:`probe_state_root` writes and removes in the state root.
 PROBE_FILE = ".deltatail-probe"
+#: An object-store table's next poll is its idle interval times 1 +- this (uniformly drawn): the polls
+#: of many tables spread over time instead of going out together.
+POLL_JITTER = 0.2
 #: Seconds without a turn of the dispatcher after which the service is reported unhealthy.
 DISPATCHER_STALL_SECONDS = 30.0
 
@@ -148,6 +153,7 @@ class _Table:
     #: while a fault lasts (making one needs file descriptors, certificates...).
     ref: TableRef | None = None
     remote: bool = False  # on an object store: a step that found a commit does not show it caught up
+    notified: Subscription | None = None  # notifications of an object-store table's log
     started: float | None = None  # when the step in hand began
     stalled: bool = False  # the step in hand was reported as not answering
 
@@ -443,7 +449,10 @@ class Service:
                 table.due = 0.0  # more to do: its turn again after the others
                 return False
             tailer.rest()
-            table.due = self._clock() + tailer.idle_timeout(self.options.safety_poll_seconds if table.watched else None)
+            wait = tailer.idle_timeout(self.options.safety_poll_seconds if table.watched else None)
+            if table.remote:  # polls of many tables spread over time, never in step: +-POLL_JITTER
+                wait *= 1 + random.uniform(-POLL_JITTER, POLL_JITTER)
+            table.due = self._clock() + wait
             return True
         except Exception as e:
             if is_transient(e):
@@ -451,6 +460,10 @@ class Service:
             else:
                 self._fail(table, e)
             return None
+        finally:
+            counter = None if table.ref is None else getattr(table.ref.storage, "counter", None)
+            if counter is not None:
+                table.stats.store_requests = counter.requests()
 
     def _unavailable(self, table: _Table, error: Exception, now: float) -> None:
         """A transient fault: close the table's tailer and sink, hold its cursor, retry with backoff."""
@@ -486,6 +499,9 @@ class Service:
         tailer.open()
         if config.watch and not followed.remote:
             self._watch(table, tailer, followed.watch_dir)
+        elif config.notifications and followed.remote:  # hints: the queue's one long poll serves every table
+            hub = hub_for(config.notifications, config.storage_options)
+            table.notified = Subscription(hub, followed.watch_dir, lambda: self._watcher.notify(table.source.name))
         return tailer
 
     def _watch(self, table: _Table, tailer: FollowLoop, directory: str) -> None:
@@ -515,6 +531,9 @@ class Service:
         except Exception as e:
             log.debug("table %s: cannot stop watching: %s", table.source.name, describe(e))
         table.watched = False
+        notified, table.notified = table.notified, None
+        if notified is not None:
+            notified.close()
         if tailer is None:
             return
         try:

@@ -36,7 +36,7 @@ import pyarrow as pa
 from state.errors import DeltaTailError, MissingFileError
 from tailer.storage.base import FileInfo
 from tailer.storage.failures import translate
-from tailer.storage.options import Store, build_store, merge_options, redacted, retry_config
+from tailer.storage.options import Store, build_store, merge_options, reading_config, redacted, retry_config
 from tailer.storage.prefetch import Prefetcher
 from tailer.storage.uris import Cloud, ObjectUri, parse_uri
 
@@ -45,9 +45,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TAIL_BYTES = 64 << 10
 """How much of a file's end :meth:`ObjectStoreStorage.open_input` fetches in its first request (the footer)."""
-
-DEFAULT_CONCURRENCY = 16
-"""Requests in flight in :meth:`ObjectStoreStorage.read_many`."""
 
 
 class RequestCounter:
@@ -205,10 +202,14 @@ class ObjectStoreStorage:
         options: merged storage options (:func:`merge_options`), delta-rs spelling.
         counter: where requests are counted (a new one if not given); see :attr:`counter`.
         tail_bytes: what :meth:`open_input` fetches first from a file's end.
-        concurrency: requests in flight in :meth:`read_many`.
+        concurrency: requests in flight in :meth:`read_many` and when fetching ahead (default: the
+            ``deltatail_concurrency`` option, 16).
+        read_ahead_bytes: the most bytes fetched ahead and not yet read (default: the
+            ``deltatail_read_ahead_bytes`` option, 64 MiB); 0 fetches nothing ahead.
 
     Raises:
-        ConfigError: if a retry option is malformed (client options are checked when a bucket is first used).
+        ConfigError: if a retry or reading option is malformed (client options are checked when a bucket
+            is first used).
     """
 
     remote = True
@@ -220,16 +221,19 @@ class ObjectStoreStorage:
         *,
         counter: RequestCounter | None = None,
         tail_bytes: int = DEFAULT_TAIL_BYTES,
-        concurrency: int = DEFAULT_CONCURRENCY,
+        concurrency: int | None = None,
+        read_ahead_bytes: int | None = None,
     ) -> None:
         self.options = merge_options(options)
         retry_config(self.options)  # fail early on a malformed retry option
+        configured_concurrency, configured_bytes = reading_config(self.options)
         self.counter = counter or RequestCounter()
         self.tail_bytes = tail_bytes
-        self.concurrency = concurrency
+        self.concurrency = configured_concurrency if concurrency is None else concurrency
+        self.read_ahead_bytes = configured_bytes if read_ahead_bytes is None else read_ahead_bytes
         self._stores: dict[tuple[Cloud, str, str | None], Store] = {}
         self._lock = threading.Lock()
-        self._prefetcher = Prefetcher(self._fetch, concurrency=concurrency)
+        self._prefetcher = Prefetcher(self._fetch, concurrency=self.concurrency, max_bytes=self.read_ahead_bytes)
 
     def __repr__(self) -> str:
         return f"ObjectStoreStorage(options={redacted(self.options)!r})"
@@ -240,7 +244,7 @@ class ObjectStoreStorage:
         Only for handing to reader processes on the same machine: options may hold secrets, so a pickled
         storage must never be written to offsets, checkpoints or logs.
         """
-        return (_rebuild, (self.options, self.tail_bytes, self.concurrency))
+        return (_rebuild, (self.options, self.tail_bytes, self.concurrency, self.read_ahead_bytes))
 
     # -- clients
 
@@ -459,8 +463,10 @@ class ObjectStoreStorage:
         return True
 
 
-def _rebuild(options: dict[str, str], tail_bytes: int, concurrency: int) -> ObjectStoreStorage:
-    return ObjectStoreStorage(options, tail_bytes=tail_bytes, concurrency=concurrency)
+def _rebuild(options: dict[str, str], tail_bytes: int, concurrency: int, read_ahead_bytes: int) -> ObjectStoreStorage:
+    return ObjectStoreStorage(
+        options, tail_bytes=tail_bytes, concurrency=concurrency, read_ahead_bytes=read_ahead_bytes
+    )
 
 
 def _relative(path: str, prefix: str) -> str:

@@ -70,6 +70,14 @@ _RETRY_KEYS = frozenset(
     }
 )
 
+CONCURRENCY_KEY = "deltatail_concurrency"
+READ_AHEAD_BYTES_KEY = "deltatail_read_ahead_bytes"
+DEFAULT_CONCURRENCY = 16
+"""Requests a store client keeps in flight while reading ahead."""
+DEFAULT_READ_AHEAD_BYTES = 64 << 20
+"""The most bytes of files fetched ahead and not yet read, per storage (commits, small data, cdc files)."""
+_READING_KEYS = {CONCURRENCY_KEY: (1, 256), READ_AHEAD_BYTES_KEY: (0, 1 << 40)}
+
 DEFAULT_RETRY = {
     "max_retries": 10,
     "retry_timeout": timedelta(seconds=30),
@@ -194,6 +202,26 @@ def _duration(key: str, value: str) -> timedelta:
     return timedelta(seconds=n * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit])
 
 
+def reading_config(options: Mapping[str, str]) -> tuple[int, int]:
+    """Requests in flight and read-ahead bytes (``deltatail_concurrency``, ``deltatail_read_ahead_bytes``).
+
+    Defaults :data:`DEFAULT_CONCURRENCY` and :data:`DEFAULT_READ_AHEAD_BYTES`; deltatail's own keys,
+    never passed to the store client.
+
+    Raises:
+        ConfigError: if one is not a whole number within its bounds (1..256 requests, 0..1 TiB).
+    """
+    values = {CONCURRENCY_KEY: DEFAULT_CONCURRENCY, READ_AHEAD_BYTES_KEY: DEFAULT_READ_AHEAD_BYTES}
+    for key, (low, high) in _READING_KEYS.items():
+        if key not in options:
+            continue
+        raw = options[key].strip()
+        if not raw.isdigit() or not low <= int(raw) <= high:
+            raise ConfigError(f"storage option {key} must be a whole number from {low} to {high}; got {raw!r}")
+        values[key] = int(raw)
+    return values[CONCURRENCY_KEY], values[READ_AHEAD_BYTES_KEY]
+
+
 def retry_config(options: Mapping[str, str]) -> RetryConfig:
     """Obstore's retry configuration from delta-rs's retry keys, over :data:`DEFAULT_RETRY`.
 
@@ -230,15 +258,12 @@ def retry_config(options: Mapping[str, str]) -> RetryConfig:
 def store_config(cloud: Cloud, options: Mapping[str, str]) -> dict[str, str]:
     """The options one cloud's client gets: its own prefixed keys and the unprefixed ones.
 
-    Retry keys and delta-rs's writer-only keys are left out; ``aws_profile`` is handled by
-    :func:`build_store`.
+    Retry keys, deltatail's reading keys and delta-rs's writer-only keys are left out; ``aws_profile``
+    is handled by :func:`build_store`.
     """
     other = tuple(p for c, p in _CLOUD_PREFIX.items() if c != cloud)
-    return {
-        k: v
-        for k, v in options.items()
-        if not k.startswith(other) and k not in _RETRY_KEYS and k not in WRITER_ONLY_KEYS and k != "aws_profile"
-    }
+    left_out = _RETRY_KEYS | WRITER_ONLY_KEYS | _READING_KEYS.keys() | {"aws_profile"}
+    return {k: v for k, v in options.items() if not k.startswith(other) and k not in left_out}
 
 
 def build_store(u: ObjectUri, options: Mapping[str, str]) -> Store:

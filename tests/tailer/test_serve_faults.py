@@ -320,6 +320,45 @@ def test_a_store_failing_at_start_up_makes_its_table_unavailable_not_the_service
     no_crash(child)
 
 
+def test_requests_to_each_object_store_table_show_in_the_metrics(moto: Server, tmp_path: Path) -> None:
+    """Two S3 tables in one serve: ``deltatail_store_requests_total`` per table, never more than the store saw.
+
+    The proxy in front of moto counts every request the process sends; the metrics are read before the
+    proxy's count, so their sum can only be at most that count; each table's figure grows while it idles.
+    """
+    cloud = Cloud.fresh("s3", moto)
+    uris = {name: cloud.uri(name) for name in ("a", "b")}
+    for uri in uris.values():
+        write_deltalake(uri, rows(0), storage_options=cloud.writer_options, configuration=CDF)
+    proxy = CountingProxy(moto.endpoint).start()
+    storage = "".join(f'{k} = "{v}"\n' for k, v in cloud.via(proxy.endpoint).options.items())
+    file = config(tmp_path, {})
+    for name, uri in uris.items():
+        file.write_text(file.read_text() + f'[[tables]]\nname = "{name}"\npath = "{uri}"\n[tables.storage]\n{storage}')
+    child = ServeChild(file, tmp_path / "serve.log")
+
+    def requests_metric() -> dict[str, int]:
+        text = child.get("/metrics")[1].decode()
+        found = re.findall(r'^deltatail_store_requests_total\{table="(\w+)"\} ([0-9.e+]+)$', text, re.MULTILINE)
+        return {name: int(float(n)) for name, n in found}
+
+    try:
+        child.start()
+        for name, uri in uris.items():
+            exact(child, tmp_path / "out" / f"{name}.jsonl", uri, f"{name} delivered", cloud.writer_options)
+        first = requests_metric()
+        assert set(first) == {"a", "b"} and min(first.values()) > 0, first
+        wait_for(lambda: all(requests_metric()[n] > first[n] for n in first), "both tables polled again", child)
+        shown = requests_metric()
+        sent = len(proxy.take())
+        assert sum(shown.values()) <= sent, (shown, sent)
+    finally:
+        code = child.stop()
+        proxy.stop()
+    assert code == 0
+    no_crash(child)
+
+
 # ---------------------------------------------------------------- the campaign
 
 #: Seconds within which a fault must show: a table reported ``following`` (metrics, status lines) or

@@ -31,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import obstore as obs
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -46,6 +47,7 @@ from objectstores import (
     create_azure_container,
     ensure_azurite,
     free_port,
+    raw_store,
     wait_until,
 )
 
@@ -170,6 +172,48 @@ def assert_exactly_once(lines: list[dict[str, Any]], expected: Counter[Row]) -> 
         assert snapshot is False
         per_version.setdefault(version, []).append(index)
     assert all(sorted(ix) == list(range(len(ix))) for ix in per_version.values())
+
+
+# ---------------------------------------------------------------- a table deleted and recreated under the tailer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("new_versions", [2, 5], ids=["shorter-log", "longer-log"])
+def test_a_table_recreated_on_s3_while_followed_is_refused_before_a_row_of_it(
+    s3: Cloud, tmp_path: Path, new_versions: int
+) -> None:
+    """The tailer at version 2; every object of the table deleted and a new table written with 2 or 5 versions.
+
+    With 5 the new log holds version 3, the tailer's next commit by name: the HEAD of its head's commit,
+    made alongside the data's reads, finds it rewritten before any row of the new table is delivered.
+    With 2 the log now ends before the tailer's version. Either way ``deltatail run`` stops with the
+    recreated-table error, and no row of the new table is in its output.
+    """
+    uri = s3.uri("recreated")
+    write_deltalake(uri, rows(range(5)), storage_options=s3.writer_options, configuration=CDF)
+    for i in (1, 2):
+        write_deltalake(uri, rows([10 * i]), storage_options=s3.writer_options, mode="append")
+    out, stderr = tmp_path / "out.jsonl", tmp_path / "stderr.log"
+    proc = start_run(uri, tmp_path / "state", out, stderr, *flags(s3.options))
+    try:
+        wait_until(lambda: delivered_up_to(out) == 2 or proc.poll() is not None, 60, "versions 0..2 delivered")
+        assert proc.poll() is None, stderr.read_text()[-3000:]
+        store = raw_store("s3", s3.server.endpoint)
+        keys = [m["path"] for chunk in obs.list(store, s3.key("recreated")) for m in chunk]
+        obs.delete(store, keys)
+        write_deltalake(uri, rows(range(1000, 1003)), storage_options=s3.writer_options, configuration=CDF)
+        for v in range(1, new_versions):
+            write_deltalake(uri, rows([1000 + 10 * v]), storage_options=s3.writer_options, mode="append")
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = stderr.read_text()
+    assert code != 0 and "deleted and recreated" in text, text[-3000:]
+    assert uri in text
+    assert all(r["id"] < 1000 for r in output(out)), "rows of the new table were delivered"
+    assert {r["id"] for r in output(out)} == {0, 1, 2, 3, 4, 10, 20}
 
 
 # ---------------------------------------------------------------- a live writer, the tailer killed at random

@@ -778,27 +778,38 @@ def test_a_backlog_on_a_store_is_found_by_listing_not_one_request_per_commit(
     assert [kind(r) for r in proxy.take()] == ["GET", "GET", "LIST", "GET", "GET"]
 
 
-def test_following_a_store_costs_one_request_per_idle_poll_and_three_to_rows_of_a_commit(
-    s3: Cloud, proxy_for: Callable[[Server], CountingProxy]
+@pytest.mark.parametrize("deferred", [False, True], ids=["checked-at-once", "checked-alongside"])
+def test_following_a_store_costs_one_request_per_idle_poll_and_two_round_trips_to_rows_of_a_commit(
+    s3: Cloud, proxy_for: Callable[[Server], CountingProxy], deferred: bool
 ) -> None:
-    """Idle: one GET (not found). A commit lands: the GET finds it (its bytes are the read), the head commit is
-    checked (recreated tables), and the call after lists the log once (more commits, or a gap) instead of probing.
+    """Idle: one GET (not found). A commit lands: the GET finds it (its bytes are the read) and the head commit
+    is checked (recreated tables) with a HEAD, at once or (deferred, as the tailer does) on a thread while the
+    data is read, awaited before delivery; the call after lists the log once from the head's own commit (more
+    commits, or a gap; the head checked from the listing, no HEAD) instead of probing.
     """
     uri = s3.uri("f")
     write_deltalake(uri, pa.table({"id": [1, 2]}), storage_options=s3.writer_options)
     proxy = proxy_for(s3.server)
     log = DeltaLog(uri, ObjectStoreStorage(s3.via(proxy.endpoint).options))
     follower = LogFollower(log, log.snapshot(0), gap_check_seconds=3600)
-    follower.discover()  # the first call lists the log (a gap check) and checks the head commit
-    proxy.take()
+    follower.defer_checks = deferred
+    proxy.take()  # the snapshot's reads
+    assert follower.discover() == []  # the first call probes, then lists the log (a gap check, the head checked)
+    assert [kind(r) for r in proxy.take()] == ["GET", "LIST"]
     assert follower.discover() == [] and [kind(r) for r in proxy.take()] == ["GET"]
     write_deltalake(uri, pa.table({"id": [3]}), mode="append", storage_options=s3.writer_options)
     write_deltalake(uri, pa.table({"id": [4]}), mode="append", storage_options=s3.writer_options)
     assert follower.discover() == [1]  # one commit by name, delivered before the next is looked for
-    assert [kind(r) for r in proxy.take()] == ["GET", "HEAD"]
-    assert follower.plan(1).plan.tasks and [kind(r) for r in proxy.take()] == []  # the commit came with the GET
-    assert follower.discover() == [2]  # the rest by one listing (and the head commit checked)
-    assert [kind(r) for r in proxy.take()] == ["LIST", "HEAD"]
+    if deferred:
+        assert follower.plan(1).plan.tasks  # planned (and its data read) while the check is in flight
+        follower.confirm_not_recreated()
+        assert sorted(kind(r) for r in proxy.take()) == ["GET", "HEAD"]
+    else:
+        assert [kind(r) for r in proxy.take()] == ["GET", "HEAD"]
+        assert follower.plan(1).plan.tasks and [kind(r) for r in proxy.take()] == []  # the commit came with the GET
+    assert follower.discover() == [2]  # the rest by one listing, which holds the head's commit: no HEAD
+    listed = proxy.take()
+    assert [kind(r) for r in listed] == ["LIST"] and listing_start(listed[0]) == s3.key(f"f/_delta_log/{0:020d}.~")
     follower.plan(2)
     proxy.take()
     assert follower.discover() == [] and [kind(r) for r in proxy.take()] == ["LIST"]  # nothing more: listed once

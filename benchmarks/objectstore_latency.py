@@ -1,0 +1,246 @@
+"""Tables in S3 at a real store's distance: deltatail and deltalake through the same latency proxy (issue #31).
+
+Run ``.venv/bin/python -m benchmarks.objectstore_latency`` (``--quick`` for a smoke run). One moto S3
+server runs on 127.0.0.1; in front of it the tests' latency proxy (``tests/latency_proxy.py``, a
+process of its own, so deltalake, which holds the GIL while it waits, is served as well) adds 20 ms,
+then 50 ms, to the first byte of every answer: a real store's first-byte latency, which moto (about
+3 ms here) cannot have. Both readers go through the same proxy. Sections, at each latency:
+
+1. **Catch-up** over the 2,000 one-file appends and the 500-commit mixed history of
+   :mod:`benchmarks.cdf_workloads`: deltatail's ``ChangeFeed`` against deltalake's ``load_cdf``, every
+   batch counted and dropped, one timed run each after a warm-up of deltatail. Targets: at least 10x
+   at 50 ms; within 2x of the ideal for deltatail's concurrency (its requests x the latency / the
+   requests in flight).
+2. **Following** one-row commits at a 100 ms poll through the proxy: commit-to-rows p50/p99 and the
+   time per commit from the poll that found it (two round trips: the commit's GET and the data's GET).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import deltalake
+import obstore as obs
+import pyarrow as pa
+
+from benchmarks.cdf_workloads import AppendsSpec, MixedSpec, Workload, ensure
+from benchmarks.objectstore import (
+    DEFAULT_DATA,
+    POLL,
+    Following,
+    S3Table,
+    Store,
+    cpu_model,
+    follower,
+    load_cdf_rows,
+    ms,
+    pct,
+    verdict,
+)
+from tailer.cli.process import tune_for_latency
+from tailer.read.feed import ChangeFeed
+from tailer.storage.objectstore import ObjectStoreStorage
+
+PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT / "tests"))  # the test servers (tests/ is not a package); after the project's imports
+from latency_proxy import LatencyProxy  # noqa: E402
+from objectstores import (  # noqa: E402
+    BUCKET,
+    CountingProxy,
+    create_s3_bucket,
+    moto_server,
+    put_many,
+    raw_store,
+    s3_options,
+)
+
+LATENCIES_MS = (20, 50)
+TARGET_RATIO_AT_50 = 10.0
+TARGET_OF_IDEAL = 2.0
+RATE = [0.0]  # moto's requests per second here, measured at the start
+
+
+@dataclass(frozen=True)
+class Config:
+    appends: AppendsSpec
+    mixed: MixedSpec
+    follow_commits: int
+    data_dir: Path
+
+
+def parse_args(argv: Sequence[str]) -> Config:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.objectstore_latency", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small tables, few commits")
+    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help=f"local tables (default {DEFAULT_DATA})")
+    a = p.parse_args(argv)
+    q = bool(a.quick)
+    return Config(
+        appends=AppendsSpec(commits=200 if q else 2_000, rows=80),
+        mixed=MixedSpec(commits=60 if q else 500),
+        follow_commits=10 if q else 40,
+        data_dir=a.data_dir,
+    )
+
+
+@dataclass
+class CatchUp:
+    label: str
+    latency_ms: int
+    deltatail: float
+    load_cdf: float
+    requests: int
+    concurrency: int
+
+    @property
+    def ratio(self) -> float:
+        return self.load_cdf / self.deltatail
+
+    @property
+    def ideal(self) -> float:
+        """The network's floor for deltatail's requests: requests x latency / requests in flight."""
+        return self.requests * self.latency_ms / 1000 / self.concurrency
+
+
+def deltatail_catch_up(uri: str, options: dict[str, str], work: Workload) -> tuple[int, float, ObjectStoreStorage]:
+    storage = ObjectStoreStorage(options)
+    t0 = time.perf_counter()
+    rows = sum(b.rows.num_rows for b in ChangeFeed(uri, storage).batches(work.first, work.last))
+    return rows, time.perf_counter() - t0, storage
+
+
+def moto_rate(store: Store, n: int = 256) -> float:
+    """Requests a second moto answers at deltatail's concurrency, straight (no proxy): the floor of any run here."""
+    put_many(raw_store("s3", store.server.endpoint), [(f"rate/{i}", b"x" * 4096) for i in range(n)])
+    storage = ObjectStoreStorage(store.options)
+    paths = [f"s3://{BUCKET}/rate/{i}" for i in range(n)]
+    storage.read_many(paths)  # warm-up: connections
+    t0 = time.perf_counter()
+    storage.read_many(paths)
+    return n / (time.perf_counter() - t0)
+
+
+def catch_up(uri: str, options: dict[str, str], work: Workload, label: str, latency_ms: int) -> CatchUp:
+    deltatail_catch_up(uri, options, work)  # warm-up (imports, the reader's threads)
+    rows, ours, storage = deltatail_catch_up(uri, options, work)
+    t0 = time.perf_counter()
+    theirs_rows = load_cdf_rows(uri, options, work.first, work.last)
+    theirs = time.perf_counter() - t0
+    r = CatchUp(label, latency_ms, ours, theirs, storage.counter.requests(), storage.concurrency)
+    same = "" if rows == theirs_rows else f"  ROW COUNTS DIFFER ({rows:,} vs {theirs_rows:,})"
+    print(f"  {label}: {rows:,} rows{same}")
+    print(f"    deltatail {ours:7.2f} s  ({r.requests:,} requests, {r.concurrency} in flight: ideal {r.ideal:.2f} s;")
+    print(f"              moto's own floor for as many requests here {r.requests / RATE[0]:.2f} s)")
+    print(f"    load_cdf  {theirs:7.2f} s")
+    print(f"    ratio {r.ratio:.1f}x; {ours / r.ideal:.2f}x the ideal (target <= {TARGET_OF_IDEAL:g}x)", flush=True)
+    return r
+
+
+@dataclass
+class Followed:
+    latency_ms: int
+    in_hand: list[float]
+    work: list[float]
+
+
+def follow(store: Store, options: dict[str, str], base: Path, n: int, latency_ms: int) -> Followed:
+    table = S3Table(store, f"follow-{latency_ms}").create()
+    table.write_data(range(1, n + 1))
+    tailer, sink, _ = follower(table, base / f"follow-{latency_ms}", options, poll=POLL, max_poll=POLL, start=1)
+    following = Following(tailer)
+    time.sleep(2.0)  # start-up: version 0's snapshot, the first polls
+    rng = random.Random(3)
+    published = {}
+    for v in range(1, n + 1):
+        published[v] = table.publish(v)
+        time.sleep(rng.uniform(0.3, 0.5))  # commits land at random instants between polls
+    sink.wait_for(n)
+    following.stop()
+    versions = range(1, n + 1)
+    result = Followed(
+        latency_ms,
+        [sink.in_hand[v] - published[v] for v in versions],
+        [sink.in_hand[v] - tailer.found_at[v] for v in versions],
+    )
+    print(
+        f"  following at {latency_ms} ms, poll {POLL * 1000:g} ms:"
+        f" commit to rows p50 {ms(statistics.median(result.in_hand))},"
+        f" p99 {ms(pct(result.in_hand, 99))}; per commit from its poll p50 {ms(statistics.median(result.work))}"
+        f" ({statistics.median(result.work) * 1000 / latency_ms:.1f} round trips)",
+        flush=True,
+    )
+    return result
+
+
+def run(cfg: Config, argv: Sequence[str]) -> None:
+    print(f"command   {shlex.join([sys.executable, '-m', 'benchmarks.objectstore_latency', *argv])}")
+    print(f"machine   {cpu_model()}, nproc {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"versions  python {platform.python_version()}, pyarrow {pa.__version__}, deltalake {deltalake.__version__},"
+        f" obstore {obs.__version__}"
+    )
+    server = moto_server().start()
+    counting = CountingProxy(server.endpoint).start()  # unused here; Store's shape
+    store = Store(server, counting)
+    catch_ups: list[CatchUp] = []
+    follows: list[Followed] = []
+    try:
+        create_s3_bucket(server.endpoint)
+        RATE[0] = moto_rate(store)
+        print(f"moto      {RATE[0]:.0f} requests/s at 16 in flight, straight (no proxy): the floor of every figure")
+        uris = {}
+        for spec, prefix, label in (
+            (cfg.appends, "appends", f"{cfg.appends.commits:,} one-file appends"),
+            (cfg.mixed, "mixed", f"{cfg.mixed.commits}-commit mixed history"),
+        ):
+            work = ensure(cfg.data_dir, spec)
+            uris[label] = (store.upload(work.path, prefix), work)
+        with tempfile.TemporaryDirectory(prefix="deltatail-objectstore-latency-") as tmp:
+            for latency in LATENCIES_MS:
+                with LatencyProxy(server.endpoint, delay_ms=latency) as proxy:
+                    options = s3_options(proxy.endpoint)
+                    print(f"\n== at {latency} ms a request (proxy at {proxy.endpoint})", flush=True)
+                    for label, (uri, work) in uris.items():
+                        catch_ups.append(catch_up(uri, options, work, label, latency))
+                    follows.append(follow(store, options, Path(tmp), cfg.follow_commits, latency))
+        print("\n== summary")
+        for c in catch_ups:
+            target = f"; target >= {TARGET_RATIO_AT_50:g}x: {verdict(c.ratio >= TARGET_RATIO_AT_50)}"
+            print(
+                f"  catch-up at {c.latency_ms} ms, {c.label}: deltatail {c.deltatail:.2f} s,"
+                f" load_cdf {c.load_cdf:.2f} s,"
+                f" {c.ratio:.1f}x{target if c.latency_ms == 50 else ''}; {c.deltatail / c.ideal:.2f}x the ideal"
+                f" ({verdict(c.deltatail <= TARGET_OF_IDEAL * c.ideal)})"
+            )
+        for f in follows:
+            print(
+                f"  following at {f.latency_ms} ms (poll {POLL * 1000:g} ms):"
+                f" commit to rows p50 {ms(statistics.median(f.in_hand))},"
+                f" p99 {ms(pct(f.in_hand, 99))}; from the poll that found it p50 {ms(statistics.median(f.work))}"
+            )
+    finally:
+        counting.stop()
+        server.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    cfg = parse_args(args)
+    tune_for_latency()
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    run(cfg, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

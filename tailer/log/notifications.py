@@ -1,0 +1,269 @@
+"""Event-driven following of object-store tables: the store's own notifications of new ``_delta_log`` objects.
+
+Polling an object store costs a request per table per poll, whether anything happened or not.
+A store can instead announce what was written: S3 event notifications delivered to an SQS queue
+(built here), Azure Event Grid and GCS Pub/Sub (a :class:`NotificationSource` each, not built yet).
+One :class:`NotificationHub` per queue in a process long-polls it on one thread (one request per
+``WAIT_SECONDS`` while idle, whatever the number of tables) and wakes the followers of the tables
+whose log a notification names.
+
+Notifications are hints, never a source of truth: a follower woken by one still reads commits by
+name from its own position and lists the log for gaps (:mod:`tailer.log.follower`), and keeps a slow
+safety poll of its own (the ``max_poll_interval``). A lost notification delays a commit until that
+poll; a duplicated, delayed or reordered one costs a look that finds nothing new: the rows delivered
+are the same. A queue serves one process: two processes reading one queue take each other's
+notifications (each then finds its commits by its safety poll only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+from urllib.parse import unquote_plus, urlsplit
+
+from state.errors import ConfigError, DeltaTailError, StorageError
+from tailer.storage.uris import parse_uri
+
+log = logging.getLogger("deltatail")
+
+#: Seconds of one long poll of a queue (SQS allows at most 20).
+WAIT_SECONDS = 20
+#: Messages taken at once (SQS allows at most 10).
+BATCH = 10
+#: Records of one notification looked at (an S3 event carries one; more is not an S3 event).
+MAX_RECORDS = 100
+#: Seconds between attempts while the queue cannot be read (the followers' safety polls go on meanwhile).
+RETRY_SECONDS = 5.0
+
+
+class NotificationSource(Protocol):
+    """Where notifications of new objects come from (SQS; Azure Event Grid or GCS Pub/Sub would be others)."""
+
+    def receive(self, wait_seconds: float) -> list[tuple[str, str]]:
+        """The ``(bucket, key)`` of objects announced since the last call, waiting up to ``wait_seconds`` for one.
+
+        A message is taken off the queue once read (a notification is a hint: one lost is made up
+        for by the follower's safety poll).
+
+        Raises:
+            StorageError: if the queue cannot be read.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the client."""
+        ...
+
+
+def s3_event_objects(body: str) -> Iterator[tuple[str, str]]:
+    """The ``(bucket, key)`` of each record of an S3 event notification (keys arrive URL-encoded).
+
+    Anything else (S3's ``s3:TestEvent`` when a configuration is saved, a body that is not such an
+    event) names nothing and yields nothing: it is logged at debug level, as a hint that was not one.
+    """
+    try:
+        event = json.loads(body)
+    except ValueError:
+        log.debug("a notification that is not JSON was ignored")
+        return
+    records = event.get("Records") if isinstance(event, dict) else None
+    if not isinstance(records, list):
+        return
+    for record in records[:MAX_RECORDS]:
+        s3 = record.get("s3") if isinstance(record, dict) else None
+        if not isinstance(s3, dict):
+            continue
+        bucket, obj = s3.get("bucket"), s3.get("object")
+        if isinstance(bucket, dict) and isinstance(obj, dict):
+            name, key = bucket.get("name"), obj.get("key")
+            if isinstance(name, str) and isinstance(key, str):
+                yield name, unquote_plus(key)
+
+
+class SqsNotifications:
+    """S3 event notifications read from an SQS queue with boto3 (long polls; messages deleted once read).
+
+    Args:
+        queue_url: the queue's URL (``https://sqs.REGION.amazonaws.com/ACCOUNT/NAME``); its scheme
+            and host are the endpoint the client talks to.
+        options: the table's storage options: ``aws_region``, ``aws_access_key_id``,
+            ``aws_secret_access_key`` and ``aws_session_token`` are used when given (else boto3's own
+            chain: the environment, a profile, instance credentials).
+
+    Raises:
+        ConfigError: if ``queue_url`` is not an ``http(s)://`` URL with a host and a path.
+    """
+
+    def __init__(self, queue_url: str, options: Mapping[str, str] | None = None) -> None:
+        parts = urlsplit(queue_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path in ("", "/"):
+            raise ConfigError("notifications must be the URL of an SQS queue (https://sqs.REGION.amazonaws.com/...)")
+        import boto3  # only where notifications are used
+
+        o = {k.lower(): v for k, v in (options or {}).items()}
+        region = o.get("aws_region") or o.get("aws_default_region") or _region_of(parts.hostname) or "us-east-1"
+        self.queue_url = queue_url
+        self._client: Any = boto3.client(
+            "sqs",
+            endpoint_url=f"{parts.scheme}://{parts.netloc}",
+            region_name=region,
+            aws_access_key_id=o.get("aws_access_key_id"),
+            aws_secret_access_key=o.get("aws_secret_access_key"),
+            aws_session_token=o.get("aws_session_token"),
+        )
+
+    def receive(self, wait_seconds: float) -> list[tuple[str, str]]:
+        """See :meth:`NotificationSource.receive`.
+
+        Raises:
+            StorageError: if the queue cannot be read (the message names the queue and the failure, no secret).
+        """
+        try:
+            answer = self._client.receive_message(
+                QueueUrl=self.queue_url, MaxNumberOfMessages=BATCH, WaitTimeSeconds=int(min(wait_seconds, WAIT_SECONDS))
+            )
+            messages = answer.get("Messages", [])
+            if messages:
+                entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+                self._client.delete_message_batch(QueueUrl=self.queue_url, Entries=entries)
+        except Exception as e:
+            raise StorageError(
+                f"cannot read the notification queue {self.queue_url}: {type(e).__name__}", transient=True
+            ) from None
+        return [obj for m in messages for obj in s3_event_objects(str(m.get("Body", "")))]
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self._client.close()
+
+
+def _region_of(host: str) -> str | None:
+    """``us-east-1`` of ``sqs.us-east-1.amazonaws.com``; ``None`` for another host."""
+    parts = host.split(".")
+    return parts[1] if len(parts) >= 4 and parts[0] == "sqs" and host.endswith(".amazonaws.com") else None
+
+
+class NotificationHub:
+    """One thread reading a :class:`NotificationSource`, calling the subscribers whose log an object is in.
+
+    Args:
+        source: the queue.
+        retry_seconds: the wait after a failed read before the next.
+    """
+
+    def __init__(self, source: NotificationSource, *, retry_seconds: float = RETRY_SECONDS) -> None:
+        self.source = source
+        self.retry_seconds = retry_seconds
+        self._lock = threading.Lock()
+        self._subscribers: dict[int, tuple[str, str, Callable[[], None]]] = {}
+        self._next_id = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: Notifications received that named a followed log, and all received (for metrics and tests).
+        self.matched = 0
+        self.received = 0
+
+    def subscribe(self, log_dir: str, wake: Callable[[], None]) -> int:
+        """Call ``wake`` whenever an object under ``log_dir`` (a ``_delta_log`` URI) is announced; returns a handle."""
+        u = parse_uri(log_dir)
+        prefix = u.key.rstrip("/") + "/"
+        with self._lock:
+            self._next_id += 1
+            handle = self._next_id
+            self._subscribers[handle] = (u.bucket, prefix, wake)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="deltatail-notifications", daemon=True)
+                self._thread.start()
+        return handle
+
+    def unsubscribe(self, handle: int) -> None:
+        """Stop calling the subscriber of ``handle``."""
+        with self._lock:
+            self._subscribers.pop(handle, None)
+
+    def deliver(self, objects: list[tuple[str, str]]) -> None:
+        """Wake the subscriber of each announced object's log (each at most once per call)."""
+        with self._lock:
+            subscribers = list(self._subscribers.values())
+        woken: set[int] = set()
+        for bucket, key in objects:
+            self.received += 1
+            for i, (b, prefix, wake) in enumerate(subscribers):
+                if b == bucket and key.startswith(prefix):
+                    self.matched += 1
+                    if i not in woken:
+                        woken.add(i)
+                        wake()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                objects = self.source.receive(WAIT_SECONDS)
+            except DeltaTailError as e:
+                log.warning("%s; retrying in %gs (the tables' safety polls go on)", e, self.retry_seconds)
+                self._stop.wait(self.retry_seconds)
+                continue
+            self.deliver(objects)
+
+    def close(self) -> None:
+        """Stop the thread (after the long poll in hand) and close the source."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(WAIT_SECONDS + 5)
+        self.source.close()
+
+
+_hubs: dict[str, NotificationHub] = {}
+_hubs_lock = threading.Lock()
+
+
+def hub_for(queue_url: str, options: Mapping[str, str] | None = None) -> NotificationHub:
+    """The process's hub of ``queue_url`` (made on first use, with ``options``' credentials): one per queue.
+
+    Raises:
+        ConfigError: if ``queue_url`` is not an SQS queue URL.
+    """
+    with _hubs_lock:
+        hub = _hubs.get(queue_url)
+        if hub is None:
+            hub = _hubs[queue_url] = NotificationHub(SqsNotifications(queue_url, options))
+        return hub
+
+
+class Subscription:
+    """``wake`` called whenever ``hub`` hears of an object under ``log_dir``, until :meth:`close`."""
+
+    def __init__(self, hub: NotificationHub, log_dir: str, wake: Callable[[], None]) -> None:
+        self._hub = hub
+        self._handle = hub.subscribe(log_dir, wake)
+
+    def close(self) -> None:
+        """Stop calling ``wake``."""
+        self._hub.unsubscribe(self._handle)
+
+
+class NotifiedWatcher:
+    """A :class:`~tailer.log.watch.Watcher` of one object-store log, woken by a :class:`NotificationHub`."""
+
+    def __init__(self, hub: NotificationHub, log_dir: str) -> None:
+        self._event = threading.Event()
+        self._hub = hub
+        self._handle = hub.subscribe(log_dir, self._event.set)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a notification names the log, :meth:`wake` is called, or ``timeout`` seconds pass."""
+        signalled = self._event.wait(max(timeout, 0.0))
+        self._event.clear()
+        return signalled
+
+    def wake(self) -> None:
+        """End a :meth:`wait` now (or the next one)."""
+        self._event.set()
+
+    def close(self) -> None:
+        """Stop listening (the hub goes on for the other tables)."""
+        self._hub.unsubscribe(self._handle)
