@@ -17,6 +17,7 @@ exactly (its parent's files are the baseline), and a position that is no longer 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from state.errors import InvalidLogError, VersionGapError
@@ -67,6 +68,30 @@ class Ancestry:
         return None
 
 
+def summary_says_first(snapshot: SnapshotInfo) -> bool:
+    """Whether ``snapshot`` (with no parent) can be the table's first: its summary's totals are what it added.
+
+    Writers drop the parent id of a snapshot whose parent was expired (pyiceberg does), so a missing
+    parent does not prove a first snapshot. The summary's ``total-data-files`` and ``total-records``,
+    where written, equal ``added-data-files`` and ``added-records`` only in a first snapshot (or one
+    that replaced every row). Without totals the snapshot is taken as first.
+    """
+    summary = dict(snapshot.summary)
+    for total, added in (("total-data-files", "added-data-files"), ("total-records", "added-records")):
+        if total in summary and summary[total] != summary.get(added, "0"):
+            return False
+    return True
+
+
+def first_files_say_first(snapshot: SnapshotInfo, data_sequences: Iterable[int]) -> bool:
+    """Whether a parentless v2 snapshot's live files were all added by it (their data sequence number is its own).
+
+    "the data sequence number of a file [added in a snapshot] is the snapshot's sequence number": a live
+    file with a lower one came from an earlier snapshot, so the parent was there and is gone.
+    """
+    return all(seq >= snapshot.sequence_number for seq in data_sequences)
+
+
 def main_ancestry(state: TableState, table: str | None = None) -> Ancestry:
     """The ``main`` branch of ``state``, oldest first, with versions (see the module docstring).
 
@@ -87,7 +112,7 @@ def main_ancestry(state: TableState, table: str | None = None) -> Ancestry:
     if state.main_head is not None and not chain:
         raise InvalidLogError(f"the main branch's head snapshot {state.main_head} is not in the metadata", table=table)
     chain.reverse()
-    complete = at is None
+    complete = at is None and (not chain or summary_says_first(chain[0]))
     if state.format_version == 1:
         if not complete:
             raise VersionGapError(

@@ -27,7 +27,7 @@ from state.cursor import Position
 from state.errors import ConfigError, DeltaTailError, SchemaChangeError, VersionGapError, VersionNotFoundError
 from state.feed import ChangeBatch
 from state.filters import ChangeFilter
-from state.iceberg.ancestry import EXPIRED_HINT, Ancestry, main_ancestry
+from state.iceberg.ancestry import EXPIRED_HINT, Ancestry, first_files_say_first, main_ancestry
 from state.iceberg.model import ContentFile, SnapshotInfo, TableState
 from state.iceberg.planning import IcebergPlan, plan_initial, plan_snapshot
 from tailer.iceberg.metadata import IcebergTable, arrow_schema
@@ -158,6 +158,16 @@ class IcebergFeed:
                 self._check_schema(parent, snap, version, location)
             before = None if parent is None else self._files(parent, ancestry.versions[index - 1])
             after = self._files(snap, version)
+            if (
+                parent is None
+                and state.format_version > 1
+                and not first_files_say_first(snap, (f.data_sequence for f in after))
+            ):
+                raise VersionGapError(
+                    f"snapshot {snap.snapshot_id} names no parent but holds files of earlier snapshots: its parent "
+                    "was expired; " + EXPIRED_HINT,
+                    version=version,
+                )
             return plan_snapshot(before, after, snap, version, state.unpartitioned_specs, table=self.table)
         except DeltaTailError as e:
             raise e.at(table=self.table, version=version) from None
