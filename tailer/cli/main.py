@@ -36,13 +36,13 @@ from tailer.cli.demo import run_demo
 from tailer.cli.outputs import write_changes
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
-from tailer.cli.report import snapshot_document, snapshot_text
 from tailer.cli.serve import serve
 from tailer.cli.settings import SINK_GAP_CHOICES, STORAGE, external_root_option, flag_type, merge
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.service import TailerService
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import table_name
+from tailer.formats.delta_report import snapshot_document, snapshot_text
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms

@@ -15,10 +15,12 @@ versions exist, with a recovery hint); a missing deletion or row-id file is a
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -67,6 +69,18 @@ CLEANED_UP_HINT = (
 def join(root: str, *parts: str) -> str:
     """``root/part/...`` for a local path or a URI."""
     return "/".join([root.rstrip("/"), *parts])
+
+
+def is_lance_dataset(directory: str | Path) -> bool:
+    """Whether a local directory holds a Lance dataset (a manifest in ``_versions/``) rather than a ``_delta_log``."""
+    base = Path(directory)
+    if (base / "_delta_log").is_dir():
+        return False
+    try:
+        names = os.listdir(base / VERSIONS_DIR)
+    except OSError:
+        return False
+    return any(parse_manifest_name(n) is not None for n in names)
 
 
 def looks_like_lance(root: str, storage: Storage) -> bool:

@@ -1,7 +1,7 @@
-"""Finding the tables under a directory: every directory holding a ``_delta_log`` (Delta) or Lance manifests.
+"""Finding the tables under a directory: every directory a table format claims.
 
-A Lance dataset is a directory whose ``_versions/`` holds at least one manifest (Lance's naming
-rules: :func:`state.lance.manifest.parse_manifest_name`).
+A Delta table holds a ``_delta_log``, a Lance dataset a ``_versions/`` with at least one manifest
+(:meth:`~tailer.formats.base.TableFormat.claims` of each format in the registry).
 """
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from state.errors import ConfigError
-from state.lance.manifest import parse_manifest_name
+from tailer.formats.registry import claimed
 from tailer.storage.uris import is_object_uri
 
 
 def find_tables(
     root: str, *, include: Sequence[str] = ("*",), exclude: Sequence[str] = (), max_depth: int = 8
 ) -> list[str]:
-    """The tables under ``root`` (absolute paths, sorted): Delta tables and Lance datasets.
+    """The tables under ``root`` (absolute paths, sorted): the directories a format claims.
 
-    A Delta table is a directory with a ``_delta_log`` subdirectory, a Lance dataset one with a
-    manifest in ``_versions/`` (:func:`is_lance_dataset` tells them apart).
+    A directory is a table when a format of :data:`~tailer.formats.registry.FORMATS` claims it
+    (:func:`~tailer.formats.registry.claimed`): a Delta table has a ``_delta_log`` subdirectory, a
+    Lance dataset a manifest in ``_versions/``.
 
     A table's own subdirectories are not searched (a table inside a table is not one);
     hidden directories are skipped. ``include`` and ``exclude`` are glob patterns matched
@@ -40,7 +41,7 @@ def find_tables(
     start_depth = len(base.parts)
     for directory, subdirs, _ in os.walk(base):
         here = Path(directory)
-        if "_delta_log" in subdirs or ("_versions" in subdirs and is_lance_dataset(directory)):
+        if claimed(directory) is not None:
             relative = here.relative_to(base).as_posix()
             if _matches(relative, include) and not _matches(relative, exclude):
                 found.append(str(here.resolve()))
@@ -51,18 +52,6 @@ def find_tables(
             continue
         subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "_")))
     return sorted(found)
-
-
-def is_lance_dataset(directory: str | Path) -> bool:
-    """Whether a local directory holds a Lance dataset (a manifest in ``_versions/``) rather than a ``_delta_log``."""
-    base = Path(directory)
-    if (base / "_delta_log").is_dir():
-        return False
-    try:
-        names = os.listdir(base / "_versions")
-    except OSError:
-        return False
-    return any(parse_manifest_name(n) is not None for n in names)
 
 
 def _matches(relative: str, patterns: Sequence[str]) -> bool:

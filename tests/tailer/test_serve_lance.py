@@ -34,10 +34,11 @@ from state.filters import ChangeFilter
 from tailer.cli.serve import check_tables, load_serve_config, source
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.tailer import TailerConfig
+from tailer.lance.dataset import is_lance_dataset
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_state_id
 from tailer.read.feed import ChangeFeed
-from tailer.serve.discovery import find_tables, is_lance_dataset
+from tailer.serve.discovery import find_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 Row = tuple[Any, ...]

@@ -1,4 +1,4 @@
-"""Render a snapshot for people (text) and for programs (one JSON document)."""
+"""A Delta snapshot rendered for people (text) and for programs (one JSON document): `deltatail snapshot`."""
 
 from __future__ import annotations
 

@@ -1,0 +1,223 @@
+"""Lance datasets as a :class:`~tailer.formats.base.TableFormat` (:mod:`tailer.lance`, :mod:`state.lance`).
+
+A location is a Lance dataset when it is written ``lance://PATH`` (``lance:///data/ds``,
+``lance://s3://bucket/ds``), when the format is given as ``lance``, or, without either, when its
+layout says so: a ``_versions/`` directory holding manifests
+(:func:`~tailer.lance.dataset.looks_like_lance`). Net changes and their key, and a byte limit per
+Spark micro-batch, apply to Delta tables, not to Lance datasets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from state.errors import ConfigError
+from state.feed import TableInfo
+from state.lance.manifest import Manifest
+from tailer.audit.feed import AuditFeed
+from tailer.follow.sink import Sink
+from tailer.follow.stats import TableStats
+from tailer.follow.tailer import TailerConfig, table_name
+from tailer.formats.base import KEY, MAX_BYTES, NET_CHANGES, ChangeRequest, ChangeRun
+from tailer.lance.dataset import LanceDataset, is_lance_dataset, looks_like_lance
+from tailer.lance.feed import LanceFeed, LanceOptions
+from tailer.lance.follow import LanceTailer, lance_state_id, lance_table_id
+from tailer.read.feed import ChangeOptions
+from tailer.storage import Storage
+from tailer.table import TableRef
+
+#: The settings Lance datasets refuse.
+REFUSED = (NET_CHANGES, KEY, MAX_BYTES)
+
+
+def lance_options(options: ChangeOptions) -> LanceOptions:
+    """The Lance feed's options from the neutral change options (net changes and reader settings do not apply)."""
+    return LanceOptions(options.allow_non_additive, options.batch_size, options.filter, options.external_roots)
+
+
+def snapshot_document(manifest: Manifest, table: str) -> dict[str, Any]:
+    """A Lance version as the JSON document ``deltatail snapshot --json`` prints.
+
+    Fields: ``format`` (``lance``), ``table``, ``version``, ``timestamp`` (ISO-8601 UTC),
+    ``readerFeatureFlags``, ``stableRowIds``, ``schema`` (each field's ``id``, ``parentId``, ``name``,
+    ``type`` and ``nullable``), ``config``, ``liveRows`` and ``fragments`` (``id``, ``physicalRows``,
+    ``deletedRows``, ``deletionFile``, ``dataFiles``), in fragment-id order.
+    """
+    stamp = datetime.fromtimestamp(manifest.timestamp_us / 1e6, UTC).isoformat().replace("+00:00", "Z")
+    return {
+        "format": "lance",
+        "table": table,
+        "version": manifest.version,
+        "timestamp": stamp,
+        "readerFeatureFlags": manifest.reader_flags,
+        "stableRowIds": manifest.stable_row_ids,
+        "schema": [
+            {"id": f.id, "parentId": f.parent_id, "name": f.name, "type": f.logical_type, "nullable": f.nullable}
+            for f in manifest.fields
+        ],
+        "config": dict(sorted(manifest.config.items())),
+        "liveRows": manifest.live_rows,
+        "fragments": [
+            {
+                "id": f.id,
+                "physicalRows": f.physical_rows,
+                "deletedRows": 0 if f.deletion is None else f.deletion.num_deleted_rows,
+                "deletionFile": None if f.deletion is None else f.deletion.path,
+                "dataFiles": [{"path": d.path, "fields": list(d.fields)} for d in f.files],
+            }
+            for f in sorted(manifest.fragments, key=lambda f: f.id)
+        ],
+    }
+
+
+def snapshot_text(doc: dict[str, Any]) -> str:
+    """A human-readable rendering of :func:`snapshot_document`."""
+    lines = [
+        f"table    {doc['table']} (Lance)",
+        f"version  {doc['version']}  ({doc['timestamp']})",
+        f"features reader flags {doc['readerFeatureFlags']}  stable row ids {'yes' if doc['stableRowIds'] else 'no'}",
+        "schema",
+    ]
+    for f in doc["schema"]:
+        null = "" if f["nullable"] else " not null"
+        parent = "" if f["parentId"] < 0 else f"  (in field {f['parentId']})"
+        lines.append(f"  {f['name']}: {f['type']}{null}  [field {f['id']}]{parent}")
+    for key, value in doc["config"].items():
+        lines.append(f"  {key} = {value}")
+    lines.append(f"fragments {len(doc['fragments'])} ({doc['liveRows']} live rows)")
+    for f in doc["fragments"]:
+        deleted = "" if f["deletionFile"] is None else f"  {f['deletedRows']} deleted ({f['deletionFile']})"
+        files = ", ".join(d["path"] for d in f["dataFiles"])
+        lines.append(f"  fragment {f['id']}: {f['physicalRows']} rows{deleted}  data {files}")
+    return "\n".join(lines)
+
+
+def run_start(dataset: LanceDataset, value: object) -> int | None:
+    """``starting_version`` for following: ``None``, a number, or ``latest`` (the versions after the current latest).
+
+    Raises:
+        ConfigError: if it is neither.
+    """
+    if value is None:
+        return None
+    if value == "latest":
+        return dataset.latest_version() + 1
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class FollowedLance:
+    """A Lance dataset opened for following (:class:`~tailer.formats.base.FollowedTable`)."""
+
+    feed: LanceFeed
+
+    @property
+    def table_id(self) -> str:
+        """:func:`~tailer.lance.follow.lance_state_id` of the dataset."""
+        return lance_state_id(self.feed.table)
+
+    @property
+    def root(self) -> str:
+        """The dataset root."""
+        return self.feed.table
+
+    @property
+    def watch_dir(self) -> str:
+        """``_versions/``."""
+        return self.feed.dataset.versions_dir
+
+    @property
+    def remote(self) -> bool:
+        """Whether the dataset is on an object store."""
+        return self.feed.storage.remote
+
+    def check(self) -> None:
+        """The latest manifest is found and the filter's columns are in its schema."""
+        self.feed.dataset.latest_version()
+        self.feed.check_filter()
+
+    def tailer(self, config: TailerConfig, sink: Sink, stats: TableStats | None = None) -> LanceTailer:
+        """A new :class:`~tailer.lance.follow.LanceTailer` on this feed (``stats`` learns the table id now)."""
+        if stats is not None:
+            stats.table_id = self.table_id
+        return LanceTailer(config, sink, feed=self.feed, stats=stats)
+
+
+class LanceFormat:
+    """Lance datasets (``_versions/`` manifests)."""
+
+    name = "lance"
+    uri_prefix: str | None = "lance://"
+    noun = "Lance dataset"
+
+    def detect(self, storage: Storage, uri: str) -> bool:
+        """:func:`~tailer.lance.dataset.looks_like_lance` (one listing of ``_versions/``)."""
+        return looks_like_lance(uri, storage)
+
+    def claims(self, directory: str) -> bool:
+        """:func:`~tailer.lance.dataset.is_lance_dataset` (a manifest in ``_versions/``, and no ``_delta_log``)."""
+        return is_lance_dataset(directory)
+
+    def refused(self, asked: Sequence[str]) -> tuple[str, ...]:
+        """Net changes, their key and a byte limit per micro-batch (:data:`REFUSED`)."""
+        return tuple(a for a in asked if a in REFUSED)
+
+    def start_of(self, table: TableRef, value: object) -> int | None:
+        """:func:`run_start` on the dataset."""
+        return run_start(self._dataset(table), value)
+
+    def snapshot_document(self, table: TableRef, version: int | None) -> dict[str, Any]:
+        """:func:`snapshot_document` of the manifest of ``version``."""
+        dataset = self._dataset(table)
+        chosen = dataset.latest_version() if version is None else version
+        return snapshot_document(dataset.manifest(chosen), dataset.root)
+
+    def snapshot_text(self, table: TableRef, version: int | None) -> str:
+        """:func:`snapshot_text` of :meth:`snapshot_document`."""
+        return snapshot_text(self.snapshot_document(table, version))
+
+    def change_batches(self, table: TableRef, request: ChangeRequest) -> ChangeRun:
+        """The rows of :meth:`~tailer.lance.feed.LanceFeed.batches` for the request."""
+        feed = self._feed(table, request.options)
+        starting = feed.dataset.latest_version() if request.latest else request.starting_version
+        batches = feed.batches(
+            starting,
+            request.ending_version,
+            starting_timestamp_ms=request.starting_timestamp_ms,
+            initial_snapshot=request.initial_snapshot,
+        )
+        return ChangeRun(
+            batches,
+            lambda: TableInfo(feed.table, lance_table_id(feed.table), table_name(feed.table)),
+            lambda: feed.options.filter.output_schema(feed.rows.schema(feed.dataset.latest_version())),
+        )
+
+    def follow(self, table: TableRef, options: ChangeOptions) -> FollowedLance:
+        """A :class:`FollowedLance` on a new Lance feed."""
+        return FollowedLance(self._feed(table, options))
+
+    def audit_feed(self, table: TableRef) -> AuditFeed:
+        """Lance datasets have no audit events.
+
+        Raises:
+            ConfigError: always.
+        """
+        raise ConfigError("deltatail audit reads Delta tables' logs, not Lance datasets", table=table.uri)
+
+    @staticmethod
+    def _dataset(table: TableRef) -> LanceDataset:
+        return LanceDataset(table.uri, table.storage, external_roots=table.external_roots)
+
+    @staticmethod
+    def _feed(table: TableRef, options: ChangeOptions) -> LanceFeed:
+        return LanceFeed(table.uri, table.storage, lance_options(options), storage_options=table.storage_options)
+
+
+#: The Lance format.
+LANCE = LanceFormat()

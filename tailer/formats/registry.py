@@ -1,0 +1,105 @@
+"""The table formats deltatail reads, and the one place a table handle is built: :func:`open_table`.
+
+:data:`FORMATS` lists one :class:`~tailer.formats.base.TableFormat` per format, in the order
+they are asked to :meth:`~tailer.formats.base.TableFormat.detect` a table; Delta, the fallback,
+is last. Adding a format is one module in :mod:`tailer.formats` and one entry here (see
+:mod:`tailer.formats.base`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from state.errors import ConfigError
+from tailer.formats.base import TableFormat
+from tailer.formats.delta import DELTA
+from tailer.formats.lance import LANCE
+from tailer.storage import Storage
+from tailer.table import TableRef, table_storage
+
+#: Every format, in detection order; the last one (Delta) claims what no other does.
+FORMATS: tuple[TableFormat, ...] = (LANCE, DELTA)
+
+
+def format_names() -> tuple[str, ...]:
+    """The formats' names, sorted (the choices of ``--format``, ``format =`` and the Spark option)."""
+    return tuple(sorted(f.name for f in FORMATS))
+
+
+def format_named(name: str, *, setting: str = "format") -> TableFormat:
+    """The format called ``name`` (as given: case and spaces are the caller's to normalize).
+
+    Raises:
+        ConfigError: naming ``setting`` if no format has that name.
+    """
+    for f in FORMATS:
+        if f.name == name:
+            return f
+    raise ConfigError(f"{setting}={name!r} is neither {' nor '.join(format_names())}")
+
+
+def split_prefix(
+    uri: str, format_name: str | None = None, *, setting: str = "format"
+) -> tuple[str, TableFormat | None]:
+    """``uri`` without a format's prefix (``lance://``), and the format its prefix or ``format_name`` names.
+
+    Raises:
+        ConfigError: if the prefix names one format and ``format_name`` another, or the name is unknown.
+    """
+    given = None if format_name is None else format_named(format_name, setting=setting)
+    for f in FORMATS:
+        if f.uri_prefix is not None and uri.startswith(f.uri_prefix):
+            if given is not None and given is not f:
+                raise ConfigError(f"{uri} is a {f.uri_prefix} URI, but {setting} {given.name} was given")
+            return uri[len(f.uri_prefix) :], f
+    return uri, given
+
+
+def detect(uri: str, storage: Storage) -> TableFormat:
+    """The first format of :data:`FORMATS` that claims ``uri`` (Delta when no other does).
+
+    Raises:
+        StorageError: if the store cannot be reached (transient: the caller may look again later).
+    """
+    for f in FORMATS:
+        if f.detect(storage, uri):
+            return f
+    return DELTA
+
+
+def claimed(directory: str) -> TableFormat | None:
+    """The first format of :data:`FORMATS` that claims the local ``directory`` as its table, if any (discovery)."""
+    for f in FORMATS:
+        if f.claims(directory):
+            return f
+    return None
+
+
+def open_table(
+    uri: str,
+    storage_options: Mapping[str, str] | None = None,
+    *,
+    external_roots: tuple[str, ...] = (),
+    format_name: str | None = None,
+    setting: str = "format",
+) -> TableRef:
+    """The handle of the table at ``uri``: its prefix removed, its storage resolved once, its format given or detected.
+
+    Args:
+        uri: a path or URI as the user wrote it (``lance://PATH`` included).
+        storage_options: object-store options (flags, ``[storage]``, ``storage.*`` Spark options).
+        external_roots: roots outside the table its metadata may name.
+        format_name: the format given (``--format``, ``format =``), else ``None``: the prefix or the
+            layout tells.
+        setting: how messages name the format setting (``--format``, ``format``, ``option format``).
+
+    Raises:
+        ConfigError: for a prefix contradicting ``format_name``, an unknown format, or storage
+            options for a local path.
+        StorageError: if the format has to be detected and the store cannot be reached.
+    """
+    location, chosen = split_prefix(uri, format_name, setting=setting)
+    options = dict(storage_options or {})
+    storage = table_storage(location, options)
+    found = chosen if chosen is not None else detect(location, storage)
+    return TableRef(location, options, storage, tuple(external_roots), found)
