@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from state.errors import ConfigError
 from tailer.formats.base import TableFormat
 from tailer.formats.delta import DELTA
+from tailer.formats.iceberg import ICEBERG
 from tailer.formats.lance import LANCE
 from tailer.storage import Storage
 from tailer.table import TableRef, table_storage
 
 #: Every format, in detection order; the last one (Delta) claims what no other does.
-FORMATS: tuple[TableFormat, ...] = (LANCE, DELTA)
+FORMATS: tuple[TableFormat, ...] = (LANCE, ICEBERG, DELTA)
 
 
 def format_names() -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.expressions import EqualTo, GreaterThanOrEqual, In, LessThan
+from pyiceberg.expressions import EqualTo, GreaterThanOrEqual, In
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -161,7 +161,7 @@ def _random_history(t: Table, rng: random.Random, steps: int, *, v2: bool) -> No
             victim = rng.choice(live)
             t.overwrite(_evolved(t, rows([victim], tag="o")), overwrite_filter=EqualTo("id", victim))
         elif op == "upsert" and v2:
-            pick = rng.sample(live, min(len(live), 2)) + [next_id]
+            pick = [*rng.sample(live, min(len(live), 2)), next_id]
             next_id += 1
             t.upsert(_evolved(t, rows(pick, tag=rng.choice("uv"))))
         elif op == "evolve" and not evolved:
