@@ -29,10 +29,41 @@ from pyiceberg.manifest import (
     ManifestWriterV2,
     write_manifest_list,
 )
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
 from pyiceberg.typedef import Record
+from pyiceberg.types import LongType, NestedField, StringType
+
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "name", StringType()),
+    NestedField(3, "grp", LongType()),
+    identifier_field_ids=[1],
+)
+
+
+def rows(ids: list[int], tag: str = "n") -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "name": pa.array([f"{tag}{i}" for i in ids]),
+            "grp": pa.array([i % 3 for i in ids], pa.int64()),
+        },
+        schema=SCHEMA.as_arrow(),
+    )
+
+
+def new_table(tmp_path: Path, version: int = 2, spec: PartitionSpec | None = None, **props: str) -> Table:
+    cat = catalog(tmp_path)
+    kwargs: dict[str, Any] = {"properties": {"format-version": str(version), **props}}
+    if spec is not None:
+        kwargs["partition_spec"] = spec
+    return cat.create_table("db.t", SCHEMA, **kwargs)
+
 
 FILE_PATH_ID = 2147483546
 POS_ID = 2147483545
@@ -44,6 +75,11 @@ def catalog(root: Path) -> SqlCatalog:
     cat = SqlCatalog("test", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
     cat.create_namespace("db")
     return cat
+
+
+def in_filter(ids: list[int], column: str = "id") -> str:
+    """A pyiceberg row filter string: ``column`` is one of ``ids``."""
+    return f"{column} in ({', '.join(map(str, ids))})"
 
 
 def table_dir(table: Table) -> str:
@@ -152,22 +188,24 @@ def commit_deletes(
             ("added-position-deletes" if positions is not None else "added-equality-deletes"): str(rows.num_rows),
         },
     )
-    snapshot = Snapshot(
-        snapshot_id=snapshot_id,
-        parent_snapshot_id=parent_id,
-        sequence_number=sequence,
-        timestamp_ms=max(int(time.time() * 1000), md.last_updated_ms + 1),
-        manifest_list=list_path,
-        summary=summary,
-        schema_id=md.current_schema_id,
+    snapshot = Snapshot.model_validate(  # pydantic models: fields by their spec names
+        {
+            "snapshot-id": snapshot_id,
+            "parent-snapshot-id": parent_id,
+            "sequence-number": sequence,
+            "timestamp-ms": max(int(time.time() * 1000), md.last_updated_ms + 1),
+            "manifest-list": list_path,
+            "summary": summary,
+            "schema-id": md.current_schema_id,
+        }
+    )
+    ref = SetSnapshotRefUpdate.model_validate(
+        {"snapshot-id": snapshot_id, "ref-name": "main", "type": SnapshotRefType.BRANCH}
     )
     tx = table.transaction()
     tx._apply(
-        (
-            AddSnapshotUpdate(snapshot=snapshot),
-            SetSnapshotRefUpdate(snapshot_id=snapshot_id, parent_snapshot_id=parent_id, ref_name="main", type="branch"),
-        ),
-        (AssertRefSnapshotId(snapshot_id=parent_id, ref="main"),),
+        (AddSnapshotUpdate(snapshot=snapshot), ref),
+        (AssertRefSnapshotId.model_validate({"snapshot-id": parent_id, "ref": "main"}),),
     )
     return tx.commit_transaction()
 

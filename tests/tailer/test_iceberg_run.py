@@ -21,7 +21,6 @@ from typing import Any
 
 import orjson
 import pytest
-from pyiceberg.expressions import EqualTo, In
 from pyiceberg.table import Table
 
 from sinks.embedded import JsonLinesSink
@@ -33,9 +32,7 @@ from tailer.read.feed import ChangeOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import POINTS, run_campaign, strike
-
-from tests.tailer.iceberg_tables import catalog, table_dir
-from tests.tailer.test_iceberg_changes import SCHEMA, new_table, rows
+from iceberg_tables import SCHEMA, catalog, in_filter, new_table, rows, table_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
@@ -64,12 +61,12 @@ def assert_exact(t: Table, lines: list[dict[str, Any]], *, after: int | None = N
         by_version.setdefault(line["_position"][0], []).append(line)
     parent: int | None = None
     skipping = after is not None
-    for snap in sorted(t.snapshots(), key=lambda s: s.sequence_number):
+    for snap in sorted(t.snapshots(), key=lambda s: s.sequence_number or 0):
         if skipping:
             skipping = snap.snapshot_id != after
             parent = snap.snapshot_id
             continue
-        got = by_version.pop(snap.sequence_number, [])
+        got = by_version.pop(snap.sequence_number or 0, [])
         assert [line["_position"][1] for line in got] == list(range(len(got)))
         before = _scan(t, parent)
         now = _scan(t, snap.snapshot_id)
@@ -91,7 +88,7 @@ def test_restarts_deliver_only_new_snapshots(tmp_path: Path) -> None:
     t = new_table(tmp_path / "cat")
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
     t.append(rows([1, 2, 3]))
-    t.delete(EqualTo("id", 2))
+    t.delete("id == 2")
     run_once(table_dir(t), state, out)
     assert [(r["_change_type"], r["id"]) for r in jsonl(out)] == [
         ("insert", 1),
@@ -117,9 +114,11 @@ def test_initial_snapshot_then_changes(tmp_path: Path) -> None:
     t = new_table(tmp_path / "cat")
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
     t.append(rows([1, 2, 3]))
-    t.delete(EqualTo("id", 1))
+    t.delete("id == 1")
     run_once(table_dir(t), state, out, initial_snapshot=True)
-    version = t.current_snapshot().sequence_number  # type: ignore[union-attr]
+    head = t.current_snapshot()
+    assert head is not None and head.sequence_number is not None
+    version = head.sequence_number
     assert sorted((tuple(r["_position"]), r["id"]) for r in jsonl(out)) == [
         ((version, 0, True), 2),
         ((version, 1, True), 3),
@@ -201,7 +200,7 @@ def crash_table(tmp_path: Path) -> Table:
             t.append(rows(list(range(nxt, nxt + 30))))
             nxt += 30
         elif step % 3 == 1:
-            t.delete(In("id", rng.sample(live, 5)))
+            t.delete(in_filter(rng.sample(live, 5)))
         else:
             t.upsert(rows([*rng.sample(live, 3), nxt], tag="u"))
             nxt += 1
