@@ -11,6 +11,11 @@ Layers, read from every module's imports (``ast``, module level and inside funct
 Imports of project modules sit at module level (a function-local import would hide a cycle), and
 the module-level import graph has no cycle. No product module is over 600 lines: a longer one holds
 more than one job, to be split along its seams.
+
+A table's storage is resolved in one place, where its handle is built (``storage_for`` is called in
+:mod:`tailer.table` only), and a table format is a registry entry, not a branch: outside
+``tailer/formats/`` no code compares a format setting with a format's name, asks ``is_lance``, or
+asks a storage's type (``type(s) is LocalStorage``: a storage says what it can do).
 """
 
 from __future__ import annotations
@@ -199,6 +204,96 @@ def test_no_product_module_is_over_600_lines() -> None:
     assert not unlisted, f"over {MAX_MODULE_LINES} lines, split along its seams:\n" + "\n".join(unlisted)
     paid = sorted(m for m in OVER_THE_LIMIT if m not in over)
     assert not paid, f"no longer over {MAX_MODULE_LINES} lines, remove from OVER_THE_LIMIT: {', '.join(paid)}"
+
+
+#: The modules that may call ``storage_for``: its own, and the table handle's.
+STORAGE_RESOLVERS = frozenset({"tailer.storage.factory", "tailer.table"})
+#: The storage implementations: code outside ``tailer/storage`` never asks a storage's type.
+STORAGE_CLASSES = frozenset({"LocalStorage", "ObjectStoreStorage"})
+#: The names of the table formats (a comparison with one is a format branch).
+FORMAT_NAMES = frozenset({"delta", "lance", "iceberg"})
+
+
+def _name_of(node: ast.AST) -> str:
+    """``x`` of a name, ``b`` of an attribute ``a.b``, else ``""``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return ""
+
+
+def _format_branches(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Where ``tree`` branches on a table format or a storage's type: (line, what)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _name_of(node.func) in ("is_lance", "looks_like_lance", "is_lance_dataset"):
+            yield node.lineno, f"{_name_of(node.func)}(...)"
+        checked = node.args[1] if isinstance(node, ast.Call) and _name_of(node.func) == "isinstance" else None
+        if checked is not None and _name_of(checked) in STORAGE_CLASSES:
+            yield node.lineno, f"isinstance(..., {_name_of(checked)})"
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = [_name_of(n) for n in sides]
+        literals = {n.value for n in sides if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        texts = [ast.unparse(n) for n in sides]
+        if any("format" in t or "fmt" in t for t in texts) and literals & FORMAT_NAMES:
+            yield node.lineno, f"a format compared with {sorted(literals & FORMAT_NAMES)[0]!r}"
+        typed = any(isinstance(n, ast.Call) and _name_of(n.func) == "type" for n in sides)
+        if typed and set(named) & STORAGE_CLASSES:
+            yield node.lineno, f"type(...) compared with {sorted(set(named) & STORAGE_CLASSES)[0]}"
+
+
+def _storage_for_calls(tree: ast.AST) -> Iterator[int]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _name_of(node.func) == "storage_for":
+            yield node.lineno
+
+
+def test_storage_is_resolved_only_where_a_table_handle_is_built() -> None:
+    problems = [
+        f"{path.relative_to(ROOT)}:{line}: storage_for outside the table handle (tailer/table.py)"
+        for module, path in _modules().items()
+        if module not in STORAGE_RESOLVERS
+        for line in _storage_for_calls(ast.parse(path.read_text()))
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_no_format_branch_outside_the_format_registry() -> None:
+    problems = [
+        f"{path.relative_to(ROOT)}:{line}: {what} (ask the table's format: tailer/formats/)"
+        for module, path in _modules().items()
+        if not module.startswith(("tailer.formats", "tailer.storage"))
+        for line, what in _format_branches(ast.parse(path.read_text()))
+    ]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("code", "branches"),
+    [
+        ('if options.table_format == "lance": pass', 1),
+        ('if fmt.name != "delta": pass', 1),
+        ('if table.format.name == "lance": pass', 1),
+        ('if kind == "lance": pass', 0),  # not a format setting (the rule reads names: keep them honest)
+        ('if args.format == "lance": pass', 1),
+        ('lance = "lance" if looks_like_lance(t, s) else "delta"', 1),
+        ("if is_lance(args, {}): pass", 1),
+        ("local = type(self.storage) is LocalStorage", 1),
+        ("local = isinstance(storage, LocalStorage)", 1),
+        ("local = self.storage.local_files", 0),
+        ('if args.format == "table": pass', 0),  # an output format, not a table format
+        ("if table.format.refused(asked): pass", 0),
+    ],
+)
+def test_the_format_branch_rule_itself(code: str, branches: int) -> None:
+    assert len(list(_format_branches(ast.parse(code)))) == branches
+
+
+def test_the_storage_rule_itself() -> None:
+    assert list(_storage_for_calls(ast.parse("s = storage_for(uri, options)"))) == [1]
+    assert not list(_storage_for_calls(ast.parse("s = table.storage")))
 
 
 @pytest.mark.parametrize(

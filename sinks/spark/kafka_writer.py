@@ -68,7 +68,7 @@ from state.feed import ChangeBatch, TableInfo
 from tailer.collector import collector_paused
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
-from tailer.storage.factory import storage_for
+from tailer.table import table_storage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -88,7 +88,7 @@ def table_info(path: str, name: str | None = None, storage_options: Mapping[str,
         TableNotFoundError: if the path holds no Delta table.
         InvalidLogError: if the log holds no ``metaData`` to take the id from.
     """
-    log = DeltaLog(path, storage_for(path, storage_options))
+    log = DeltaLog(path, table_storage(path, storage_options))
     return TableInfo(log.table, table_id(log), name)
 
 

@@ -52,7 +52,7 @@ from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import lance_table_id
 from tailer.lance.rows import LanceRows, change_schema_of
 from tailer.storage import Storage
-from tailer.storage.factory import storage_for
+from tailer.table import table_storage
 
 log = logging.getLogger("deltatail")
 
@@ -140,7 +140,9 @@ def _reader(root: str, options: SourceOptions) -> LanceRows:
         if found is not None:
             _readers.move_to_end(key)
             return found
-    rows = LanceRows(root, storage_for(root, options.storage_options or None), storage_options=options.storage_options)
+    rows = LanceRows(
+        root, table_storage(root, options.storage_options or None), storage_options=options.storage_options
+    )
     with _readers_lock:
         _readers[key] = rows
         while len(_readers) > READERS_KEPT:

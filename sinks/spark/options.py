@@ -1,35 +1,35 @@
 """The Spark source's options (names as Delta's change data feed source; see :mod:`sinks.spark.source`).
 
-The table's format: a path written ``lance://PATH`` or the option ``format=lance`` is a Lance dataset,
-``format=delta`` a Delta table; without either, :meth:`SourceOptions.resolved` looks at the layout
-(a ``_versions/`` directory with manifests is a Lance dataset), as the command line does.
+The table's format (:mod:`tailer.formats`): a path written with a format's prefix (``lance://PATH``)
+or the option ``format`` (``delta``, ``lance``) names it; without either,
+:meth:`SourceOptions.resolved` looks at the layout (a ``_versions/`` directory with manifests is a
+Lance dataset), as the command line does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxBytes, ReadMaxFiles
 
 from state.errors import ConfigError
 from state.paths import check_external_root
-from tailer.lance.dataset import looks_like_lance
+from tailer.formats.base import KEY, MAX_BYTES, NET_CHANGES
+from tailer.formats.registry import detect, format_named, split_prefix
 from tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
 from tailer.storage import Storage
-from tailer.storage.factory import storage_for
 from tailer.storage.options import resolve_references
+from tailer.table import table_storage
 
 #: Options with this prefix are the table's storage options (``storage.aws_region``...).
 STORAGE_PREFIX = "storage."
 #: Delta's default ``maxFilesPerTrigger``.
 DEFAULT_MAX_FILES = 1000
-#: A path with this prefix is a Lance dataset.
-LANCE_PREFIX = "lance://"
-
-TableFormat = Literal["delta", "lance"]
+#: The options a format may refuse (:meth:`~tailer.formats.base.TableFormat.refused`), by their names here.
+REFUSABLE = {NET_CHANGES: "netChanges", KEY: "keyColumns", MAX_BYTES: "maxBytesPerTrigger"}
 
 T = TypeVar("T")
 
@@ -64,8 +64,8 @@ class SourceOptions:
     net_changes: bool = False
     key_columns: tuple[str, ...] = ()
     fail_on_data_loss: bool = True
-    #: ``delta`` or ``lance`` when known (a ``lance://`` path, the ``format`` option, or :meth:`resolved`).
-    table_format: TableFormat | None = None
+    #: The format's name when known (a ``lance://`` path, the ``format`` option, or :meth:`resolved`).
+    table_format: str | None = None
     #: ``externalRoots``: comma-separated roots outside the table its log may name (:mod:`state.paths`).
     external_roots: tuple[str, ...] = ()
     #: ``storage.KEY`` options: the table's object-store options (never shown; not in offsets).
@@ -79,18 +79,19 @@ class SourceOptions:
             ConfigError: if the path is missing, a value is malformed, both starting options are
                 given, ``keyColumns`` is given without ``netChanges``, an ``externalRoots`` entry is not
                 an absolute path or URI, a ``storage.*`` value's ``env:NAME`` or ``@FILE`` reference
-                cannot be resolved (see :func:`~tailer.storage.options.resolve_references`), or ``format`` is neither
-                ``delta`` nor ``lance`` (or ``delta`` for a ``lance://`` path).
+                cannot be resolved (see :func:`~tailer.storage.options.resolve_references`), or ``format`` names
+                no format (or another than a ``lance://`` path's).
         """
         opts = {k.lower(): v for k, v in options.items()}
         path = opts.get("path")
         if not path:
             raise ConfigError('no table path: use .load("/path/to/table")')
-        fmt = _format(opts.get("format"))
-        if path.startswith(LANCE_PREFIX):
-            if fmt == "delta":
-                raise ConfigError(f"{path} is a lance:// path, but format=delta was given")
-            path, fmt = path[len(LANCE_PREFIX) :], "lance"
+        raw = opts.get("format")
+        given = None if raw is None else format_named(raw.strip().lower(), setting="option format").name
+        path, named = split_prefix(
+            path, given, conflict=lambda uri, prefix, name: f"{uri} is a {prefix} path, but format={name} was given"
+        )
+        fmt = None if named is None else named.name
         start = opts.get("startingversion")
         latest = start is not None and start.strip().lower() == "latest"
         keys = tuple(k.strip() for k in opts.get("keycolumns", "").split(",") if k.strip())
@@ -127,34 +128,21 @@ class SourceOptions:
         """These options with the table's format known (looking at the layout when not given).
 
         Raises:
-            ConfigError: for a Lance dataset with ``netChanges``, ``keyColumns`` or
-                ``maxBytesPerTrigger`` (Delta-only options), or storage options for a local path.
+            ConfigError: for options the format refuses (a Lance dataset: ``netChanges``,
+                ``keyColumns``, ``maxBytesPerTrigger``), or storage options for a local path.
         """
         if self.table_format is None:
-            found: TableFormat = "lance" if looks_like_lance(self.path, self.storage()) else "delta"
-            return replace(self, table_format=found).resolved()
-        if self.table_format == "lance":
-            given = [
-                name
-                for name, on in (
-                    ("netChanges", self.net_changes),
-                    ("keyColumns", bool(self.key_columns)),
-                    ("maxBytesPerTrigger", self.max_bytes is not None),
-                )
-                if on
-            ]
-            if given:
-                raise ConfigError(
-                    f"option {', '.join(given)} applies to Delta tables, not to Lance datasets "
-                    "(maxFilesPerTrigger limits a Lance micro-batch)",
-                    table=self.path,
-                )
+            return replace(self, table_format=detect(self.path, self.storage()).name).resolved()
+        fmt = format_named(self.table_format, setting="option format")
+        given = {NET_CHANGES: self.net_changes, KEY: bool(self.key_columns), MAX_BYTES: self.max_bytes is not None}
+        refused = [REFUSABLE[k] for k in fmt.refused([k for k, on in given.items() if on])]
+        if refused:
+            raise ConfigError(
+                f"option {', '.join(refused)} applies to Delta tables, not to {fmt.noun}s "
+                "(maxFilesPerTrigger limits its micro-batches)",
+                table=self.path,
+            )
         return self
-
-    @property
-    def lance(self) -> bool:
-        """Whether the table is a Lance dataset (after :meth:`resolved`)."""
-        return self.table_format == "lance"
 
     @property
     def has_start(self) -> bool:
@@ -167,7 +155,7 @@ class SourceOptions:
         Raises:
             ConfigError: if storage options are given for a local path, or are malformed.
         """
-        return storage_for(self.path, self.storage_options or None)
+        return table_storage(self.path, self.storage_options)
 
     def change_options(self) -> ChangeOptions:
         """The :class:`~tailer.read.feed.ChangeOptions` these options ask for."""
@@ -180,17 +168,6 @@ class SourceOptions:
         if self.max_files is not None or self.max_bytes is None:
             return ReadMaxFiles(self.max_files or DEFAULT_MAX_FILES)
         return ReadMaxBytes(self.max_bytes)
-
-
-def _format(raw: str | None) -> TableFormat | None:
-    if raw is None:
-        return None
-    value = raw.strip().lower()
-    if value == "delta":
-        return "delta"
-    if value == "lance":
-        return "lance"
-    raise ConfigError(f"option format={raw!r} is neither delta nor lance")
 
 
 def _maybe(opts: Mapping[str, str], name: str, parse: Callable[[str], T]) -> T | None:

@@ -117,23 +117,13 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from pyspark.sql.types import StructType
 
 from sinks.spark.admission import Budget, admit
-from sinks.spark.lance import (
-    LancePartition,
-    LanceStreamPlanner,
-    lance_feed,
-    lance_source_schema,
-    read_lance_partition,
-    version_schema,
-)
+from sinks.spark.formats import Planner, spark_format
+from sinks.spark.lance import LancePartition, read_lance_partition
 from sinks.spark.offsets import Offset, plan_key
-from sinks.spark.options import SourceOptions, TableFormat
+from sinks.spark.options import SourceOptions
 from sinks.spark.partitions import make_partitions, read_partition
-from sinks.spark.planner import StreamPlanner
-from sinks.spark.schema import arrow_target, check_fits, check_schema_fits, spark_schema
+from sinks.spark.schema import arrow_target, spark_schema
 from state.errors import ConfigError
-from state.feed import change_schema
-from tailer.log.delta_log import DeltaLog
-from tailer.read.feed import ChangeFeed
 from tailer.storage import Storage
 
 SHORT_NAME = "deltatail"
@@ -169,7 +159,7 @@ class DeltaTailStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.options = options
         self.schema = schema
         self._storage = storage
-        self._planner: StreamPlanner | LanceStreamPlanner | None = None
+        self._planner: Planner | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "schema": self.schema, "_planner": None, "_storage": None}
@@ -178,11 +168,11 @@ class DeltaTailStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.__dict__.update(state)
 
     @property
-    def planner(self) -> StreamPlanner | LanceStreamPlanner:
-        """The driver state, created on first use (a :class:`LanceStreamPlanner` on a Lance dataset)."""
+    def planner(self) -> Planner:
+        """The driver state, created on first use by the table's format (:mod:`sinks.spark.formats`)."""
         if self._planner is None:
-            make = LanceStreamPlanner if self.options.lance else StreamPlanner
-            self._planner = make(self.options, arrow_target(self.schema), self._storage)
+            fmt = spark_format(self.options)
+            self._planner = fmt.planner(self.options, arrow_target(self.schema), self._storage)
         return self._planner
 
     def initialOffset(self) -> dict[str, Any]:
@@ -273,37 +263,7 @@ class DeltaTailBatchReader(DataSourceReader):
             SchemaChangeError: if a version's schema does not fit the read's, or changes non-additively.
             VersionNotFoundError, VersionGapError: as :meth:`ChangeFeed.plans`.
         """
-        o = self.options
-        target = arrow_target(self.schema)
-        if o.lance:
-            return self._lance_partitions(target)
-        feed = ChangeFeed(o.path, o.storage(), o.change_options())
-        plans = feed.plans(
-            o.starting_version,
-            self.ending_version,
-            starting_timestamp_ms=o.starting_timestamp_ms,
-            initial_snapshot=bool(o.initial_snapshot),
-        )
-        out: list[InputPartition] = []
-        for plan in plans:
-            check_fits(plan, target)
-            out += make_partitions(plan, 0, len(plan.tasks), o)
-        return out
-
-    def _lance_partitions(self, target: pa.Schema) -> list[InputPartition]:
-        o = self.options
-        feed = lance_feed(o)
-        plans = feed.plans(
-            o.starting_version,
-            self.ending_version,
-            starting_timestamp_ms=o.starting_timestamp_ms,
-            initial_snapshot=bool(o.initial_snapshot),
-        )
-        out: list[InputPartition] = []
-        for plan in plans:
-            check_schema_fits(version_schema(feed.rows, plan.version), target, table=feed.table, version=plan.version)
-            out += make_partitions(plan, 0, len(plan.tasks), o)
-        return out
+        return spark_format(self.options).batch_partitions(self.options, arrow_target(self.schema), self.ending_version)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The rows of one partition (on an executor); raises what :func:`read_any` raises."""
@@ -328,7 +288,7 @@ class DeltaTailDataSource(DataSource):
     #: The version :meth:`schema` read the schema at (pins a batch read's default end).
     schema_version: int | None = None
     #: The table's format as :meth:`schema` found it (so the readers need not look again).
-    table_format: TableFormat | None = None
+    table_format: str | None = None
 
     @classmethod
     def name(cls) -> str:
@@ -356,12 +316,8 @@ class DeltaTailDataSource(DataSource):
         """
         options = self.source_options()
         self.table_format = options.table_format
-        if options.lance:
-            arrow, self.schema_version = lance_source_schema(options, options.ending_version)
-            return spark_schema(arrow)
-        snap = DeltaLog(options.path, options.storage()).snapshot(options.ending_version)
-        self.schema_version = snap.version
-        return spark_schema(change_schema(snap.schema))
+        arrow, self.schema_version = spark_format(options).schema(options, options.ending_version)
+        return spark_schema(arrow)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """A :class:`DeltaTailStreamReader`; raises what it raises."""

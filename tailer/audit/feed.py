@@ -51,7 +51,7 @@ from tailer.log.delta_log import DeltaLog, LogListing
 from tailer.log.starts import snapshot_time, version_at_or_after
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.read.rows import resolve_data_path
-from tailer.storage import FileInfo, LocalStorage, Storage
+from tailer.storage import FileInfo, Storage
 
 log = logging.getLogger("deltatail.audit")
 
@@ -244,7 +244,7 @@ class AuditFeed:
         """
         if starting_timestamp_ms is not None:
             starting_version = version_at_or_after(self.log, starting_timestamp_ms)
-        local = type(self.storage) is LocalStorage
+        local = self.storage.local_files
         listing: LogListing | None = None
         if local:
             latest = self.log.latest_version()

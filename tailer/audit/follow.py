@@ -57,7 +57,7 @@ from tailer.log.starts import snapshot_time, table_id, version_at_or_after
 from tailer.log.watch import LogWatcher, Watcher
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.storage import Storage
-from tailer.storage.factory import storage_for
+from tailer.table import table_storage
 
 log = logging.getLogger("deltatail.audit")
 
@@ -140,7 +140,7 @@ class AuditFollower:
         config: the settings.
         outputs: where events go (not yet opened; closed by :meth:`run`).
         notifier: evaluates alert rules and delivers the alerts (closed by :meth:`run`), if any.
-        storage: the table's storage; by default :func:`~tailer.storage.factory.storage_for` with
+        storage: the table's storage; by default :func:`~tailer.table.table_storage` with
             ``config.storage_options``.
         watcher: makes the watcher of ``_delta_log`` (the log directory, whether to watch).
         clock: monotonic seconds.
@@ -158,7 +158,7 @@ class AuditFollower:
     ) -> None:
         self.config = config
         if storage is None:
-            storage = storage_for(config.table, config.storage_options)
+            storage = table_storage(config.table, config.storage_options)
         self.log = DeltaLog(config.table, storage)
         self.outputs = _Outputs(outputs)
         self.notifier = notifier

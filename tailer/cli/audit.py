@@ -37,16 +37,15 @@ from state.alerts import SEVERITIES, Alert
 from state.audit import AuditEvent
 from state.errors import ConfigError
 from tailer.audit.alerts import AlertNotifier, AuditSettings
-from tailer.audit.feed import AuditFeed
 from tailer.audit.follow import AuditFollowConfig, AuditFollower
 from tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
 from tailer.audit.report import require_report_extra, write_report
 from tailer.cli.process import stop_on_signals
 from tailer.cli.settings import STORAGE, audit_config, external_root_option, flag_type, merge
-from tailer.log.delta_log import DeltaLog
+from tailer.formats.registry import open_table
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
-from tailer.storage.factory import storage_for
+from tailer.table import TableRef
 
 log = logging.getLogger("deltatail.audit")
 
@@ -346,9 +345,14 @@ def _start_version(text: Any, latest: int | None) -> int | None:
         raise ConfigError(f"--starting-version must be a number or 'latest', got {text!r}") from None
 
 
+def _open(args: argparse.Namespace, settings: dict[str, Any]) -> TableRef:
+    """The handle of the audited table (its format detected: one whose :meth:`audit_feed` refuses is refused)."""
+    return open_table(args.table, settings.get(STORAGE), external_roots=tuple(settings.get("external_roots", ())))
+
+
 def _range(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSettings, fmt: str) -> int:
-    storage = storage_for(args.table, settings.get(STORAGE) or None)
-    feed = AuditFeed(args.table, storage, external_roots=tuple(settings.get("external_roots", ())))
+    table = _open(args, settings)
+    feed = table.format.audit_feed(table)
     starting = _start_version(
         args.starting_version, feed.log.latest_version() if args.starting_version == "latest" else None
     )
@@ -409,14 +413,15 @@ def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSett
     if args.html is not None:
         raise ConfigError("--html writes the report of a range; it cannot be used with --follow")
     storage_options = settings.get(STORAGE, {})
+    table = _open(args, settings)
+    table.format.audit_feed(table)  # refuses a format without audit events
     starting = settings.get("starting_version")
     if starting == "latest":  # only the commits after the latest now
-        latest = DeltaLog(args.table, storage_for(args.table, storage_options or None)).latest_version()
-        starting = latest + 1
+        starting = table.format.start_of(table, starting)
     start_ts = settings.get("starting_timestamp")
     d = AuditFollowConfig(table="", state_dir="")
     config = AuditFollowConfig(
-        table=args.table,
+        table=table.uri,
         state_dir=settings["state_dir"],
         starting_version=_start_version(starting, None),
         starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
@@ -444,7 +449,7 @@ def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSett
         outputs.append(watch)
     notifier = AlertNotifier.from_settings(audit) if audit.rules else None  # its webhooks start here
     try:
-        follower = AuditFollower(config, outputs, notifier)
+        follower = AuditFollower(config, outputs, notifier, storage=table.storage)
     except BaseException:
         if notifier is not None:
             notifier.close(0)

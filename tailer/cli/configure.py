@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from state.errors import ConfigError
 from state.filters import ChangeFilter
 from tailer.cli.settings import STORAGE, names
 from tailer.follow.tailer import TailerConfig
-from tailer.log.delta_log import DeltaLog
+from tailer.formats.base import starting_version
+from tailer.formats.registry import open_table
 from tailer.parse import parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
-from tailer.storage import Storage
-from tailer.storage.factory import storage_for
+from tailer.table import TableRef
 
 #: The sink of ``deltatail run`` when none is given: JSON lines on stdout.
 DEFAULT_SINK = "jsonl:-"
@@ -56,42 +56,12 @@ def change_filter(settings: Mapping[str, Any]) -> ChangeFilter:
     )
 
 
-def storage(table: str, options: Mapping[str, str] | None) -> Storage:
-    """The storage of ``table`` with the storage options given (flags, ``[storage]``; obstore reads the environment).
-
-    Raises:
-        ConfigError: if options are given for a local table, or are malformed.
-    """
-    return storage_for(table, dict(options) if options else None)
-
-
-def starting_version(table: str, store: Storage, value: object) -> int | None:
-    """``starting_version`` for following: a number, or ``latest`` (the commits after the current latest).
-
-    Raises:
-        ConfigError: if it is neither.
-    """
-    if value is None:
-        return None
-    if value == "latest":
-        return DeltaLog(table, store).latest_version() + 1
-    try:
-        return int(str(value))
-    except ValueError:
-        raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
-
-
-def tailer_config(
-    table: str,
-    state_dir: str,
-    s: Mapping[str, Any],
-    *,
-    start_of: Callable[[str, Storage, object], int | None] | None = None,
-) -> TailerConfig:
+def tailer_config(table: TableRef | str, state_dir: str, s: Mapping[str, Any]) -> TailerConfig:
     """The configuration of a tailer of ``table`` from merged settings ``s`` (defaults from the config types).
 
-    ``start_of`` turns ``starting_version`` into a version (default: :func:`starting_version`, for
-    Delta tables; Lance datasets number and find their latest version their own way).
+    ``table`` is the table's handle (its format turns ``starting_version`` into a version:
+    :meth:`~tailer.formats.base.TableFormat.start_of`), or its path, opened only if
+    ``starting_version`` is ``latest`` (in the format ``s`` gives, else the one detected).
 
     Raises:
         ConfigError: for contradicting or invalid settings.
@@ -104,11 +74,11 @@ def tailer_config(
     d = RUN_DEFAULTS
     start_ts = s.get("starting_timestamp")
     storage_options = dict(s.get(STORAGE, {}))
-    store = storage(table, storage_options)
+    external_roots = tuple(s.get("external_roots", ()))
     return TailerConfig(
-        table=table,
+        table=table.uri if isinstance(table, TableRef) else table,
         state_dir=state_dir,
-        starting_version=(start_of or starting_version)(table, store, s.get("starting_version")),
+        starting_version=_start(table, storage_options, external_roots, s),
         starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
         initial_snapshot=bool(s.get("initial_snapshot", d.initial_snapshot)),
         poll_interval=s.get("poll_interval", d.poll_interval),
@@ -125,7 +95,19 @@ def tailer_config(
             allow_non_additive=bool(s.get("allow_non_additive", READ_DEFAULTS.allow_non_additive)),
             reader_processes=reader_processes(s.get("reader_processes")),
             filter=change_filter(s),
-            external_roots=tuple(s.get("external_roots", ())),
+            external_roots=external_roots,
         ),
         storage_options=storage_options,
     )
+
+
+def _start(
+    table: TableRef | str, storage_options: dict[str, str], external_roots: tuple[str, ...], s: Mapping[str, Any]
+) -> int | None:
+    """``starting_version`` as a version, by the table's format (a path is opened only for ``latest``)."""
+    value = s.get("starting_version")
+    if isinstance(table, str) and value == "latest":
+        table = open_table(table, storage_options, external_roots=external_roots, format_name=s.get("format"))
+    if isinstance(table, TableRef):
+        return table.format.start_of(table, value)
+    return starting_version(value, latest=lambda: 0)  # a number or None: the table is not read

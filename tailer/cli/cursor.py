@@ -15,12 +15,12 @@ from pathlib import Path
 import orjson
 
 from state.errors import ConfigError
-from tailer.cli.configure import storage
 from tailer.follow.control import TableState, describe, reset, seek
 from tailer.follow.state_store import CURSOR_FILE, StateStore
 from tailer.parse import parse_timestamp_ms
 from tailer.serve.state_root import StateRoot, read_status
 from tailer.storage.options import parse_option_pairs
+from tailer.table import table_storage
 
 
 def _targets(state: Path, table: str | None) -> list[tuple[Path, str | None, str]]:
@@ -61,7 +61,7 @@ def status(args: argparse.Namespace) -> int:
             table = saved.table if saved is not None else None
         if table is None and recorded is not None and isinstance(recorded.get("table"), str):
             table = recorded["table"]  # a running tailer that has not saved a cursor yet
-        store = storage(table, options) if table else None
+        store = table_storage(table, options) if table else None
         rows.append(describe(directory, path, name, store, recorded))
     if args.json:
         sys.stdout.buffer.write(orjson.dumps([r.to_json() for r in rows], option=orjson.OPT_INDENT_2) + b"\n")
@@ -84,7 +84,7 @@ def seek_command(args: argparse.Namespace) -> int:
     cursor = seek(
         directory,
         table,
-        storage(table, parse_option_pairs(args.storage_option or [])),
+        table_storage(table, parse_option_pairs(args.storage_option or [])),
         to_version=args.to_version,
         to_timestamp_ms=ts,
         to_latest=args.to_latest,
@@ -106,7 +106,7 @@ def reset_command(args: argparse.Namespace) -> int:
             raise ConfigError("reset: name the table with --table")
         entry = root.find(args.table)
         directory, table = entry.directory, entry.path
-    cursor = reset(directory, table, storage(table, parse_option_pairs(args.storage_option or [])))
+    cursor = reset(directory, table, table_storage(table, parse_option_pairs(args.storage_option or [])))
     print(f"{table}: starts over with its rows at version {cursor.version}, then the changes after it")
     return 0
 

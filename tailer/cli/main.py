@@ -18,9 +18,7 @@ from collections.abc import Sequence
 import orjson
 
 from state.errors import ConfigError, DeltaTailError, StorageError
-from state.feed import TableInfo, change_schema
 from tailer.cli import audit, logs
-from tailer.cli import lance as lance_cli
 from tailer.cli.configure import (
     DEFAULT_SINK,
     READ_DEFAULTS,
@@ -28,7 +26,6 @@ from tailer.cli.configure import (
     change_filter,
     keys,
     reader_processes,
-    storage,
     tailer_config,
 )
 from tailer.cli.cursor import add_parsers as add_cursor_parsers
@@ -39,15 +36,15 @@ from tailer.cli.progress import ServiceProgress
 from tailer.cli.serve import serve
 from tailer.cli.settings import SINK_GAP_CHOICES, STORAGE, external_root_option, flag_type, merge
 from tailer.cli.sink_uri import open_sink
+from tailer.cli.tables import add_format_option, open_cli_table, tailer_maker
 from tailer.follow.service import TailerService
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import table_name
-from tailer.formats.delta_report import snapshot_document, snapshot_text
-from tailer.log.delta_log import DeltaLog
-from tailer.log.starts import table_id
+from tailer.formats.base import KEY, NET_CHANGES, ChangeRequest
 from tailer.parse import parse_timestamp_ms
-from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.read.feed import ChangeOptions
 from tailer.storage.options import parse_option_pairs
+from tailer.table import TableRef
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -63,15 +60,12 @@ EXIT_CODES = {
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    if lance_cli.is_lance(args, parse_option_pairs(args.storage_option or [])):
-        return lance_cli.snapshot(args)
-    snap = DeltaLog(args.table, storage(args.table, parse_option_pairs(args.storage_option or []))).snapshot(
-        args.version
-    )
+    table = open_cli_table(args, parse_option_pairs(args.storage_option or []))
     if args.json:
-        sys.stdout.buffer.write(orjson.dumps(snapshot_document(snap), option=orjson.OPT_INDENT_2) + b"\n")
+        doc = table.format.snapshot_document(table, args.version)
+        sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        print(snapshot_text(snap))
+        print(table.format.snapshot_text(table, args.version))
     return 0
 
 
@@ -81,8 +75,13 @@ READER_PROCESSES_HELP = (
 
 
 def _changes(args: argparse.Namespace) -> int:
-    if lance_cli.is_lance(args, parse_option_pairs(args.storage_option or [])):
-        return lance_cli.changes(args)
+    table = open_cli_table(args, parse_option_pairs(args.storage_option or []))
+    asked = {NET_CHANGES: ("--net-changes", args.net_changes), KEY: ("--key", bool(args.key))}
+    refused = table.format.refused([k for k, (_, on) in asked.items() if on])
+    if refused:
+        flags = " and ".join(asked[k][0] for k in refused)
+        verb = "applies" if len(refused) == 1 else "apply"
+        raise ConfigError(f"{flags} {verb} to Delta tables, not to {table.format.noun}s")
     if args.key and not args.net_changes:
         raise ConfigError("--key needs --net-changes")
     options = ChangeOptions(
@@ -90,30 +89,22 @@ def _changes(args: argparse.Namespace) -> int:
         key_columns=keys(args.key),
         reader_processes=reader_processes(args.reader_processes),
         filter=change_filter(vars(args)),
-        external_roots=tuple(args.external_roots or ()),
+        external_roots=table.external_roots,
     )
-    feed = ChangeFeed(args.table, storage(args.table, parse_option_pairs(args.storage_option or [])), options)
-    feed.check_filter()
     start_ms = None
     if args.starting_timestamp is not None:
         start_ms = parse_timestamp_ms(args.starting_timestamp, name="--starting-timestamp")
-    starting = feed.log.latest_version() if args.starting_version == "latest" else args.starting_version
-    batches = feed.batches(
-        starting,
-        args.ending_version,
+    latest = args.starting_version == "latest"
+    request = ChangeRequest(
+        starting_version=None if latest else args.starting_version,
+        latest=latest,
+        ending_version=args.ending_version,
         starting_timestamp_ms=start_ms,
         initial_snapshot=args.initial_snapshot,
+        options=options,
     )
-    return write_changes(
-        batches,
-        args.output,
-        lambda: _table_info(feed),
-        lambda: feed.options.filter.output_schema(change_schema(feed.log.snapshot().schema)),
-    )
-
-
-def _table_info(feed: ChangeFeed) -> TableInfo:
-    return TableInfo(feed.table, table_id(feed.log, feed.log.snapshot()), table_name(feed.table))
+    run = table.format.change_batches(table, request)
+    return write_changes(run.batches, args.output, run.info, run.schema)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -121,12 +112,12 @@ def _run(args: argparse.Namespace) -> int:
     if not s.get("state_dir"):
         raise ConfigError("--state-dir is required (or DELTATAIL_STATE_DIR, or state_dir in the config file)")
     try:
-        lance: bool | None = lance_cli.is_lance(args, dict(s.get(STORAGE, {})))
+        table: TableRef | None = open_cli_table(args, s.get(STORAGE))
     except StorageError as e:
         if not e.transient:
             raise
-        lance = None  # the store is unavailable now: each attempt of the service looks again
-    config = tailer_config(args.table, s["state_dir"], s, start_of=lance_cli.run_start if lance else None)
+        table = None  # the store is unavailable now: each attempt of the service looks again
+    config = tailer_config(args.table if table is None else table, s["state_dir"], s)
     uri = s.get("sink", DEFAULT_SINK)
     retries = s.get("sink_retries")
     tune_for_latency()
@@ -135,7 +126,7 @@ def _run(args: argparse.Namespace) -> int:
         config,
         lambda: open_sink(uri),
         retries=retries,
-        make_tailer=lance_cli.tailer_maker(lance, stats),
+        make_tailer=tailer_maker(args, table, stats),
         stats=stats,
     )
     stop_on_signals(service.stop)
@@ -203,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     _storage_option(snap)
     external_root_option(snap)  # Lance manifests are checked when read; Delta snapshots read no data file
-    lance_cli.add_format_option(snap)
+    add_format_option(snap)
     snap.set_defaults(handler=_snapshot)
 
     ch = sub.add_parser("changes", help="print the change rows of a range of versions")
@@ -225,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     _storage_option(ch)
     external_root_option(ch)
     _filter_options(ch)
-    lance_cli.add_format_option(ch)
+    add_format_option(ch)
     ch.set_defaults(handler=_changes)
 
     run = sub.add_parser("run", help="follow a table and deliver its changes to a sink")
@@ -297,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _storage_option(run)
     external_root_option(run)
     _filter_options(run)
-    lance_cli.add_format_option(run)
+    add_format_option(run)
     run.set_defaults(handler=_run)
 
     add_cursor_parsers(sub, _storage_option)

@@ -62,8 +62,6 @@ from typing import Any
 
 from state.errors import ConfigError, DeltaTailError, StorageError
 from tailer.cli.configure import DEFAULT_SINK, tailer_config
-from tailer.cli.lance import PREFIX as LANCE_PREFIX
-from tailer.cli.lance import run_start as lance_run_start
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, STORAGE, coerce, storage_table
@@ -71,17 +69,13 @@ from tailer.cli.sink_uri import open_sink
 from tailer.follow.sink import Sink
 from tailer.follow.tailer import table_name
 from tailer.follow.transient import is_transient
-from tailer.lance.dataset import looks_like_lance
-from tailer.lance.feed import LanceFeed, LanceOptions
-from tailer.lance.follow import lance_state_id
-from tailer.log.delta_log import DeltaLog
-from tailer.log.starts import table_id
-from tailer.read.feed import ChangeFeed
-from tailer.serve.discovery import find_tables, is_lance_dataset
+from tailer.formats.base import KEY, NET_CHANGES
+from tailer.formats.registry import FALLBACK, claimed, format_names, open_table, split_prefix
+from tailer.serve.discovery import find_tables
 from tailer.serve.http import HealthServer, load_auth_token
 from tailer.serve.service import Service, ServiceOptions, TableSource, probe_state_root
 from tailer.serve.state_root import StateRoot
-from tailer.storage.factory import storage_for
+from tailer.storage.local import to_local_path
 
 log = logging.getLogger("deltatail")
 
@@ -90,10 +84,8 @@ _NOT_PER_TABLE = frozenset({"state_dir", "until_caught_up", "sink_retries"})
 TABLE_SETTINGS = frozenset(RUN_SETTINGS) - _NOT_PER_TABLE
 SERVICE_KEYS = SERVICE_SETTINGS
 DISCOVER_KEYS = frozenset(DISCOVER_SETTINGS)
-#: A ``[[tables]]`` entry's ``format``: its table format, when its path or layout should not decide.
-FORMATS = ("delta", "lance")
-#: Settings of ``run`` that apply to Delta tables only.
-DELTA_ONLY = ("net_changes", "key")
+#: Settings of ``run`` a format may refuse (:meth:`~tailer.formats.base.TableFormat.refused`), by their keys here.
+REFUSABLE = {NET_CHANGES: "net_changes", KEY: "key"}
 
 
 @dataclass
@@ -166,11 +158,11 @@ def load_serve_config(path: str) -> ServeConfig:
             raise ConfigError(f"{where} needs a path", file=path)
         raw = dict(raw)
         table_path = raw.pop("path")
-        name = str(raw.pop("name", table_name(table_path.removeprefix(LANCE_PREFIX))))
+        name = str(raw.pop("name", table_name(split_prefix(table_path)[0])))
         where = f"table {name!r}"
         fmt = raw.pop("format", None)
-        if fmt is not None and fmt not in FORMATS:
-            raise ConfigError(f"{where}: format must be one of {', '.join(FORMATS)}, got {fmt!r}", file=path)
+        if fmt is not None and fmt not in format_names():
+            raise ConfigError(f"{where}: format must be one of {', '.join(format_names())}, got {fmt!r}", file=path)
         own_storage = _storage(raw.pop(STORAGE, {}), f"{where} storage", path)
         settings = {**defaults, **_settings(raw, where, path), "path": table_path}
         if fmt is not None:
@@ -310,34 +302,31 @@ def check_discovered_sink(defaults: Mapping[str, Any]) -> None:
 
 
 def source(name: str, settings: Mapping[str, Any]) -> TableSource:
-    """The service's table of ``name``, with its settings (``format``: ``delta`` or ``lance``, else detected).
+    """The service's table of ``name``, with its settings (``format``: a format's name, else detected).
 
     Raises:
-        ConfigError: for invalid settings, a ``lance://`` path with ``format = "delta"``, or Delta-only
-            settings for a Lance dataset.
+        ConfigError: for invalid settings, a ``lance://`` path with another ``format``, or settings
+            the table's format refuses (``net_changes``, ``key`` for a Lance dataset).
     """
-    table = str(settings["path"])
-    fmt = settings.get("format")
-    if table.startswith(LANCE_PREFIX):
-        if fmt == "delta":
-            raise ConfigError(f"table {name!r}: {table} is a lance:// path, but format is delta")
-        table, fmt = table[len(LANCE_PREFIX) :], "lance"
-    if fmt is None:
-        try:
-            fmt = "lance" if looks_like_lance(table, storage_for(table, settings.get(STORAGE) or None)) else "delta"
-        except StorageError as e:
-            if not e.transient:
-                raise
-            log.warning("table %r: its format cannot be told now (%s); it is looked at again when it opens", name, e)
-            delta = source(name, {**settings, "format": "delta"})
-            return replace(delta, resolve=lambda: source(name, settings))
+    try:
+        table = open_table(
+            str(settings["path"]),
+            settings.get(STORAGE),
+            external_roots=tuple(settings.get("external_roots", ())),
+            format_name=settings.get("format"),
+            conflict=lambda uri, prefix, given: f"table {name!r}: {uri} is a {prefix} path, but format is {given}",
+        )
+    except StorageError as e:
+        if not e.transient:
+            raise
+        log.warning("table %r: its format cannot be told now (%s); it is looked at again when it opens", name, e)
+        placeholder = source(name, {**settings, "format": FALLBACK.name})
+        return replace(placeholder, resolve=lambda: source(name, settings))
+    refused = [REFUSABLE[k] for k in table.format.refused([k for k, key in REFUSABLE.items() if settings.get(key)])]
+    if refused:
+        raise ConfigError(f"table {name!r} is a {table.format.noun}: {', '.join(refused)} apply to Delta tables only")
     sink = SinkFactory(str(settings.get("sink", DEFAULT_SINK)), name)
-    if fmt == "lance":
-        refused = [k for k in DELTA_ONLY if settings.get(k)]
-        if refused:
-            raise ConfigError(f"table {name!r} is a Lance dataset: {', '.join(refused)} apply to Delta tables only")
-        return TableSource(name, tailer_config(table, "", settings, start_of=lance_run_start), sink, "lance")
-    return TableSource(name, tailer_config(table, "", settings), sink)
+    return TableSource(name, tailer_config(table, "", settings), sink, table=table)
 
 
 def check_tables(sources: list[TableSource]) -> tuple[dict[str, str], dict[str, str]]:
@@ -362,22 +351,10 @@ def check_tables(sources: list[TableSource]) -> tuple[dict[str, str], dict[str, 
         try:
             if s.resolve is not None:  # its format could not be told a moment ago; the service looks again itself
                 s = s.resolve()
-            c = s.config
-            if s.table_format == "lance":
-                o = c.options
-                lance = LanceFeed(
-                    c.table,
-                    options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter, o.external_roots),
-                    storage_options=c.storage_options or None,
-                )
-                lance.dataset.latest_version()
-                lance.check_filter()
-                tid = lance_state_id(lance.table)
-            else:
-                feed = ChangeFeed(c.table, storage_for(c.table, c.storage_options or None), c.options)
-                feed.log.latest_version()
-                feed.check_filter()
-                tid = table_id(feed.log)
+            table = s.handle()
+            followed = table.format.follow(table, s.config.options)
+            followed.check()
+            tid = followed.table_id
         except DeltaTailError as e:
             if is_transient(e):
                 log.warning("table %r cannot be checked now (%s): it starts unavailable and is retried", s.name, e)
@@ -418,9 +395,11 @@ def _discovered(config: ServeConfig, known_paths: set[str], refused: set[str]) -
             if path in known_paths:
                 continue
             name = Path(path).relative_to(Path(root).resolve()).as_posix().replace("/", ".")
-            fmt = "lance" if is_lance_dataset(path) else "delta"
+            fmt = claimed(path)
+            if fmt is None:  # no longer a table since it was found
+                continue
             try:
-                found = source(name, {**config.defaults, "path": path, "format": fmt})
+                found = source(name, {**config.defaults, "path": path, "format": fmt.name})
                 check_sink_uris([found])
             except DeltaTailError as e:
                 if path not in refused:
@@ -434,10 +413,8 @@ def _discovered(config: ServeConfig, known_paths: set[str], refused: set[str]) -
 
 def _normalized(source: TableSource) -> str:
     """A configured table's path as discovery writes it (to leave it to its own entry)."""
-    if source.table_format == "lance":
-        table = source.config.table
-        return table.rstrip("/") if "://" in table else str(Path(table).resolve())
-    return DeltaLog(source.config.table).table
+    table = to_local_path(source.config.table)
+    return table.rstrip("/") if "://" in table else str(Path(table).resolve())
 
 
 def serve(config_path: str) -> int:

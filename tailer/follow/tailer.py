@@ -52,7 +52,7 @@ from tailer.log.starts import snapshot_time, table_id, version_at_or_after
 from tailer.log.watch import Watcher
 from tailer.read.feed import ChangeFeed
 from tailer.storage import FileInfo
-from tailer.storage.factory import storage_for
+from tailer.table import table_storage
 
 __all__ = ["TAILER_HINTS", "Tailer", "TailerConfig", "table_name"]
 
@@ -73,7 +73,7 @@ class Tailer(FollowLoop):
         config: the settings.
         sink: where rows go (not yet opened).
         feed: plans and reads rows; by default a :class:`~tailer.read.feed.ChangeFeed` of
-            ``config.table`` (on its storage, :func:`~tailer.storage.factory.storage_for`) with ``config.options``.
+            ``config.table`` (on its storage, :func:`~tailer.table.table_storage`) with ``config.options``.
         store: the state directory; by default ``StateStore(config.state_dir)``.
         watcher: makes the watcher of ``_delta_log`` (the log directory, whether to watch);
             by default :class:`~tailer.log.watch.LogWatcher`.
@@ -95,7 +95,7 @@ class Tailer(FollowLoop):
         stats: TableStats | None = None,
     ) -> None:
         if feed is None:
-            feed = ChangeFeed(config.table, storage_for(config.table, config.storage_options), config.options)
+            feed = ChangeFeed(config.table, table_storage(config.table, config.storage_options), config.options)
         super().__init__(
             config, sink, feed.log.table, store=store, watcher=watcher, clock=clock, wall_clock=wall_clock, stats=stats
         )

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from state.errors import ConfigError
 from state.feed import ChangeBatch, TableInfo
 from tailer.audit.feed import AuditFeed
 from tailer.follow.loop import FollowLoop
@@ -61,6 +62,22 @@ from tailer.table import TableRef
 NET_CHANGES = "net_changes"
 KEY = "key"
 MAX_BYTES = "max_bytes"
+
+
+def starting_version(value: object, latest: Callable[[], int]) -> int | None:
+    """``starting_version`` for following: ``None``, a number, or ``latest`` (``latest()`` + 1: the versions after it).
+
+    Raises:
+        ConfigError: if it is none of these.
+    """
+    if value is None:
+        return None
+    if value == "latest":
+        return latest() + 1
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
 
 
 @dataclass(frozen=True, slots=True)

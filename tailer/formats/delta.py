@@ -14,35 +14,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from state.errors import ConfigError
 from state.feed import TableInfo, change_schema
 from tailer.audit.feed import AuditFeed
 from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
-from tailer.formats.base import ChangeRequest, ChangeRun
+from tailer.formats.base import ChangeRequest, ChangeRun, starting_version
 from tailer.formats.delta_report import snapshot_document, snapshot_text
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.storage import Storage
 from tailer.table import TableRef
-
-
-def start_version(log: DeltaLog, value: object) -> int | None:
-    """``starting_version`` for following: ``None``, a number, or ``latest`` (the commits after the current latest).
-
-    Raises:
-        ConfigError: if it is neither.
-    """
-    if value is None:
-        return None
-    if value == "latest":
-        return log.latest_version() + 1
-    try:
-        return int(str(value))
-    except ValueError:
-        raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +84,8 @@ class DeltaFormat:
         return ()
 
     def start_of(self, table: TableRef, value: object) -> int | None:
-        """:func:`start_version` on the table's log."""
-        return start_version(DeltaLog(table.uri, table.storage), value)
+        """:func:`~tailer.formats.base.starting_version`, ``latest`` being the log's latest commit."""
+        return starting_version(value, DeltaLog(table.uri, table.storage).latest_version)
 
     def snapshot_document(self, table: TableRef, version: int | None) -> dict[str, Any]:
         """:func:`~tailer.formats.delta_report.snapshot_document` of the snapshot at ``version``."""

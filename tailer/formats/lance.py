@@ -21,7 +21,7 @@ from tailer.audit.feed import AuditFeed
 from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
-from tailer.formats.base import KEY, MAX_BYTES, NET_CHANGES, ChangeRequest, ChangeRun
+from tailer.formats.base import KEY, MAX_BYTES, NET_CHANGES, ChangeRequest, ChangeRun, starting_version
 from tailer.lance.dataset import LanceDataset, is_lance_dataset, looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_state_id, lance_table_id
@@ -95,22 +95,6 @@ def snapshot_text(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_start(dataset: LanceDataset, value: object) -> int | None:
-    """``starting_version`` for following: ``None``, a number, or ``latest`` (the versions after the current latest).
-
-    Raises:
-        ConfigError: if it is neither.
-    """
-    if value is None:
-        return None
-    if value == "latest":
-        return dataset.latest_version() + 1
-    try:
-        return int(str(value))
-    except ValueError:
-        raise ConfigError(f"starting version must be a number or 'latest', got {value!r}") from None
-
-
 @dataclass(frozen=True, slots=True)
 class FollowedLance:
     """A Lance dataset opened for following (:class:`~tailer.formats.base.FollowedTable`)."""
@@ -169,8 +153,8 @@ class LanceFormat:
         return tuple(a for a in asked if a in REFUSED)
 
     def start_of(self, table: TableRef, value: object) -> int | None:
-        """:func:`run_start` on the dataset."""
-        return run_start(self._dataset(table), value)
+        """:func:`~tailer.formats.base.starting_version`, ``latest`` being the dataset's latest version."""
+        return starting_version(value, self._dataset(table).latest_version)
 
     def snapshot_document(self, table: TableRef, version: int | None) -> dict[str, Any]:
         """:func:`snapshot_document` of the manifest of ``version``."""

@@ -8,7 +8,7 @@ is last. Adding a format is one module in :mod:`tailer.formats` and one entry he
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from state.errors import ConfigError
 from tailer.formats.base import TableFormat
@@ -20,6 +20,8 @@ from tailer.table import TableRef, table_storage
 
 #: Every format, in detection order; the last one (Delta) claims what no other does.
 FORMATS: tuple[TableFormat, ...] = (LANCE, ICEBERG, DELTA)
+#: The format of a table no other format claims, and of a service's table made without a handle.
+FALLBACK: TableFormat = DELTA
 
 
 def format_names() -> tuple[str, ...]:
@@ -39,19 +41,29 @@ def format_named(name: str, *, setting: str = "format") -> TableFormat:
     raise ConfigError(f"{setting}={name!r} is neither {' nor '.join(format_names())}")
 
 
+def prefix_conflict(uri: str, prefix: str, given: str) -> str:
+    """The default wording of a URI prefix naming one format while another was given (:data:`Conflict`)."""
+    return f"{uri} is a {prefix} URI, but format {given} was given"
+
+
+#: Words the error of a URI whose prefix names one format while another is given: (uri, prefix, given name).
+Conflict = Callable[[str, str, str], str]
+
+
 def split_prefix(
-    uri: str, format_name: str | None = None, *, setting: str = "format"
+    uri: str, format_name: str | None = None, *, conflict: Conflict = prefix_conflict
 ) -> tuple[str, TableFormat | None]:
     """``uri`` without a format's prefix (``lance://``), and the format its prefix or ``format_name`` names.
 
     Raises:
-        ConfigError: if the prefix names one format and ``format_name`` another, or the name is unknown.
+        ConfigError: if the prefix names one format and ``format_name`` another (worded by
+            ``conflict``), or the name is unknown.
     """
-    given = None if format_name is None else format_named(format_name, setting=setting)
+    given = None if format_name is None else format_named(format_name)
     for f in FORMATS:
         if f.uri_prefix is not None and uri.startswith(f.uri_prefix):
             if given is not None and given is not f:
-                raise ConfigError(f"{uri} is a {f.uri_prefix} URI, but {setting} {given.name} was given")
+                raise ConfigError(conflict(uri, f.uri_prefix, given.name))
             return uri[len(f.uri_prefix) :], f
     return uri, given
 
@@ -65,7 +77,7 @@ def detect(uri: str, storage: Storage) -> TableFormat:
     for f in FORMATS:
         if f.detect(storage, uri):
             return f
-    return DELTA
+    return FALLBACK
 
 
 def claimed(directory: str) -> TableFormat | None:
@@ -82,7 +94,7 @@ def open_table(
     *,
     external_roots: tuple[str, ...] = (),
     format_name: str | None = None,
-    setting: str = "format",
+    conflict: Conflict = prefix_conflict,
 ) -> TableRef:
     """The handle of the table at ``uri``: its prefix removed, its storage resolved once, its format given or detected.
 
@@ -92,14 +104,15 @@ def open_table(
         external_roots: roots outside the table its metadata may name.
         format_name: the format given (``--format``, ``format =``), else ``None``: the prefix or the
             layout tells.
-        setting: how messages name the format setting (``--format``, ``format``, ``option format``).
+        conflict: words the error of a prefix contradicting ``format_name`` (each front end names
+            its format setting its own way).
 
     Raises:
         ConfigError: for a prefix contradicting ``format_name``, an unknown format, or storage
             options for a local path.
         StorageError: if the format has to be detected and the store cannot be reached.
     """
-    location, chosen = split_prefix(uri, format_name, setting=setting)
+    location, chosen = split_prefix(uri, format_name, conflict=conflict)
     options = dict(storage_options or {})
     storage = table_storage(location, options)
     found = chosen if chosen is not None else detect(location, storage)

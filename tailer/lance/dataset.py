@@ -52,7 +52,7 @@ from state.lance.planning import VersionDiff
 from state.lance.row_ids import decode_row_ids
 from state.paths import resolve_logged_path
 from tailer.storage import FileInfo, Storage
-from tailer.storage.factory import storage_for
+from tailer.table import table_storage
 
 VERSIONS_DIR = "_versions"
 #: Where a fragment's data files are, below the root.
@@ -152,7 +152,7 @@ class LanceDataset:
 
     Args:
         root: the dataset's root (a path or URI): the directory that holds ``_versions/``.
-        storage: where it is; by default :func:`~tailer.storage.factory.storage_for` the root.
+        storage: where it is; by default :func:`~tailer.table.table_storage` the root.
         cache: how many decoded manifests to keep.
         external_roots: roots outside the dataset whose files a manifest may name (:mod:`state.paths`).
     """
@@ -162,7 +162,7 @@ class LanceDataset:
     ) -> None:
         self.root = root.rstrip("/") or root
         self.external_roots = external_roots
-        self.storage = storage if storage is not None else storage_for(root)
+        self.storage = storage if storage is not None else table_storage(root)
         self.versions_dir = join(self.root, VERSIONS_DIR)
         self._v2: bool | None = None
         self._lock = threading.Lock()

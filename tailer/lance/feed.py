@@ -27,7 +27,7 @@ from state.lance.planning import LancePlan, diff_versions, plan_snapshot, plan_v
 from tailer.lance.dataset import CLEANED_UP_HINT, LanceDataset
 from tailer.lance.rows import LanceRows
 from tailer.storage import Storage
-from tailer.storage.factory import storage_for
+from tailer.table import table_storage
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ class LanceFeed:
 
     Args:
         root: the dataset's root (a path or URI).
-        storage: where it is; by default :func:`~tailer.storage.factory.storage_for` the root.
+        storage: where it is; by default :func:`~tailer.table.table_storage` the root.
         options: how rows are produced.
         storage_options: object-store options for pylance (rows are read through pylance).
 
@@ -72,7 +72,7 @@ class LanceFeed:
         *,
         storage_options: Mapping[str, str] | None = None,
     ) -> None:
-        self.storage = storage if storage is not None else storage_for(root, storage_options)
+        self.storage = storage if storage is not None else table_storage(root, storage_options)
         self.options = options or LanceOptions()
         self.dataset = LanceDataset(root, self.storage, external_roots=self.options.external_roots)
         self.table = self.dataset.root

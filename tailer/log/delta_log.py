@@ -43,7 +43,7 @@ from tailer.log.checkpoint import load_checkpoint
 from tailer.log.files import LogFile, LogFileKind, classify, start_after_for
 from tailer.log.last_checkpoint import LastCheckpoint, parse_last_checkpoint
 from tailer.storage import FileInfo, Storage, to_local_path
-from tailer.storage.factory import storage_for
+from tailer.table import table_storage
 
 log = logging.getLogger("deltatail")
 
@@ -123,7 +123,7 @@ class DeltaLog:
     def __init__(self, table_root: str, storage: Storage | None = None) -> None:
         self.table = to_local_path(table_root).rstrip("/") or "/"
         self.log_dir = f"{self.table}/_delta_log"
-        self.storage: Storage = storage if storage is not None else storage_for(self.table)
+        self.storage: Storage = storage if storage is not None else table_storage(self.table)
 
     # -- listing -------------------------------------------------------------------------------
 

@@ -15,10 +15,12 @@ turn with the others instead of holding a worker until it is done: the live
 tables keep their latency (``python -m benchmarks.serve`` measures it). A
 table is never stepped by two workers at once.
 
-Lance datasets are followed alongside Delta tables: a :class:`TableSource` of format ``lance``
-gets a :class:`~tailer.lance.follow.LanceTailer` (the same open/step/rest/close interface), its
-``_versions/`` directory is watched as a Delta table's log is, and its state directory in the state
-root is keyed by :func:`~tailer.lance.follow.lance_state_id` (Lance datasets have no table id).
+Every table format is followed the same way: a :class:`TableSource` holds the table's handle
+(:class:`~tailer.table.TableRef`), and its format (:mod:`tailer.formats`) gives the tailer (a
+:class:`~tailer.follow.loop.FollowLoop`: a Lance dataset's is a
+:class:`~tailer.lance.follow.LanceTailer`), the directory to watch (``_delta_log``, ``_versions/``)
+and the id keying its state directory in the state root (a Lance dataset's is
+:func:`~tailer.lance.follow.lance_state_id`: Lance datasets have no table id).
 
 Failures stay with their table: one place (:meth:`Service._step`) turns whatever a
 table's step raises into that table's state, by the rule of :mod:`tailer.follow.transient`.
@@ -48,22 +50,18 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
 
 from state.errors import DeltaTailError, StateError
+from tailer.follow.loop import FollowLoop
 from tailer.follow.sink import Sink
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.status import status
-from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.follow.tailer import TailerConfig
 from tailer.follow.transient import describe, fault_of, is_transient
-from tailer.lance.feed import LanceFeed, LanceOptions
-from tailer.lance.follow import LanceTailer, lance_state_id
-from tailer.log.starts import table_id
+from tailer.formats.registry import FALLBACK, open_table
 from tailer.log.watch_many import DirectoryWatcher
-from tailer.read.feed import ChangeFeed
 from tailer.serve.state_root import StateRoot, write_status
-from tailer.storage.base import Storage
-from tailer.storage.factory import storage_for
+from tailer.table import TableRef
 
 log = logging.getLogger("deltatail")
 
@@ -102,24 +100,43 @@ class TableSource:
         name: the table's name (unique in the service; metrics label, ``{table_name}``).
         config: the tailer's settings (``state_dir`` is set by the service from the state root).
         make_sink: makes a new, unopened sink for the table, given its table id.
-        table_format: ``delta`` or ``lance``.
         resolve: when set, the format could not be told yet (the store was unavailable): called
             before the table is first opened for the table's real source (and retried, as any
             transient fault, while it raises one).
+        table: the table's handle (:class:`~tailer.table.TableRef`); without one, :meth:`handle`
+            opens the table at ``config.table`` as a table of the fallback format (Delta).
     """
 
     name: str
     config: TailerConfig
     make_sink: Callable[[str], Sink]
-    table_format: Literal["delta", "lance"] = "delta"
     resolve: Callable[[], TableSource] | None = None
+    table: TableRef | None = None
+
+    @property
+    def table_format(self) -> str:
+        """The table's format's name (``delta``, ``lance``...)."""
+        return FALLBACK.name if self.table is None else self.table.format.name
+
+    def handle(self) -> TableRef:
+        """The table's handle: :attr:`table`, else one opened now from ``config``.
+
+        Raises:
+            ConfigError: if the storage options do not fit the table's location.
+        """
+        if self.table is not None:
+            return self.table
+        c = self.config
+        return open_table(
+            c.table, c.storage_options, external_roots=c.options.external_roots, format_name=self.table_format
+        )
 
 
 @dataclass
 class _Table:
     source: TableSource
     stats: TableStats
-    tailer: Tailer | LanceTailer | None = None
+    tailer: FollowLoop | None = None
     due: float = 0.0
     busy: bool = False
     queued: bool = False
@@ -127,9 +144,9 @@ class _Table:
     failures: int = 0
     watched: bool = False
     reported: tuple[object, ...] = field(default=())
-    #: The table's storage, kept across reopenings: an object store's client is made once, not again
+    #: The table's handle, kept across reopenings: an object store's client is made once, not again
     #: while a fault lasts (making one needs file descriptors, certificates...).
-    storage: Storage | None = None
+    ref: TableRef | None = None
     remote: bool = False  # on an object store: a step that found a commit does not show it caught up
     started: float | None = None  # when the step in hand began
     stalled: bool = False  # the step in hand was reported as not answering
@@ -454,51 +471,30 @@ class Service:
         )
         table.due = now + delay
 
-    def _open(self, table: _Table) -> Tailer | LanceTailer:
+    def _open(self, table: _Table) -> FollowLoop:
         if table.source.resolve is not None:
             table.source = table.source.resolve()
-        if table.source.table_format == "lance":
-            return self._open_lance(table)
+        if table.ref is None:
+            table.ref = table.source.handle()
         config = table.source.config
-        if table.storage is None:
-            table.storage = storage_for(config.table, config.storage_options or None)
-        feed = ChangeFeed(config.table, table.storage, config.options)
-        tid = table_id(feed.log)
-        entry = self.state_root.register(tid, feed.log.table, table.source.name)
+        followed = table.ref.format.follow(table.ref, config.options)
+        tid = followed.table_id
+        entry = self.state_root.register(tid, followed.root, table.source.name)
         config = replace(config, state_dir=str(entry.directory), status_lines=False)
-        tailer = Tailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
-        table.remote = feed.storage.remote
+        tailer = followed.tailer(config, table.source.make_sink(tid), table.stats)
+        table.remote = followed.remote
         tailer.open()
-        if config.watch and not feed.storage.remote:
-            self._watch(table, tailer, feed.log.log_dir)
+        if config.watch and not followed.remote:
+            self._watch(table, tailer, followed.watch_dir)
         return tailer
 
-    def _watch(self, table: _Table, tailer: Tailer | LanceTailer, directory: str) -> None:
+    def _watch(self, table: _Table, tailer: FollowLoop, directory: str) -> None:
         """Watch an opened table's directory; on failure the tailer is closed again (its lock released)."""
         try:
             table.watched = self._watcher.add(table.source.name, directory)
         except BaseException:
             tailer.close()
             raise
-
-    def _open_lance(self, table: _Table) -> LanceTailer:
-        config = table.source.config
-        o = config.options
-        feed = LanceFeed(
-            config.table,
-            options=LanceOptions(o.allow_non_additive, o.batch_size, o.filter, o.external_roots),
-            storage_options=config.storage_options or None,
-        )
-        tid = lance_state_id(feed.table)
-        entry = self.state_root.register(tid, feed.table, table.source.name)
-        config = replace(config, state_dir=str(entry.directory), status_lines=False)
-        table.stats.table_id = tid
-        tailer = LanceTailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
-        table.remote = feed.storage.remote
-        tailer.open()
-        if config.watch and not feed.storage.remote:
-            self._watch(table, tailer, feed.dataset.versions_dir)
-        return tailer
 
     def _fail(self, table: _Table, error: Exception) -> None:
         """A permanent fault: the table stops, failed, with the error's text; an unexpected one's traceback at debug."""

@@ -2,7 +2,7 @@
 
 Every byte of a table goes through a :class:`Storage`: commits, checkpoints
 (classic, multi-part, V2 with sidecars), compaction files, Parquet data and
-cdc files, deletion-vector files. Five operations are enough for a Delta reader:
+cdc files, deletion-vector files. Seven operations are enough for a Delta reader:
 
 - list a directory in name order starting after a given name (object stores
   list that way; ``start_after`` means a tailer never lists the whole
@@ -10,7 +10,14 @@ cdc files, deletion-vector files. Five operations are enough for a Delta reader:
 - read a file, whole or a byte range,
 - open a file for random access, as an Arrow file that ``pyarrow.parquet``
   reads (footer first, then only the column chunks it needs),
-- stat a file (size, modification time), and tell whether it exists.
+- hint that whole files will be read soon (a remote store fetches them ahead),
+- stat a file (size, modification time), or stat one about to be read (a
+  store that pays a request either way keeps its bytes),
+- and tell whether a file exists.
+
+Two attributes say what the store is: :attr:`Storage.remote` (requests cross a
+network: read ahead, poll instead of watching) and :attr:`Storage.local_files`
+(its paths are this machine's files, which a helper process may open itself).
 
 Paths are absolute local paths or URIs. Another implementation of this
 protocol is all an object store needs.
@@ -40,9 +47,14 @@ class Storage(Protocol):
     Attributes:
         remote: every request crosses a network: readers coalesce ranged reads and fetch files
             concurrently ahead of their turn, and the log cannot be watched, only polled.
+        local_files: every path is a file of this machine's file system, read as it is on disk,
+            so another process may open it by path (the audit reads a long range of commits in a
+            helper process). ``False`` for a store whose reads are not the disk's own (an object
+            store, or a wrapper that observes or changes what is read).
     """
 
     remote: bool
+    local_files: bool
 
     def list_from(self, directory: str, start_after: str | None = None) -> list[FileInfo]:
         """Files (not directories) directly in ``directory`` whose names sort after ``start_after``, in name order.

@@ -24,6 +24,7 @@ class LocalStorage:
     """:class:`Storage` over the local file system."""
 
     remote = False
+    local_files = True
 
     def list_from(self, directory: str, start_after: str | None = None) -> list[FileInfo]:
         """See :meth:`Storage.list_from`."""

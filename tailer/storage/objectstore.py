@@ -212,6 +212,7 @@ class ObjectStoreStorage:
     """
 
     remote = True
+    local_files = False
 
     def __init__(
         self,

@@ -150,12 +150,12 @@ def test_lance_is_detected_by_layout_prefix_or_option(datasets: dict[str, Path],
     )
     for ds in (source(root), source(f"lance://{root}"), source(root, format="lance"), source(root, FORMAT="Lance")):
         assert ds.schema().simpleString() == expected
-        assert ds.source_options().lance
+        assert ds.source_options().table_format == "lance"
     with pytest.raises(TableNotFoundError):  # told it is a Delta table: there is none
         source(root, format="delta").schema()
     with pytest.raises(TableNotFoundError):  # told it is a Lance dataset: there is none
         source(tmp_path, format="lance").schema()
-    assert not SourceOptions.parse({"path": str(tmp_path)}).resolved().lance
+    assert SourceOptions.parse({"path": str(tmp_path)}).resolved().table_format != "lance"
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,8 @@ from state.errors import (
 )
 from state.lance.manifest import Fragment
 from state.lance.planning import LancePlan, RowTask
-from tailer.cli import lance as lance_cli
 from tailer.cli.main import main
+from tailer.formats.registry import open_table
 from tailer.lance.dataset import LanceDataset, looks_like_lance
 from tailer.lance.feed import LanceFeed
 from tailer.lance.rows import LanceRows, _conform, change_schema_of, lance_module
@@ -105,10 +105,11 @@ def test_detection_and_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["changes", str(root), "--format", "delta"]) == 1  # not a Delta table: a named error
     assert main(["changes", str(root), "--starting-version", "9"]) == 1
     assert "after the latest version" in capsys.readouterr().err
+    table = open_table(str(root), format_name="lance")
     with pytest.raises(ConfigError):
-        lance_cli.run_start(str(root), LocalStorage(), "soon")
-    assert lance_cli.run_start(str(root), LocalStorage(), "latest") == 4
-    assert lance_cli.run_start(str(root), LocalStorage(), None) is None
+        table.format.start_of(table, "soon")
+    assert table.format.start_of(table, "latest") == 4
+    assert table.format.start_of(table, None) is None
 
 
 def test_run_until_caught_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

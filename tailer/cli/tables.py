@@ -1,0 +1,60 @@
+"""The command line's table argument: ``--format`` and the table's handle (:func:`open_cli_table`).
+
+A table argument is a path or URI; a format's URI prefix (``lance://PATH``) or ``--format`` names
+its format, else its layout does (:func:`tailer.formats.registry.open_table`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+
+from tailer.follow.service import Runner
+from tailer.follow.sink import Sink
+from tailer.follow.stats import TableStats
+from tailer.follow.tailer import TailerConfig
+from tailer.formats.registry import format_names, open_table
+from tailer.table import TableRef
+
+
+def add_format_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--format`` flag of a subcommand that takes a table."""
+    parser.add_argument(
+        "--format",
+        choices=format_names(),
+        default=None,
+        help="the table's format (default: lance:// URIs and directories with _versions/ are Lance, else Delta)",
+    )
+
+
+def open_cli_table(args: argparse.Namespace, storage_options: Mapping[str, str] | None) -> TableRef:
+    """The handle of the command's table (``args.table``, ``--format``, ``--external-root``).
+
+    Raises:
+        ConfigError: for a format prefix contradicting ``--format``, or storage options for a local path.
+        StorageError: if the format has to be detected and the store cannot be reached.
+    """
+    return open_table(
+        args.table,
+        storage_options,
+        external_roots=tuple(getattr(args, "external_roots", None) or ()),
+        format_name=getattr(args, "format", None),
+        conflict=lambda uri, prefix, given: f"{uri} is a {prefix} URI, but --format {given} was given",
+    )
+
+
+def tailer_maker(
+    args: argparse.Namespace, table: TableRef | None, stats: TableStats
+) -> Callable[[TailerConfig, Sink], Runner]:
+    """What makes the tailer of each ``deltatail run`` attempt (reporting to ``stats``).
+
+    The table's format's tailer, or, when the format could not be told yet (``table`` is ``None``:
+    the store was unavailable), the tailer of whatever the table turns out to be at that attempt
+    (a transient store error then makes the attempt wait and retry).
+    """
+
+    def make(config: TailerConfig, sink: Sink) -> Runner:
+        opened = table if table is not None else open_cli_table(args, config.storage_options)
+        return opened.format.follow(opened, config.options).tailer(config, sink, stats)
+
+    return make
