@@ -31,8 +31,7 @@ from tailer.iceberg.follow import IcebergTailer, iceberg_table_id
 from tailer.iceberg.metadata import METADATA_DIR, join, looks_like_iceberg, metadata_number
 from tailer.read.feed import ChangeOptions
 from tailer.storage import Storage
-from tailer.storage.factory import storage_for
-from tailer.table import TableRef
+from tailer.table import TableRef, table_storage
 
 #: The settings Iceberg tables refuse.
 REFUSED = (MAX_BYTES,)
@@ -52,7 +51,7 @@ def open_feed(table: TableRef, options: ChangeOptions) -> IcebergFeed:
         return IcebergFeed(table.uri, table.storage, iceberg_options(options))
     pointer = catalog_pointer(*named)
     location = pointer()
-    storage = storage_for(location, dict(table.storage_options) or None)
+    storage = table_storage(location, dict(table.storage_options) or None)
     return IcebergFeed(location.rsplit("/", 2)[0], storage, iceberg_options(options), pointer=pointer)
 
 

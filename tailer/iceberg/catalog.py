@@ -74,4 +74,7 @@ def _load_catalog(name: str, load: Callable[[str], Any] | None) -> Any:
     except ImportError as e:
         raise ConfigError("reading Iceberg tables needs pyiceberg: pip install 'deltatail[iceberg]'") from e
     except Exception as e:  # pyiceberg: no such catalog configured, a bad URI
-        raise ConfigError(f"Iceberg catalog {name} cannot be loaded: {type(e).__name__}") from e
+        raise ConfigError(
+            f"Iceberg catalog {name} cannot be loaded ({type(e).__name__}): configure it in ~/.pyiceberg.yaml or "
+            f"PYICEBERG_CATALOG__{name.upper()}__* environment variables"
+        ) from e

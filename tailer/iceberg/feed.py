@@ -34,7 +34,7 @@ from tailer.iceberg.metadata import IcebergTable, arrow_schema
 from tailer.iceberg.rows import IcebergRows, output_schema
 from tailer.read.net_changes import net_changes
 from tailer.storage import Storage
-from tailer.storage.factory import storage_for
+from tailer.table import table_storage
 
 #: Type promotions the spec allows ("Schema Evolution": int to long, float to double, decimal widening).
 _PROMOTIONS = {("int", "long"), ("float", "double")}
@@ -89,7 +89,7 @@ class IcebergFeed:
         pointer: Callable[[], str] | None = None,
     ) -> None:
         self.options = options or IcebergOptions()
-        self.storage = storage if storage is not None else storage_for(location, storage_options)
+        self.storage = storage if storage is not None else table_storage(location, storage_options)
         self.iceberg = IcebergTable(location, self.storage, pointer=pointer, external_roots=self.options.external_roots)
         self.table = self.iceberg.root
         self.rows = IcebergRows(self.iceberg)
