@@ -150,6 +150,7 @@ class IcebergTable:
         self.root = to_local_path(location) if location.startswith("file:") else location
         self.metadata_dir = join(self.root, METADATA_DIR)
         self._states: OrderedDict[str, tuple[TableState, Any]] = OrderedDict()
+        self._last: str | None = None  # the metadata file read last: what schemas are taken from
         self._manifests: OrderedDict[str, tuple[ContentFile, ...]] = OrderedDict()
 
     # -- metadata ------------------------------------------------------------------------------
@@ -198,7 +199,9 @@ class IcebergTable:
             InvalidLogError: if the metadata does not parse.
             UnsupportedFeatureError: for a format version deltatail does not read.
         """
-        return self._load(location or self.metadata_location())[0]
+        where = location or self.metadata_location()
+        self._last = where
+        return self._load(where)[0]
 
     def _load(self, location: str) -> tuple[TableState, Any]:
         found = self._states.get(location)
@@ -220,8 +223,11 @@ class IcebergTable:
         return state, md
 
     def schema(self, snapshot: SnapshotInfo | None, location: str | None = None) -> Any:
-        """The pyiceberg schema ``snapshot`` was written with (the current one when it records none)."""
-        md = self._load(location or self.metadata_location())[1]
+        """The pyiceberg schema ``snapshot`` was written with (the current one when it records none).
+
+        Taken from the metadata file at ``location``, else from the one :meth:`state` read last (else the newest).
+        """
+        md = self._load(location or self._last or self.metadata_location())[1]
         if snapshot is not None and snapshot.schema_id is not None:
             for s in md.schemas:
                 if s.schema_id == snapshot.schema_id:
