@@ -228,9 +228,10 @@ def _format_branches(tree: ast.AST) -> Iterator[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _name_of(node.func) in ("is_lance", "looks_like_lance", "is_lance_dataset"):
             yield node.lineno, f"{_name_of(node.func)}(...)"
-        checked = node.args[1] if isinstance(node, ast.Call) and _name_of(node.func) == "isinstance" else None
-        if checked is not None and _name_of(checked) in STORAGE_CLASSES:
-            yield node.lineno, f"isinstance(..., {_name_of(checked)})"
+        if isinstance(node, ast.Call) and _name_of(node.func) == "isinstance":
+            checked = _name_of(node.args[1])
+            if checked in STORAGE_CLASSES:
+                yield node.lineno, f"isinstance(..., {checked})"
         if not isinstance(node, ast.Compare):
             continue
         sides = [node.left, *node.comparators]

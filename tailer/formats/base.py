@@ -32,8 +32,10 @@ How a format registers (adding a format = one sub-package + one registry entry):
    choice of ``--format``, of ``format =`` in ``serve``'s TOML and of the Spark source's
    ``format`` option, and its :attr:`~TableFormat.uri_prefix` (if any) a URI prefix that selects
    it without looking (``lance://PATH``).
-3. Nothing else changes: the command line, ``serve``, ``audit`` and the Spark source only ask
-   the registry and the handle.
+3. For the Spark source, one entry in ``sinks.spark.formats.SPARK_FORMATS`` (its schema, stream
+   planner and batch partitions: ``tailer`` cannot import the Spark front end). Nothing else
+   changes: the command line, ``serve``, ``audit`` and the Spark source only ask the registry and
+   the handle.
 
 Formats import the layers below them (``tailer.storage``, ``tailer.log``, ``tailer.read``,
 ``tailer.follow``, their own sub-package); nothing below imports ``tailer.formats``.
