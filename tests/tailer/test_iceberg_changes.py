@@ -24,7 +24,11 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
 from state.errors import (
     ConfigError,
+    DataFileError,
+    InvalidLogError,
+    MissingFileError,
     SchemaChangeError,
+    TableNotFoundError,
     UnsafePathError,
     UnsupportedFeatureError,
     VersionGapError,
@@ -340,3 +344,50 @@ def test_format_v3_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedFeatureError, match="format version 3") as e:
         IcebergFeed(table_dir(t)).read_table()
     assert e.value.table == table_dir(t)
+
+
+# -- damaged tables ------------------------------------------------------------------------------
+
+
+def test_damaged_and_missing_files_are_named(tmp_path: Path) -> None:
+    t = new_table(tmp_path / "cat")
+    t.append(rows([1, 2]))
+    t.append(rows([3]))
+    root = table_dir(t)
+    with pytest.raises(TableNotFoundError, match="no metadata"):
+        IcebergFeed(str(tmp_path / "nothing")).read_table()
+    # a data file gone: named with the table and the version
+    gone = next(p for p in data_files(t) if _file_rows(p)[0]["id"] == 1)  # the first snapshot's file
+    Path(gone.split("://", 1)[-1]).unlink()
+    with pytest.raises(MissingFileError) as missing:
+        IcebergFeed(root).read_table()
+    assert missing.value.file == gone.split("://", 1)[-1] and missing.value.table == root and missing.value.version == 1
+    # the newest metadata file damaged: an InvalidLogError naming it
+    newest = Path(t.metadata_location.split("://", 1)[-1])
+    newest.write_text('{"format-version": 2, "table-uuid": ')
+    with pytest.raises(InvalidLogError, match="does not parse") as bad:
+        IcebergFeed(root).read_table()
+    assert bad.value.file == str(newest)
+
+
+def test_the_version_hint_names_the_newest_metadata(tmp_path: Path) -> None:
+    t = new_table(tmp_path / "cat")
+    t.append(rows([1]))
+    first = Path(t.metadata_location.split("://", 1)[-1])
+    t.append(rows([2]))
+    meta = Path(table_dir(t)) / "metadata"
+    (meta / "v7.metadata.json").write_text(first.read_text())  # a Hadoop-style name, the hint pointing at it
+    (meta / "version-hint.text").write_text("7\n")
+    assert IcebergFeed(table_dir(t)).iceberg.metadata_location().endswith("/v7.metadata.json")
+    assert [r["id"] for r in IcebergFeed(table_dir(t)).read_table().to_pylist()] == [1]
+    (meta / "version-hint.text").write_text("99")  # a hint naming no file: the listing decides
+    assert IcebergFeed(table_dir(t)).iceberg.metadata_location().endswith("/v7.metadata.json")
+
+
+def test_a_position_delete_past_the_end_of_its_data_file_is_refused(tmp_path: Path) -> None:
+    t = new_table(tmp_path / "cat")
+    t.append(rows([1, 2]))
+    t = commit_deletes(t, positions=[(data_files(t)[0], 5)])
+    with pytest.raises(DataFileError, match="names row 5 of a 2-row data file") as e:
+        IcebergFeed(table_dir(t)).read_table()
+    assert e.value.version == 2 and e.value.table == table_dir(t)
