@@ -114,3 +114,9 @@ def test_detection_and_discovery(tmp_path: Path) -> None:
     assert claimed(table_dir(t)) is None or claimed(table_dir(t)).name == "delta"  # type: ignore[union-attr]
     assert open_table(f"iceberg://{table_dir(t)}").format.name == "iceberg"
     assert claimed(str(tmp_path)) is None
+
+
+def test_audit_is_refused_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    t = small(tmp_path)
+    assert main(["audit", table_dir(t)]) == 2
+    assert "not Iceberg tables" in capsys.readouterr().err
