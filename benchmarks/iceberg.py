@@ -1,7 +1,8 @@
 """Iceberg change rows: catch-up over a long snapshot history and per-snapshot follow cost, next to pyiceberg.
 
 Run ``.venv/bin/python -m benchmarks.iceberg`` (the 1,000-snapshot table is written once with pyiceberg's
-SQL catalog to ``benchmarks/.data/iceberg-1000`` and reused; writing it takes a few minutes) or
+SQL catalog to ``benchmarks/.data/iceberg-1000`` and reused; writing it takes about an hour on the shared
+2-core machine: pyiceberg commits ~10 snapshots a minute there), ``--snapshots N`` for another length, or
 ``--quick`` (100 snapshots, in a temporary directory).
 
 The history: appends of 20 rows, and every tenth snapshot a copy-on-write delete of 3 rows (a data
@@ -142,10 +143,11 @@ def follow(t: Table, times: int, nxt: int) -> tuple[list[float], list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 snapshots in a temporary directory")
+    parser.add_argument("--snapshots", type=int, default=1000, help="snapshots in the history (default 1,000)")
     parser.add_argument("--sample", type=int, default=20, help="snapshots the peer catches up on")
     parser.add_argument("--follow", type=int, default=10, help="followed snapshots")
     args = parser.parse_args()
-    snapshots = 100 if args.quick else 1000
+    snapshots = 100 if args.quick else args.snapshots
     root = Path(tempfile.mkdtemp()) if args.quick else DATA / f"iceberg-{snapshots}"
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}")
     started = time.perf_counter()
