@@ -15,11 +15,11 @@ from pathlib import Path
 import orjson
 
 from state.errors import ConfigError
+from tailer.cli.tables import flag_storage_options
 from tailer.follow.control import TableState, describe, reset, seek
 from tailer.follow.state_store import CURSOR_FILE, StateStore
 from tailer.parse import parse_timestamp_ms
 from tailer.serve.state_root import StateRoot, read_status
-from tailer.storage.options import parse_option_pairs
 from tailer.table import table_storage
 
 
@@ -51,7 +51,7 @@ def _one(state: Path, table: str | None, command: str) -> tuple[Path, str]:
 
 def status(args: argparse.Namespace) -> int:
     """Print every table's cursor, version, lag and state."""
-    options = parse_option_pairs(args.storage_option or [])
+    options = flag_storage_options(args)
     rows: list[TableState] = []
     for directory, path, name in _targets(Path(args.state), args.table):
         recorded = read_status(directory)
@@ -84,7 +84,7 @@ def seek_command(args: argparse.Namespace) -> int:
     cursor = seek(
         directory,
         table,
-        table_storage(table, parse_option_pairs(args.storage_option or [])),
+        table_storage(table, flag_storage_options(args)),
         to_version=args.to_version,
         to_timestamp_ms=ts,
         to_latest=args.to_latest,
@@ -106,7 +106,7 @@ def reset_command(args: argparse.Namespace) -> int:
             raise ConfigError("reset: name the table with --table")
         entry = root.find(args.table)
         directory, table = entry.directory, entry.path
-    cursor = reset(directory, table, table_storage(table, parse_option_pairs(args.storage_option or [])))
+    cursor = reset(directory, table, table_storage(table, flag_storage_options(args)))
     print(f"{table}: starts over with its rows at version {cursor.version}, then the changes after it")
     return 0
 

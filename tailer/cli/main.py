@@ -43,7 +43,6 @@ from tailer.follow.tailer import table_name
 from tailer.formats.base import KEY, NET_CHANGES, ChangeRequest
 from tailer.parse import parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
-from tailer.storage.options import parse_option_pairs
 from tailer.table import TableRef
 
 EXIT_OK = 0
@@ -60,7 +59,7 @@ EXIT_CODES = {
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    table = open_cli_table(args, parse_option_pairs(args.storage_option or []))
+    table = open_cli_table(args)
     if args.json:
         doc = table.format.snapshot_document(table, args.version)
         sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
@@ -75,7 +74,7 @@ READER_PROCESSES_HELP = (
 
 
 def _changes(args: argparse.Namespace) -> int:
-    table = open_cli_table(args, parse_option_pairs(args.storage_option or []))
+    table = open_cli_table(args)
     asked = {NET_CHANGES: ("--net-changes", args.net_changes), KEY: ("--key", bool(args.key))}
     refused = table.format.refused([k for k, (_, on) in asked.items() if on])
     if refused:

@@ -14,6 +14,7 @@ from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig
 from tailer.formats.registry import format_names, open_table
+from tailer.storage.options import parse_option_pairs
 from tailer.table import TableRef
 
 
@@ -27,8 +28,20 @@ def add_format_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def open_cli_table(args: argparse.Namespace, storage_options: Mapping[str, str] | None) -> TableRef:
+def flag_storage_options(args: argparse.Namespace) -> dict[str, str]:
+    """The ``--storage-option KEY=VALUE`` flags of a command (``env:NAME`` and ``@FILE`` values resolved).
+
+    Raises:
+        ConfigError: for a malformed pair or a reference that cannot be resolved.
+    """
+    return parse_option_pairs(getattr(args, "storage_option", None) or [])
+
+
+def open_cli_table(args: argparse.Namespace, storage_options: Mapping[str, str] | None = None) -> TableRef:
     """The handle of the command's table (``args.table``, ``--format``, ``--external-root``).
+
+    ``storage_options``: the merged settings' (``run``), else the command's flags
+    (:func:`flag_storage_options`).
 
     Raises:
         ConfigError: for a format prefix contradicting ``--format``, or storage options for a local path.
@@ -36,7 +49,7 @@ def open_cli_table(args: argparse.Namespace, storage_options: Mapping[str, str] 
     """
     return open_table(
         args.table,
-        storage_options,
+        flag_storage_options(args) if storage_options is None else storage_options,
         external_roots=tuple(getattr(args, "external_roots", None) or ()),
         format_name=getattr(args, "format", None),
         conflict=lambda uri, prefix, given: f"{uri} is a {prefix} URI, but --format {given} was given",
