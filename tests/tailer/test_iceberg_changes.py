@@ -305,6 +305,8 @@ def test_expired_parent_is_a_version_gap_not_a_skip(tmp_path: Path) -> None:
     assert [r["id"] for r in feed.read_table(3).to_pylist()] == [3]
     with pytest.raises(VersionNotFoundError, match="after the latest"):
         feed.read_table(9)
+    with pytest.raises(ConfigError, match="before starting version"):
+        feed.read_table(3, 2)
 
 
 def test_v1_table_with_expired_snapshots_is_refused(tmp_path: Path) -> None:
