@@ -21,6 +21,7 @@ from sinks.spark.schema import check_fits, check_schema_fits
 from state.errors import ConfigError
 from state.feed import change_schema
 from tailer.formats.delta import DELTA
+from tailer.formats.iceberg import ICEBERG
 from tailer.formats.lance import LANCE
 from tailer.log.delta_log import DeltaLog
 from tailer.read.feed import ChangeFeed
@@ -110,8 +111,53 @@ class LanceSpark:
         return out
 
 
+class IcebergSpark:
+    """Iceberg tables: not read by the Spark source yet; every use is refused with a ``ConfigError``.
+
+    An Iceberg snapshot's rows are netted and paired across the whole snapshot
+    (:mod:`tailer.iceberg.feed`), which the source's per-file partitions do not do yet; the
+    command line, ``run`` and ``serve`` read Iceberg tables.
+    """
+
+    @staticmethod
+    def _refuse(options: SourceOptions) -> ConfigError:
+        return ConfigError(
+            "the Spark source does not read Iceberg tables yet: follow the table with deltatail run into Kafka "
+            "or files and read those",
+            table=options.path,
+        )
+
+    def schema(self, options: SourceOptions, version: int | None) -> tuple[pa.Schema, int]:
+        """Refused.
+
+        Raises:
+            ConfigError: always.
+        """
+        raise self._refuse(options)
+
+    def planner(self, options: SourceOptions, target: pa.Schema, storage: Storage | None) -> Planner:
+        """Refused.
+
+        Raises:
+            ConfigError: always.
+        """
+        raise self._refuse(options)
+
+    def batch_partitions(self, options: SourceOptions, target: pa.Schema, end: int | None) -> list[InputPartition]:
+        """Refused.
+
+        Raises:
+            ConfigError: always.
+        """
+        raise self._refuse(options)
+
+
 #: The Spark side of each format the source reads, by format name.
-SPARK_FORMATS: dict[str, SparkFormat] = {DELTA.name: DeltaSpark(), LANCE.name: LanceSpark()}
+SPARK_FORMATS: dict[str, SparkFormat] = {
+    DELTA.name: DeltaSpark(),
+    ICEBERG.name: IcebergSpark(),
+    LANCE.name: LanceSpark(),
+}
 
 
 def spark_format(options: SourceOptions) -> SparkFormat:

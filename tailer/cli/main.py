@@ -127,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
     config = tailer_config(args.table if table is None else table, s["state_dir"], s)
     if table is not None and config.on_data_loss != "fail" and table.format.refused([DATA_LOSS]):
         raise ConfigError(
-            f"on_data_loss applies to Delta tables; a {table.format.noun}'s stream fails on a lost version"
+            f"on_data_loss applies to Delta tables only: the stream of this {table.format.noun} fails on a lost version"
         )
     uri = s.get("sink", DEFAULT_SINK)
     retries = s.get("sink_retries")

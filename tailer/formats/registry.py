@@ -13,12 +13,13 @@ from collections.abc import Callable, Mapping
 from state.errors import ConfigError
 from tailer.formats.base import TableFormat
 from tailer.formats.delta import DELTA
+from tailer.formats.iceberg import ICEBERG
 from tailer.formats.lance import LANCE
 from tailer.storage import Storage
 from tailer.table import TableRef, table_storage
 
 #: Every format, in detection order; the last one (Delta) claims what no other does.
-FORMATS: tuple[TableFormat, ...] = (LANCE, DELTA)
+FORMATS: tuple[TableFormat, ...] = (LANCE, ICEBERG, DELTA)
 #: The format of a table no other format claims, and of a service's table made without a handle.
 FALLBACK: TableFormat = DELTA
 

@@ -161,7 +161,7 @@ def test_lance_is_detected_by_layout_prefix_or_option(datasets: dict[str, Path],
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"format": "iceberg"}, "neither delta nor lance"),
+        ({"format": "hudi"}, "neither delta nor iceberg nor lance"),
         ({"format": "delta", "lance": "prefix"}, "lance:// path"),
         ({"netChanges": "true"}, "netChanges applies to Delta tables"),
         ({"netChanges": "true", "keyColumns": "id"}, "netChanges, keyColumns"),

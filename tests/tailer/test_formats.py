@@ -81,7 +81,7 @@ def test_a_handle_holds_what_it_was_opened_with_and_hides_its_options(tmp_path: 
     ("call", "message"),
     [
         (lambda p: open_table(f"lance://{p}", format_name="delta"), "is a lance:// URI, but format delta was given"),
-        (lambda p: open_table(str(p), format_name="iceberg"), "format='iceberg' is neither delta nor lance"),
+        (lambda p: open_table(str(p), format_name="hudi"), "format='hudi' is neither delta nor iceberg nor lance"),
         (lambda p: open_table(str(p), {"aws_region": "x"}), "storage options apply to object stores"),
         (lambda p: format_named("parquet", setting="option format"), "option format='parquet'"),
     ],
@@ -100,7 +100,7 @@ def test_discovery_asks_each_format_to_claim_a_directory(tmp_path: Path) -> None
     assert claimed(str(delta)) is format_named("delta")
     assert claimed(str(ds)) is format_named("lance")
     assert claimed(str(tmp_path / "plain")) is None
-    assert format_names() == tuple(sorted(f.name for f in FORMATS)) == ("delta", "lance")
+    assert format_names() == tuple(sorted(f.name for f in FORMATS)) == ("delta", "iceberg", "lance")
 
 
 @pytest.mark.parametrize("kind", ["delta", "lance"])

@@ -207,7 +207,7 @@ def test_table_formats_in_the_configuration(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ('format = "iceberg"', "format must be one of delta, lance"),
+        ('format = "hudi"', "format must be one of delta, iceberg, lance"),
         ('format = "lance"\nnet_changes = true', "Lance dataset: net_changes apply to Delta tables only"),
         ('format = "lance"\nwhere = "nope > 1"', "nope"),
     ],

@@ -1,0 +1,1 @@
+"""Apache Iceberg tables: metadata and manifests through pyiceberg, rows through deltatail's storage, the feed."""
