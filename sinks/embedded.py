@@ -50,7 +50,7 @@ from state.cursor import Position
 from state.errors import SinkError
 from state.feed import ChangeBatch, TableInfo
 from tailer.follow.sink import Sink
-from tailer.follow.state_store import atomic_write
+from tailer.runtime.files import atomic_write
 
 log = logging.getLogger("deltatail")
 

@@ -70,13 +70,13 @@ from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTING
 from tailer.cli.sink_uri import open_sink
 from tailer.follow.sink import Sink
 from tailer.follow.tailer import table_name
-from tailer.follow.transient import is_transient
 from tailer.lance.dataset import looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import lance_state_id
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.read.feed import ChangeFeed
+from tailer.runtime.transient import is_transient
 from tailer.serve.discovery import find_tables, is_lance_dataset
 from tailer.serve.http import HealthServer, load_auth_token
 from tailer.serve.service import Service, ServiceOptions, TableSource, probe_state_root
@@ -347,7 +347,7 @@ def check_tables(sources: list[TableSource]) -> tuple[dict[str, str], dict[str, 
         The id of every table it could check (by name), and the tables whose store is unavailable
         now (by name, with why).
 
-    A table whose store fails transiently (:func:`~tailer.follow.transient.is_transient`: HTTP 5xx,
+    A table whose store fails transiently (:func:`~tailer.runtime.transient.is_transient`: HTTP 5xx,
     throttling, a timeout, a refused connection) cannot be checked now: it is logged and returned,
     and the service starts it ``unavailable`` and retries it (its filter and identity are then
     checked when it opens: a table that turns out to be another entry's is failed then).

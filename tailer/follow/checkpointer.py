@@ -24,8 +24,8 @@ from typing import Protocol
 
 from state.cursor import Position
 from state.snapshot import Snapshot
-from tailer.follow.faults import crash_point
 from tailer.follow.state_store import SavedState, StateStore
+from tailer.runtime.faults import crash_point
 
 
 class Flushable(Protocol):

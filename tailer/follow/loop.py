@@ -28,18 +28,16 @@ from state.cursor import Position
 from state.errors import DeltaTailError, SinkError
 from state.feed import ChangeBatch, FollowStatus, TableInfo
 from tailer.follow.config import TailerConfig
-from tailer.follow.faults import crash_point
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableState, TableStats
-from tailer.follow.status import Progress, count_change_types, status
 from tailer.follow.status_file import StatusWriter
 from tailer.log.watch import LogWatcher, Watcher
+from tailer.runtime.backoff import idle_poll_interval
+from tailer.runtime.faults import crash_point
+from tailer.runtime.status import Progress, StatusThrottle, count_change_types, status
 
 log = logging.getLogger("deltatail")
-
-#: Seconds between repeated "following" status lines when nothing changes.
-STATUS_SECONDS = 30.0
 
 
 class FollowLoop(ABC):
@@ -93,7 +91,7 @@ class FollowLoop(ABC):
         self._unflushed = False
         self._idle_polls = 0
         self._open = False
-        self._status = (-2, 0.0)
+        self._status_lines = StatusThrottle(clock)
         self._status_file = StatusWriter(self.store.dir, self.stats, clock=clock, wall_clock=wall_clock)
         self._status_failure_logged = False
 
@@ -265,9 +263,7 @@ class FollowLoop(ABC):
         c = self.config
         timeout = c.poll_interval if poll is None else poll
         if poll is None and self._remote:
-            doublings = min(max(self._idle_polls - 1, 0), 60)  # 2**60 outgrows any interval; 2**1024 overflows
-            backoff = c.poll_interval * 2**doublings
-            timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
+            timeout = idle_poll_interval(c.poll_interval, c.max_poll_interval, self._idle_polls)
         status_due = None if self._status_file.failure else self._status_file.seconds_until_due()
         for due_in in (self._seconds_until_due(), status_due):  # a status that cannot be written waits its turn
             if due_in is not None:
@@ -452,10 +448,8 @@ class FollowLoop(ABC):
         if not self.config.status_lines:
             return
         version, _ = self._head()
-        now = self._clock()
-        if version == self._status[0] and now - self._status[1] < STATUS_SECONDS:
+        if not self._status_lines.due(version):
             return
-        self._status = (version, now)
         age = self._seconds_behind()
         status(
             "following",

@@ -47,7 +47,6 @@ from state.feed import CommitEvent, TableInfo
 from state.lance.manifest import Manifest
 from state.lance.planning import LancePlan, plan_snapshot
 from tailer.follow.config import TailerConfig
-from tailer.follow.faults import crash_point
 from tailer.follow.loop import FollowLoop, table_name
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
@@ -55,6 +54,7 @@ from tailer.follow.stats import TableStats
 from tailer.lance.dataset import CLEANED_UP_HINT
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.log.watch import Watcher
+from tailer.runtime.faults import crash_point
 
 log = logging.getLogger("deltatail")
 

@@ -21,7 +21,7 @@ gets a :class:`~tailer.lance.follow.LanceTailer` (the same open/step/rest/close 
 root is keyed by :func:`~tailer.lance.follow.lance_state_id` (Lance datasets have no table id).
 
 Failures stay with their table: one place (:meth:`Service._step`) turns whatever a
-table's step raises into that table's state, by the rule of :mod:`tailer.follow.transient`.
+table's step raises into that table's state, by the rule of :mod:`tailer.runtime.transient`.
 A transient fault (the sink or the store unavailable, or any ``OSError``: too many open
 files, disk full, a file too large, a read-only or replaced path) makes the table
 ``unavailable``: its tailer and sink are closed, its cursor is held at the last
@@ -53,14 +53,15 @@ from typing import Literal
 from state.errors import DeltaTailError, StateError
 from tailer.follow.sink import Sink
 from tailer.follow.stats import TableState, TableStats
-from tailer.follow.status import status
 from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.follow.transient import describe, fault_of, is_transient
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_state_id
 from tailer.log.starts import table_id
 from tailer.log.watch_many import DirectoryWatcher
 from tailer.read.feed import ChangeFeed
+from tailer.runtime.backoff import retry_delay
+from tailer.runtime.status import status
+from tailer.runtime.transient import describe, fault_of, is_transient
 from tailer.serve.state_root import StateRoot, write_status
 from tailer.storage.base import Storage
 from tailer.storage.factory import storage_for
@@ -440,7 +441,7 @@ class Service:
         self._close(table, checkpoint=False)
         table.failures += 1
         table.stats.retries += 1
-        delay = min(self.options.max_backoff, 0.5 * 2 ** min(table.failures - 1, 30))
+        delay = retry_delay(table.failures, self.options.max_backoff)
         text = describe(error)
         table.stats.set_state(TableState.UNAVAILABLE, text)
         status(

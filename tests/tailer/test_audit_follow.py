@@ -56,7 +56,7 @@ from state.feed import ChangeBatch, CommitEvent, TableInfo
 from state.snapshot import Snapshot
 from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditFeed, AuditTracker
-from tailer.audit.follow import AuditFollowConfig, AuditFollower
+from tailer.follow.audit import AuditFollowConfig, AuditFollower
 from tailer.audit.log import AlertLog, JsonlAuditLog, read_audit_log
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import StateStore

@@ -48,14 +48,16 @@ from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditTracker, table_row_count
 from tailer.audit.log import AuditOutput
 from tailer.follow.checkpointer import Checkpointer
-from tailer.follow.faults import crash_point
-from tailer.follow.state_store import StateStore, atomic_write
-from tailer.follow.status import status
+from tailer.follow.state_store import StateStore
 from tailer.log.delta_log import DeltaLog
 from tailer.log.follower import GAP_CHECK_SECONDS, Hints, LogFollower
 from tailer.log.starts import snapshot_time, table_id, version_at_or_after
 from tailer.log.watch import LogWatcher, Watcher
 from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.runtime.backoff import idle_poll_interval
+from tailer.runtime.faults import crash_point
+from tailer.runtime.files import atomic_write
+from tailer.runtime.status import StatusThrottle, status
 from tailer.storage import Storage
 from tailer.storage.factory import storage_for
 
@@ -175,8 +177,7 @@ class AuditFollower:
         self._cursor = Position.change(0, 0)
         self._unflushed = False
         self._idle_polls = 0
-        self._status_version = -2
-        self._status_time = 0.0
+        self._status_lines = StatusThrottle(clock)
 
     def stop(self) -> None:
         """Ask the loop to finish the event in hand, checkpoint and return (thread- and signal-safe)."""
@@ -381,8 +382,7 @@ class AuditFollower:
         c = self.config
         timeout = c.poll_interval
         if self.log.storage.remote:
-            backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
-            timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
+            timeout = idle_poll_interval(c.poll_interval, c.max_poll_interval, self._idle_polls)
         due_in = checkpoints.seconds_until_due()
         return timeout if due_in is None else min(timeout, due_in)
 
@@ -390,10 +390,8 @@ class AuditFollower:
         snap = self._snap
         if snap is None:
             return
-        now = self._clock()
-        if snap.version == self._status_version and now - self._status_time < 30.0:
+        if not self._status_lines.due(snap.version):
             return
-        self._status_version, self._status_time = snap.version, now
         status(
             "following",
             f"auditing: at version {snap.version}, {self.progress.versions} versions audited, "
