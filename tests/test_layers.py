@@ -11,8 +11,9 @@ Layers, read from every module's imports (``ast``, module level and inside funct
 Imports of project modules sit at module level (a function-local import would hide a cycle), and
 the module-level import graph has no cycle; nor has the graph of folders (sub-packages such as
 ``tailer/follow`` and ``tailer/audit``, an edge wherever a module of one imports a module of the
-other), so that a folder's modules can be read, moved or drawn without the folders that use it. No product module is over 600 lines: a longer one holds
-more than one job, to be split along its seams.
+other), so that a folder's modules can be read, moved or drawn without the folders that use it.
+No product module is over 600 lines: a longer one holds more than one job, to be split along its
+seams.
 """
 
 from __future__ import annotations

@@ -38,11 +38,11 @@ from state.audit import AuditEvent
 from state.errors import ConfigError
 from tailer.audit.alerts import AlertNotifier, AuditSettings
 from tailer.audit.feed import AuditFeed
-from tailer.follow.audit import AuditFollowConfig, AuditFollower
 from tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
 from tailer.audit.report import require_report_extra, write_report
 from tailer.cli.process import stop_on_signals
 from tailer.cli.settings import STORAGE, audit_config, external_root_option, flag_type, merge
+from tailer.follow.audit import AuditFollowConfig, AuditFollower
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms

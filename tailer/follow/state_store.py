@@ -52,7 +52,7 @@ class SavedState:
     previous_timestamp_ms: int | None
     #: The position just after the last row delivered before ``cursor`` (``None``: no row yet, or
     #: unknown - a cursor saved by an older deltatail or set by ``deltatail seek``). A sink that
-    #: reports holding less than this lost rows (see :meth:`tailer.follow.loop.FollowLoop._open_sink`).
+    #: reports holding less than this lost rows (see :meth:`tailer.follow.change_loop.ChangeLoop._open_sink`).
     rows_end: Position | None = None
 
 

@@ -40,9 +40,11 @@ from state.feed import CommitEvent, TableInfo
 from state.planning import VersionPlan, plan_snapshot
 from state.snapshot import Snapshot
 from tailer.audit.feed import AuditTracker
+from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.checkpointer import Checkpointer
 from tailer.follow.config import TailerConfig
-from tailer.follow.loop import FollowLoop, table_name
+from tailer.follow.log_parts import checkpointer, log_follower
+from tailer.follow.loop import table_name
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
 from tailer.follow.stats import TableStats
@@ -66,7 +68,7 @@ TAILER_HINTS = Hints(
 )
 
 
-class Tailer(FollowLoop):
+class Tailer(ChangeLoop):
     """Follows one table into one sink. Not reusable: construct one per run.
 
     Args:
@@ -123,21 +125,19 @@ class Tailer(FollowLoop):
             self._checkpoint()  # fix the snapshot's version now, so a restart resumes the same snapshot
 
     def _new_follower(self, head: Snapshot, previous_ms: int | None, table_id: str | None) -> LogFollower:
-        c = self.config
-        return LogFollower(
+        options = self.config.options
+        return log_follower(
             self.log,
             head,
+            self.config,
             previous_ms=previous_ms,
             table_id=table_id,
-            allow_non_additive=c.options.allow_non_additive,
-            require_cdf=c.options.require_cdf,
-            external_roots=c.options.external_roots,
             hints=TAILER_HINTS,
-            gap_check_seconds=c.gap_check_seconds,
-            parse_retries=c.parse_retries,
-            retry_delay=c.parse_retry_delay,
             clock=self._clock,
             audit=self._audit_builder(),
+            allow_non_additive=options.allow_non_additive,
+            require_cdf=options.require_cdf,
+            external_roots=options.external_roots,
         )
 
     def _audit_builder(self) -> AuditBuilder | None:
@@ -147,16 +147,8 @@ class Tailer(FollowLoop):
         return AuditTracker(self.log.table, self.log.storage, external_roots=self.config.options.external_roots).build
 
     def _checkpointer(self) -> Checkpointer:
-        c = self.config
-        return Checkpointer(
-            self.store,
-            self.sink,
-            table=self.log.table,
-            table_id=self._table_id,
-            checkpoint_commits=c.checkpoint_commits,
-            checkpoint_seconds=c.checkpoint_seconds,
-            snapshot_commits=c.snapshot_commits,
-            clock=self._clock,
+        return checkpointer(
+            self.store, self.sink, self.config, table=self.log.table, table_id=self._table_id, clock=self._clock
         )
 
     def _resume_saved(self, saved: SavedState) -> None:

@@ -17,7 +17,7 @@ recreated at the same path from the one the state belongs to; no snapshot file).
    it holds. Between looks, wait for a change in ``_versions/`` (inotify, locally) or the poll interval.
 4. SIGINT/SIGTERM (:meth:`LanceTailer.stop`): finish the batch in hand, checkpoint, return.
 
-:class:`LanceTailer` is a :class:`~tailer.follow.loop.FollowLoop`, as the Delta
+:class:`LanceTailer` is a :class:`~tailer.follow.change_loop.ChangeLoop`, as the Delta
 :class:`~tailer.follow.tailer.Tailer` is: the same ``run``/``open``/``step``/``rest``/``close``, so
 ``deltatail serve`` (:mod:`tailer.serve.service`) steps Lance datasets and Delta tables alike, and the
 same :class:`~tailer.follow.stats.TableStats` kept up to date.
@@ -46,8 +46,9 @@ from state.errors import (
 from state.feed import CommitEvent, TableInfo
 from state.lance.manifest import Manifest
 from state.lance.planning import LancePlan, plan_snapshot
+from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.config import TailerConfig
-from tailer.follow.loop import FollowLoop, table_name
+from tailer.follow.loop import table_name
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
 from tailer.follow.stats import TableStats
@@ -78,7 +79,7 @@ def lance_table_id(root: str) -> str:
 lance_state_id = lance_table_id
 
 
-class LanceTailer(FollowLoop):
+class LanceTailer(ChangeLoop):
     """Follows one Lance dataset into one sink. Not reusable: construct one per run.
 
     Args:

@@ -56,8 +56,8 @@ from state.feed import ChangeBatch, CommitEvent, TableInfo
 from state.snapshot import Snapshot
 from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditFeed, AuditTracker
-from tailer.follow.audit import AuditFollowConfig, AuditFollower
 from tailer.audit.log import AlertLog, JsonlAuditLog, read_audit_log
+from tailer.follow.audit import AuditFollowConfig, AuditFollower
 from tailer.follow.sink import Sink
 from tailer.follow.state_store import StateStore
 from tailer.follow.tailer import Tailer, TailerConfig
