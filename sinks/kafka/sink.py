@@ -38,7 +38,7 @@ from state.cursor import Position
 from state.errors import ConfigError, SinkError, SinkUnavailableError
 from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
 from tailer.collector import collector_paused
-from tailer.follow.sink import Sink
+from tailer.sink import Sink
 
 _BEFORE_ALL: Stamp = (-1, 0, 0, 0)
 #: The stamp of a heartbeat is ``(delivered version, HEARTBEAT_RANK, -1, 0)``.

@@ -21,13 +21,13 @@ from state.lance.manifest import Manifest
 from tailer.cli.configure import change_filter
 from tailer.cli.outputs import write_changes
 from tailer.follow.service import Runner
-from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
 from tailer.lance.dataset import LanceDataset, looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_table_id
 from tailer.parse import parse_timestamp_ms
+from tailer.sink import Sink
 from tailer.storage import Storage
 from tailer.storage.factory import storage_for
 from tailer.storage.options import parse_option_pairs

@@ -68,7 +68,6 @@ from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, STORAGE, coerce, storage_table
 from tailer.cli.sink_uri import open_sink
-from tailer.follow.sink import Sink
 from tailer.follow.tailer import table_name
 from tailer.lance.dataset import looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
@@ -81,6 +80,7 @@ from tailer.serve.discovery import find_tables, is_lance_dataset
 from tailer.serve.http import HealthServer, load_auth_token
 from tailer.serve.service import Service, ServiceOptions, TableSource, probe_state_root
 from tailer.serve.state_root import StateRoot
+from tailer.sink import Sink
 from tailer.storage.factory import storage_for
 
 log = logging.getLogger("deltatail")

@@ -1,7 +1,7 @@
 """The loop of the tailers that deliver change rows into a sink (Delta and Lance): what their guarantees rest on.
 
 A :class:`ChangeLoop` is a :class:`~tailer.follow.loop.FollowLoop` whose output is a
-:class:`~tailer.follow.sink.Sink`. It adds what change rows need and audit events do not: rows at
+:class:`~tailer.sink.Sink`. It adds what change rows need and audit events do not: rows at
 or before the position a sink reports it holds are skipped (:meth:`ChangeLoop._write_batches`), a
 sink holding fewer rows than were delivered to it is a gap (:meth:`ChangeLoop._open_sink`), the
 cursor moves with every batch written, and rows and bytes are counted by change type.
@@ -20,12 +20,12 @@ from state.errors import SinkError
 from state.feed import ChangeBatch, TableInfo
 from tailer.follow.config import TailerConfig
 from tailer.follow.loop import FollowLoop
-from tailer.follow.sink import Sink
 from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableStats
 from tailer.log.watch import Watcher
 from tailer.runtime.faults import crash_point
 from tailer.runtime.status import count_change_types, status
+from tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
 
@@ -59,7 +59,7 @@ class ChangeLoop(FollowLoop[Sink]):
     def _open_sink(self, info: TableInfo) -> None:
         """Open the sink; rows up to the position it reports holding (beyond the cursor) are skipped.
 
-        A sink that :attr:`~tailer.follow.sink.Sink.reports_holdings` and holds less than the
+        A sink that :attr:`~tailer.sink.Sink.reports_holdings` and holds less than the
         saved state says was delivered to it (the position after the last delivered row), or
         nothing at all, lost rows: a file truncated, deleted or moved away (logrotate). With
         ``on_sink_gap = "fail"`` (the default) that is a :class:`SinkError` naming the gap and the
@@ -155,7 +155,7 @@ class ChangeLoop(FollowLoop[Sink]):
     def _account(self, rows: pa.RecordBatch, counts: dict[str, int]) -> None:
         """Count delivered rows (and bytes, shared out by rows) by change type.
 
-        Of a batch the sink partly held (:attr:`~tailer.follow.sink.Sink.rows_held`), its last
+        Of a batch the sink partly held (:attr:`~tailer.sink.Sink.rows_held`), its last
         rows count as delivered: exact in number, by change type as near as the sink tells.
         """
         if not rows.num_rows:

@@ -29,7 +29,7 @@ from tailer.runtime.faults import crash_point
 
 
 class Flushable(Protocol):
-    """What a checkpoint flushes first: a :class:`~tailer.follow.sink.Sink`, or an auditor's outputs."""
+    """What a checkpoint flushes first: a :class:`~tailer.sink.Sink`, or an auditor's outputs."""
 
     def flush(self) -> None:
         """Make everything written so far durable (raises if it cannot)."""

@@ -43,7 +43,7 @@ log = logging.getLogger("deltatail")
 
 
 class Output(Protocol):
-    """What the life cycle needs of where a loop delivers (a :class:`~tailer.follow.sink.Sink`, audit outputs)."""
+    """What the life cycle needs of where a loop delivers (a :class:`~tailer.sink.Sink`, audit outputs)."""
 
     def flush(self) -> None:
         """Make what was delivered durable (the cursor is saved only after this returns)."""

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from state.errors import DeltaTailError, StateError, StorageError
-from tailer.follow.sink import Sink
 from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
 from tailer.runtime.backoff import retry_delay
 from tailer.runtime.status import Progress, status
 from tailer.runtime.transient import as_deltatail_error, describe, fault_of, is_transient
+from tailer.sink import Sink
 
 
 class Runner(Protocol):

@@ -8,7 +8,7 @@ Life cycle of :meth:`Tailer.run`:
 2. Open the sink; if it reports the position it holds, rows before it are skipped.
 3. Loop: find the commits after the snapshot's version (by name, see
    :class:`~tailer.log.follower.LogFollower`), plan and deliver each in order
-   (for a sink that :attr:`~tailer.follow.sink.Sink.wants_audit_events`, the
+   (for a sink that :attr:`~tailer.sink.Sink.wants_audit_events`, the
    follower builds each commit's audit event before planning it, and it
    reaches the sink in :class:`~state.feed.CommitEvent`),
    and checkpoint (:mod:`tailer.follow.checkpointer`) every
@@ -45,7 +45,6 @@ from tailer.follow.checkpointer import Checkpointer
 from tailer.follow.config import TailerConfig
 from tailer.follow.log_parts import checkpointer, log_follower
 from tailer.follow.loop import table_name
-from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
 from tailer.follow.stats import TableStats
 from tailer.log.delta_log import DeltaLog
@@ -53,6 +52,7 @@ from tailer.log.follower import PREFETCH_COMMITS, AuditBuilder, Hints, LogFollow
 from tailer.log.starts import snapshot_time, table_id, version_at_or_after
 from tailer.log.watch import Watcher
 from tailer.read.feed import ChangeFeed
+from tailer.sink import Sink
 from tailer.storage import FileInfo
 from tailer.storage.factory import storage_for
 

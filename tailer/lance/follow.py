@@ -49,13 +49,13 @@ from state.lance.planning import LancePlan, plan_snapshot
 from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.config import TailerConfig
 from tailer.follow.loop import table_name
-from tailer.follow.sink import Sink
 from tailer.follow.state_store import SavedState, StateStore
 from tailer.follow.stats import TableStats
 from tailer.lance.dataset import CLEANED_UP_HINT
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.log.watch import Watcher
 from tailer.runtime.faults import crash_point
+from tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
 

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Literal
 
 from state.errors import DeltaTailError, StateError
-from tailer.follow.sink import Sink
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.tailer import Tailer, TailerConfig
 from tailer.lance.feed import LanceFeed, LanceOptions
@@ -63,6 +62,7 @@ from tailer.runtime.backoff import retry_delay
 from tailer.runtime.status import status
 from tailer.runtime.transient import describe, fault_of, is_transient
 from tailer.serve.state_root import StateRoot, write_status
+from tailer.sink import Sink
 from tailer.storage.base import Storage
 from tailer.storage.factory import storage_for
 
