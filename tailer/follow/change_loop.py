@@ -46,9 +46,18 @@ class ChangeLoop(FollowLoop[Sink]):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
+        status_file: bool = True,
     ) -> None:
         super().__init__(
-            config, sink, table, store=store, watcher=watcher, clock=clock, wall_clock=wall_clock, stats=stats
+            config,
+            sink,
+            table,
+            store=store,
+            watcher=watcher,
+            clock=clock,
+            wall_clock=wall_clock,
+            stats=stats,
+            status_file=status_file,
         )
         self._resume: Position | None = None
         #: The position after the last row delivered (set from the saved state on resume).

@@ -82,6 +82,8 @@ class Tailer(ChangeLoop):
         clock: monotonic seconds (checkpoint intervals, status lines).
         wall_clock: epoch seconds (how far behind the newest commit the tailer is).
         stats: where the tailer's figures go (metrics, status); a new one by default.
+        status_file: whether the tailer keeps ``status.json`` in its state directory (``deltatail serve``
+            writes its tables' itself).
     """
 
     def __init__(
@@ -95,11 +97,20 @@ class Tailer(ChangeLoop):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
+        status_file: bool = True,
     ) -> None:
         if feed is None:
             feed = ChangeFeed(config.table, storage_for(config.table, config.storage_options), config.options)
         super().__init__(
-            config, sink, feed.log.table, store=store, watcher=watcher, clock=clock, wall_clock=wall_clock, stats=stats
+            config,
+            sink,
+            feed.log.table,
+            store=store,
+            watcher=watcher,
+            clock=clock,
+            wall_clock=wall_clock,
+            stats=stats,
+            status_file=status_file,
         )
         self.feed = feed
         self.log: DeltaLog = self.feed.log

@@ -91,6 +91,7 @@ class LanceTailer(ChangeLoop):
         watcher: makes the watcher of ``_versions/`` (the directory, whether to watch).
         clock: monotonic seconds; wall_clock: epoch seconds.
         stats: the figures the tailer keeps up to date (a new one by default).
+        status_file: whether it keeps ``status.json`` in its state directory (not for ``deltatail serve``).
     """
 
     def __init__(
@@ -104,13 +105,22 @@ class LanceTailer(ChangeLoop):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
+        status_file: bool = True,
     ) -> None:
         o = config.options
         options = LanceOptions(o.allow_non_additive, o.batch_size, o.filter, o.external_roots)
         if feed is None:
             feed = LanceFeed(config.table, options=options, storage_options=config.storage_options or None)
         super().__init__(
-            config, sink, feed.table, store=store, watcher=watcher, clock=clock, wall_clock=wall_clock, stats=stats
+            config,
+            sink,
+            feed.table,
+            store=store,
+            watcher=watcher,
+            clock=clock,
+            wall_clock=wall_clock,
+            stats=stats,
+            status_file=status_file,
         )
         self.feed = feed
         self.dataset = self.feed.dataset

@@ -467,7 +467,7 @@ class Service:
         tid = table_id(feed.log)
         entry = self.state_root.register(tid, feed.log.table, table.source.name)
         config = replace(config, state_dir=str(entry.directory), status_lines=False)
-        tailer = Tailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
+        tailer = Tailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats, status_file=False)
         table.remote = feed.storage.remote
         tailer.open()
         if config.watch and not feed.storage.remote:
@@ -494,7 +494,7 @@ class Service:
         entry = self.state_root.register(tid, feed.table, table.source.name)
         config = replace(config, state_dir=str(entry.directory), status_lines=False)
         table.stats.table_id = tid
-        tailer = LanceTailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats)
+        tailer = LanceTailer(config, table.source.make_sink(tid), feed=feed, stats=table.stats, status_file=False)
         table.remote = feed.storage.remote
         tailer.open()
         if config.watch and not feed.storage.remote:
@@ -543,7 +543,10 @@ class Service:
     # -- reporting ------------------------------------------------------------------------------
 
     def _record(self, table: _Table) -> None:
-        """Write the table's status file when its state or versions changed."""
+        """Write the table's status file when its state or versions changed (after every step, and on close).
+
+        The one writer of a served table's ``status.json``: its tailer keeps none (``status_file=False``).
+        """
         s = table.stats
         key = (s.state, s.error, s.delivered_version, s.newest_version)
         if key == table.reported or s.table_id == "":
