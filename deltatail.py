@@ -36,10 +36,10 @@ from state.errors import (
 from state.feed import ChangeBatch, TableInfo
 from tailer.cli.main import installed_version, main
 from tailer.follow.config import TailerConfig
-from tailer.follow.sink import Sink
 from tailer.follow.tailer import Tailer
 from tailer.log.delta_log import DeltaLog
 from tailer.read.feed import ChangeFeed
+from tailer.sink import Sink
 
 __version__ = installed_version()
 

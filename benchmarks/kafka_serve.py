@@ -37,10 +37,10 @@ PROJECT = Path(__file__).resolve().parent.parent
 LAUNCH = textwrap.dedent(
     """
     import sys
-    import tailer.cli.serve
+    import sinks.uris
     from tailer.cli.main import main
     if sys.argv[1] == "unshared":
-        tailer.cli.serve.PRODUCERS = None
+        sinks.uris.PRODUCERS = None
     sys.exit(main(["serve", "--config", sys.argv[2]]))
     """
 )

@@ -60,8 +60,8 @@ from sinks.embedded import JsonLinesSink
 from state.cursor import Position
 from state.feed import ChangeBatch, CommitEvent, TableInfo
 from tailer.cli.process import tune_for_latency
-from tailer.follow.sink import Sink
 from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.sink import Sink
 
 CDF = {"delta.enableChangeDataFeed": "true"}
 CHECKPOINT_EVERY = 100

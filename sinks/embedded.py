@@ -49,8 +49,8 @@ from sinks.json_text import VECTOR_ROWS, column_texts, concatenated, joined_obje
 from state.cursor import Position
 from state.errors import SinkError
 from state.feed import ChangeBatch, TableInfo
-from tailer.follow.sink import Sink
-from tailer.follow.state_store import atomic_write
+from tailer.runtime.files import atomic_write
+from tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
 

@@ -158,7 +158,7 @@ class StateError(DeltaTailError):
     Args:
         message: what is wrong, in words.
         permanent: waiting cannot mend it (a damaged cursor file): ``run`` and ``serve`` do not
-            retry it, whatever caused it (see :mod:`tailer.follow.transient`).
+            retry it, whatever caused it (see :mod:`tailer.runtime.transient`).
         table, version, file: as :class:`DeltaTailError`.
     """
 

@@ -112,7 +112,7 @@ class CommitEvent:
         operation_metrics: ``commitInfo.operationMetrics`` as written.
         row_counts: change rows delivered for the commit by this run, per ``_change_type``.
         audit: the commit's full audit event, built only for a sink whose
-            :attr:`~tailer.follow.sink.Sink.wants_audit_events` is true; otherwise ``None``.
+            :attr:`~tailer.sink.Sink.wants_audit_events` is true; otherwise ``None``.
         schema: the table schema after the commit when the commit carries a ``metaData`` action
             (it may change the schema); ``None`` otherwise.
     """

@@ -22,7 +22,7 @@ Formats (``format=`` of the Kafka sink; :class:`sinks.kafka.encoding.ChangeEncod
     ``source_schema=`` (default ``null``) and ``source_table=`` (default the table's name).
     deltatail's own fields: ``table_path``, ``table_id``, ``commit_version`` (the Delta version),
     ``operation`` (the commit's Delta operation, ``WRITE``, ``MERGE``, ``DELETE``...; ``null``
-    for an initial snapshot or when the tailer did not say, see :meth:`tailer.follow.sink.Sink.commit_started`)
+    for an initial snapshot or when the tailer did not say, see :meth:`tailer.sink.Sink.commit_started`)
     and ``index`` (the row's index in its commit, or in the snapshot): ``(commit_version, snapshot,
     index)`` is the row's position. The top-level ``ts_ms`` is when the event was encoded
     (``ts_us``, ``ts_ns``: the same instant in finer units). With ``transactions=true`` a

@@ -46,7 +46,7 @@ from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
 from state.schema import StructType
 from state.schema_diff import SchemaDiff
 from tailer.collector import collector_paused
-from tailer.follow.sink import Sink
+from tailer.sink import Sink
 
 _BEFORE_ALL: Stamp = (-1, 0, 0, 0)
 #: The ``dt.change_type`` header of each change type the encoder emits.

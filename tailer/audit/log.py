@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from state.alerts import Alert
 from state.audit import AuditEvent
 from state.errors import ConfigError, DeltaTailError, InvalidLogError, SinkError
-from tailer.follow.state_store import fsync_dir
+from tailer.runtime.files import fsync_dir
 
 #: The columns of a Parquet audit log, in order.
 AUDIT_ARROW_SCHEMA = pa.schema(

@@ -6,7 +6,7 @@ standard output, as a table on a terminal and as JSON lines otherwise (``--forma
 ``--output FILE.jsonl|FILE.parquet`` writes the audit log instead, ``--html FILE`` the report
 (:mod:`tailer.audit.report`); ``--alert-output FILE.jsonl`` appends the alerts raised.
 
-Follow (``--follow --state-dir DIR``): :class:`~tailer.audit.follow.AuditFollower` goes on as
+Follow (``--follow --state-dir DIR``): :class:`~tailer.follow.audit.AuditFollower` goes on as
 commits land and restarts where it stopped; ``--output`` appends to the audit log exactly once
 (a ``.parquet`` log is then a directory of part files, see :mod:`tailer.audit.log`), and alerts
 also go to the webhooks of ``[audit.webhook]``.
@@ -37,11 +37,11 @@ from state.alerts import SEVERITIES, Alert
 from state.audit import AuditEvent
 from state.errors import ConfigError
 from tailer.audit.alerts import AlertNotifier, AuditSettings
-from tailer.audit.follow import AuditFollowConfig, AuditFollower
 from tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
 from tailer.audit.report import require_report_extra, write_report
 from tailer.cli.process import stop_on_signals
 from tailer.cli.settings import STORAGE, audit_config, external_root_option, flag_type, merge
+from tailer.follow.audit import AuditFollowConfig, AuditFollower
 from tailer.formats.registry import open_table
 from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms

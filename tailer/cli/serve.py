@@ -62,22 +62,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sinks.kafka.shared import ProducerPool
 from state.errors import ConfigError, DeltaTailError, StorageError
 from tailer.cli.configure import DEFAULT_SINK, tailer_config
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
 from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, STORAGE, coerce, storage_table
 from tailer.cli.sink_uri import open_sink
-from tailer.follow.sink import Sink
 from tailer.follow.tailer import table_name
-from tailer.follow.transient import is_transient
 from tailer.formats.base import DATA_LOSS, KEY, NET_CHANGES
 from tailer.formats.registry import FALLBACK, claimed, format_names, open_table, split_prefix
+from tailer.runtime.transient import is_transient
 from tailer.serve.discovery import find_tables
 from tailer.serve.http import HealthServer, load_auth_token
 from tailer.serve.service import Service, ServiceOptions, TableSource, probe_state_root
 from tailer.serve.state_root import StateRoot
+from tailer.sink import Sink
 from tailer.storage.local import to_local_path
 
 log = logging.getLogger("deltatail")
@@ -232,9 +231,6 @@ def _storage(raw: Any, where: str, path: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------- tables --
 
-#: The Kafka producers of the service's tables: one per cluster and producer settings (docs/serve.md).
-PRODUCERS = ProducerPool()
-
 
 @dataclass(frozen=True)
 class SinkFactory:
@@ -252,7 +248,7 @@ class SinkFactory:
 
     def __call__(self, tid: str) -> Sink:
         """A new, unopened sink for the table of id ``tid``."""
-        return open_sink(self.filled(tid), PRODUCERS)
+        return open_sink(self.filled(tid), shared=True)
 
 
 def _sink_file(uri: str) -> Path | None:
@@ -345,7 +341,7 @@ def check_tables(sources: list[TableSource]) -> tuple[dict[str, str], dict[str, 
         The id of every table it could check (by name), and the tables whose store is unavailable
         now (by name, with why).
 
-    A table whose store fails transiently (:func:`~tailer.follow.transient.is_transient`: HTTP 5xx,
+    A table whose store fails transiently (:func:`~tailer.runtime.transient.is_transient`: HTTP 5xx,
     throttling, a timeout, a refused connection) cannot be checked now: it is logged and returned,
     and the service starts it ``unavailable`` and retries it (its filter and identity are then
     checked when it opens: a table that turns out to be another entry's is failed then).

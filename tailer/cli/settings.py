@@ -120,7 +120,7 @@ def flag(value: Any) -> bool:
         raise ValueError(f"expected true or false, got {value!r}") from None
 
 
-#: The values of ``on_sink_gap`` (see :meth:`tailer.follow.loop.FollowLoop._open_sink`).
+#: The values of ``on_sink_gap`` (see :meth:`tailer.follow.change_loop.ChangeLoop._open_sink`).
 SINK_GAP_CHOICES = ("fail", "accept")
 
 

@@ -10,10 +10,10 @@ import argparse
 from collections.abc import Callable, Mapping
 
 from tailer.follow.service import Runner
-from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig
 from tailer.formats.registry import format_names, open_table
+from tailer.sink import Sink
 from tailer.storage.options import parse_option_pairs
 from tailer.table import TableRef
 

@@ -24,12 +24,12 @@ from typing import Protocol
 
 from state.cursor import Position
 from state.snapshot import Snapshot
-from tailer.follow.faults import crash_point
 from tailer.follow.state_store import SavedState, StateStore
+from tailer.runtime.faults import crash_point
 
 
 class Flushable(Protocol):
-    """What a checkpoint flushes first: a :class:`~tailer.follow.sink.Sink`, or an auditor's outputs."""
+    """What a checkpoint flushes first: a :class:`~tailer.sink.Sink`, or an auditor's outputs."""
 
     def flush(self) -> None:
         """Make everything written so far durable (raises if it cannot)."""

@@ -1,4 +1,8 @@
-"""The life cycle every tailer shares, whatever it follows (a Delta log, a Lance dataset's versions).
+"""The life cycle every follow loop shares, whatever it follows and whatever it delivers.
+
+Three loops run on it: the Delta tailer and the Lance tailer (change rows into a sink, through
+:class:`~tailer.follow.change_loop.ChangeLoop`) and the auditor (audit events into audit outputs,
+:class:`~tailer.follow.audit.AuditFollower`).
 
 :meth:`FollowLoop.run` is :meth:`~FollowLoop.open` (lock the state directory, resume or start,
 open the sink, deliver an initial snapshot if due), then :meth:`~FollowLoop.step` (look once,
@@ -8,10 +12,11 @@ stopped or caught up, then a checkpoint and :meth:`~FollowLoop.close`. ``deltata
 
 A subclass says what it follows: how it starts (:meth:`FollowLoop._start`), which versions are
 new (:meth:`FollowLoop._new_versions`), how they are delivered
-(:meth:`FollowLoop._deliver_versions`) and how a checkpoint is taken. This class holds what
-the guarantees rest on and is the same for both: rows at or before the position a sink reports
-it holds are skipped (:meth:`FollowLoop._write_batches`), the cursor moves with every batch
-written, and every error on the way out is counted and leaves the table's state ``failed``.
+(:meth:`FollowLoop._deliver_versions`) and how a checkpoint is taken. This class holds the life
+cycle and is the same for all: one watcher made in one place, the idle backoff on an object
+store, a flush when caught up and a checkpoint when due, the status lines and the status file,
+the output closed and the state directory unlocked on the way out, and every error on the way
+out counted, leaving the table's state ``failed``.
 """
 
 from __future__ import annotations
@@ -20,35 +25,46 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
-
-import pyarrow as pa
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
 
 from state.cursor import Position
-from state.errors import DeltaTailError, SinkError
-from state.feed import ChangeBatch, FollowStatus, TableInfo
-from tailer.follow.config import TailerConfig
-from tailer.follow.faults import crash_point
-from tailer.follow.sink import Sink
+from state.errors import DeltaTailError
+from state.feed import FollowStatus
+from tailer.follow.config import FollowConfig
 from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableState, TableStats
-from tailer.follow.status import Progress, count_change_types, status
 from tailer.follow.status_file import StatusWriter
 from tailer.log.notifications import NotifiedWatcher, hub_for
 from tailer.log.watch import LogWatcher, Watcher
+from tailer.runtime.backoff import idle_poll_interval
+from tailer.runtime.status import Progress, StatusThrottle, status
 
 log = logging.getLogger("deltatail")
 
-#: Seconds between repeated "following" status lines when nothing changes.
-STATUS_SECONDS = 30.0
+
+class Output(Protocol):
+    """What the life cycle needs of where a loop delivers (a :class:`~tailer.sink.Sink`, audit outputs)."""
+
+    def flush(self) -> None:
+        """Make what was delivered durable (the cursor is saved only after this returns)."""
+
+    def heartbeat(self, status: FollowStatus) -> None:
+        """Caught up: the output may tell its readers the table is followed (it decides whether one is due)."""
+
+    def close(self) -> None:
+        """Release the output (after the last checkpoint)."""
 
 
-class FollowLoop(ABC):
-    """Follows one table into one sink. Not reusable: construct one per run.
+OutputT = TypeVar("OutputT", bound=Output)
+
+
+class FollowLoop(ABC, Generic[OutputT]):
+    """Follows one table into one output. Not reusable: construct one per run.
 
     Args:
         config: the settings.
-        sink: where rows go (not yet opened).
+        sink: where what is delivered goes (not yet opened).
         table: the table's path or URI (names its figures).
         store: the state directory; by default ``StateStore(config.state_dir)``.
         watcher: makes the watcher of the directory new versions appear in (the directory,
@@ -56,6 +72,7 @@ class FollowLoop(ABC):
         clock: monotonic seconds (checkpoint intervals, status lines).
         wall_clock: epoch seconds (how far behind the newest version the tailer is).
         stats: where the tailer's figures go (metrics, status); a new one by default.
+        status_file: whether the loop keeps ``status.json`` in its state directory.
     """
 
     #: What one version is called in status lines ("commit" for Delta, "version" for Lance).
@@ -63,8 +80,8 @@ class FollowLoop(ABC):
 
     def __init__(
         self,
-        config: TailerConfig,
-        sink: Sink,
+        config: FollowConfig,
+        sink: OutputT,
         table: str,
         *,
         store: StateStore | None,
@@ -72,6 +89,7 @@ class FollowLoop(ABC):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
+        status_file: bool = True,
     ) -> None:
         self.config = config
         self.sink = sink
@@ -86,16 +104,13 @@ class FollowLoop(ABC):
         #: The position of the next row to deliver (set by the subclass's start).
         self._cursor = Position.change(0, 0)
         self._table_id = ""
-        self._resume: Position | None = None
-        #: The position after the last row delivered (set from the saved state on resume).
-        self._rows_end: Position | None = None
-        #: The cursor when the sink was opened: rows skipped after it are rows the sink held.
-        self._opened_at = self._cursor
         self._unflushed = False
         self._idle_polls = 0
         self._open = False
-        self._status = (-2, 0.0)
-        self._status_file = StatusWriter(self.store.dir, self.stats, clock=clock, wall_clock=wall_clock)
+        self._status_lines = StatusThrottle(clock)
+        self._status_file = (
+            StatusWriter(self.store.dir, self.stats, clock=clock, wall_clock=wall_clock) if status_file else None
+        )
         self._status_failure_logged = False
 
     # -- what a subclass says ------------------------------------------------------------------
@@ -268,10 +283,9 @@ class FollowLoop(ABC):
         if poll is None and self._remote and c.notifications:
             timeout = max(c.max_poll_interval, c.poll_interval)  # notified: this is only the safety poll
         elif poll is None and self._remote:
-            doublings = min(max(self._idle_polls - 1, 0), 60)  # 2**60 outgrows any interval; 2**1024 overflows
-            backoff = c.poll_interval * 2**doublings
-            timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
-        status_due = None if self._status_file.failure else self._status_file.seconds_until_due()
+            timeout = idle_poll_interval(c.poll_interval, c.max_poll_interval, self._idle_polls)
+        writer = self._status_file
+        status_due = None if writer is None or writer.failure else writer.seconds_until_due()
         for due_in in (self._seconds_until_due(), status_due):  # a status that cannot be written waits its turn
             if due_in is not None:
                 timeout = min(timeout, due_in)
@@ -305,140 +319,13 @@ class FollowLoop(ABC):
 
         A failed write is logged once (until a write succeeds again) and never stops the table.
         """
+        if self._status_file is None:
+            return
         self._status_file.maybe_write(force=force)
         failure = self._status_file.failure
         if failure is not None and not self._status_failure_logged:
             log.warning("%s: cannot write its status file in %s: %s", self.stats.name, self.store.dir, failure)
         self._status_failure_logged = failure is not None
-
-    # -- delivering ----------------------------------------------------------------------------
-
-    def _open_sink(self, info: TableInfo) -> None:
-        """Open the sink; rows up to the position it reports holding (beyond the cursor) are skipped.
-
-        A sink that :attr:`~tailer.follow.sink.Sink.reports_holdings` and holds less than the
-        saved state says was delivered to it (the position after the last delivered row), or
-        nothing at all, lost rows: a file truncated, deleted or moved away (logrotate). With
-        ``on_sink_gap = "fail"`` (the default) that is a :class:`SinkError` naming the gap and the
-        ways out; with ``"accept"`` a warning, counted in :attr:`TableStats.sink_gaps`, and the
-        tailer goes on at its cursor.
-
-        Raises:
-            SinkError: what the sink's ``open`` raises, or a gap with ``on_sink_gap = "fail"``.
-        """
-        self._opened_at = self._cursor
-        held = self.sink.open(info)
-        end = self._rows_end
-        if self.sink.reports_holdings and end is not None and (held is None or held < end):
-            self._sink_gap(info, held, end)
-        if held is not None and held > self._cursor:
-            log.info("sink already holds rows up to %s; skipping them", held)
-            self._resume = held
-
-    def _sink_gap(self, info: TableInfo, held: Position | None, end: Position) -> None:
-        """Report rows delivered to the sink that it no longer holds (see :meth:`_open_sink`)."""
-        self.stats.sink_gaps += 1
-        where = self.sink.location or "the sink"
-        has = "no row" if held is None else f"rows only up to {_row(_before(held))}"
-        first = Position(0, 0, 0) if held is None else held
-        what = (
-            f"{where} holds {has} of {info.path}, but rows up to {_row(_before(end))} (version:index) were "
-            f"delivered to it: rows {'from the start' if held is None else 'from ' + _row(first)} to "
-            f"{_row(_before(end))} are missing from it (truncated, deleted or moved away?)"
-        )
-        if self.config.on_sink_gap == "accept":
-            log.warning("%s; going on at %s (on_sink_gap = accept)", what, _row(self._cursor))
-            self._rows_end = held  # accepted: the next checkpoint records what the sink really holds
-            return
-        raise SinkError(
-            f"{what}. To deliver them again, run `deltatail seek {self.config.state_dir} "
-            f"--to-version {first.version}`{'' if held is not None else ' (or from the version it started at)'} "
-            "(rows the sink still holds are skipped); to go on without them, "
-            "set on_sink_gap = accept (--on-sink-gap accept)",
-            table=info.path,
-            file=self.sink.location,
-        )
-
-    def _write_batches(self, batches: Iterable[ChangeBatch], counts: dict[str, int]) -> bool:
-        """Write batches, skipping rows already delivered; ``False`` if stopped inside them.
-
-        Each written batch is counted into ``counts`` by change type, and the cursor moves to its
-        end (the next row) as soon as it is written.
-        """
-        for given in batches:
-            batch = self._skip_delivered(given)
-            held = self._held_in(given, batch)
-            if len(batch):
-                before = self.sink.rows_held
-                self.sink.write(batch)
-                self._unflushed = True
-                crash_point("after_write")
-                skipped = self.sink.rows_held - before  # rows the sink itself found it held
-                held += skipped
-                self.progress.rows += len(batch) - skipped
-                self._account(batch.rows.slice(skipped), counts)
-            if len(given):
-                self._rows_end = given.end
-            if held:
-                self.progress.held += held
-                self.stats.rows_held += held
-            self._cursor = batch.end
-            if self._stop.is_set():
-                return False
-        return True
-
-    def _delivered(self, version: int, timestamp_ms: int, remaining: int) -> None:
-        """Count a delivered version; every 100 while catching up, a status line."""
-        self.progress.versions += 1
-        self.stats.delivered(version, timestamp_ms, self._commit_time_ms(version + 1))
-        self.stats.commits += 1
-        self._write_status()
-        if remaining > 0 and self.progress.versions % 100 == 0:
-            rate = self.progress.rows / max(self._clock() - self.progress.started, 1e-9)
-            status(
-                "catching_up",
-                f"{self.stats.name}: catching up: version {version}, {remaining} versions remaining, "
-                f"{self.progress.versions} versions and {self.progress.rows} rows done"
-                f"{self.progress.held_text()}, {rate:,.0f} rows/s",
-                table=self.stats.name,
-                version=version,
-                versions_remaining=remaining,
-                versions_done=self.progress.versions,
-                rows_done=self.progress.rows,
-                rows_already_held=self.progress.held,
-                rows_per_second=round(rate),
-            )
-
-    def _account(self, rows: pa.RecordBatch, counts: dict[str, int]) -> None:
-        """Count delivered rows (and bytes, shared out by rows) by change type.
-
-        Of a batch the sink partly held (:attr:`~tailer.follow.sink.Sink.rows_held`), its last
-        rows count as delivered: exact in number, by change type as near as the sink tells.
-        """
-        if not rows.num_rows:
-            return
-        here: dict[str, int] = {}
-        count_change_types(rows.column("_change_type"), here)
-        size = rows.nbytes
-        for kind, n in here.items():
-            counts[kind] = counts.get(kind, 0) + n
-            self.stats.rows[kind] += n
-            self.stats.bytes[kind] += size * n // rows.num_rows
-
-    def _skip_delivered(self, batch: ChangeBatch) -> ChangeBatch:
-        """The part of ``batch`` after the position the sink holds (all of it once that is passed)."""
-        if self._resume is None:
-            return batch
-        if batch.end <= self._resume:
-            return batch.slice_from(batch.end)
-        out = batch.slice_from(self._resume)
-        self._resume = None
-        return out
-
-    def _held_in(self, given: ChangeBatch, kept: ChangeBatch) -> int:
-        """Rows of ``given`` not in ``kept`` because the sink held them (not because they were before the cursor)."""
-        first = max(given.start, self._opened_at)
-        return kept.start.index - first.index if first < kept.start else 0
 
     def _failed(self, e: DeltaTailError) -> None:
         self.stats.errors[type(e).__name__] += 1
@@ -478,10 +365,8 @@ class FollowLoop(ABC):
         if not self.config.status_lines:
             return
         version, _ = self._head()
-        now = self._clock()
-        if version == self._status[0] and now - self._status[1] < STATUS_SECONDS:
+        if not self._status_lines.due(version):
             return
-        self._status = (version, now)
         age = self._seconds_behind()
         status(
             "following",
@@ -492,16 +377,6 @@ class FollowLoop(ABC):
             seconds_behind=0.0,  # the lag: caught up
             seconds_since_newest_commit=round(age, 3),
         )
-
-
-def _before(p: Position) -> Position:
-    """The position of the row before ``p`` in the same version (``p`` follows at least one row)."""
-    return Position(p.version, p.snapshot_rank, max(p.index - 1, 0))
-
-
-def _row(p: Position) -> str:
-    """A row's position as users write it: ``version:index`` (``snapshot version:index`` for snapshot rows)."""
-    return f"{'snapshot ' if p.snapshot else ''}{p.version}:{p.index}"
 
 
 def _watcher(directory: str, watch: bool) -> Watcher:

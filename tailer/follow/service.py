@@ -8,12 +8,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from state.errors import DeltaTailError, StateError, StorageError
-from tailer.follow.sink import Sink
 from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableState, TableStats
-from tailer.follow.status import Progress, status
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
-from tailer.follow.transient import as_deltatail_error, describe, fault_of, is_transient
+from tailer.runtime.backoff import retry_delay
+from tailer.runtime.status import Progress, status
+from tailer.runtime.transient import as_deltatail_error, describe, fault_of, is_transient
+from tailer.sink import Sink
 
 
 class Runner(Protocol):
@@ -38,7 +39,7 @@ class TailerService:
     (an object store that cannot be reached, throttles or fails), or an
     ``OSError`` of the sink, the state directory or the table's files (too many
     open files, disk full, a file too large, a read-only or replaced path: the
-    rule of :mod:`tailer.follow.transient`) ends a tailer
+    rule of :mod:`tailer.runtime.transient`) ends a tailer
     run with its cursor at the last checkpoint whose flush succeeded. The service waits (exponential backoff,
     capped at ``max_backoff`` seconds), reports it in the status line, and starts
     a new tailer from the saved state, which resends everything after the cursor:
@@ -148,7 +149,7 @@ class TailerService:
 
     def _wait_before_retry(self, error: Exception, failures: int) -> None:
         """Report the failure in a status line and wait (exponential backoff) before the next run."""
-        delay = min(self.max_backoff, 0.5 * 2 ** min(failures - 1, 30))
+        delay = retry_delay(failures, self.max_backoff)
         what = fault_of(error)
         event = f"{what.replace(' ', '_')}_unavailable"
         text = describe(error)  # a deltatail error with its table and file

@@ -15,7 +15,6 @@ silent restart from version 0.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import zlib
@@ -34,6 +33,7 @@ from state.errors import StateError
 from state.files import FileTable
 from state.snapshot import Snapshot
 from tailer.log.checkpoint import CheckpointState, read_parquet_checkpoint_file
+from tailer.runtime.files import atomic_write, fsync_dir, remove_quietly
 from tailer.storage import LocalStorage
 
 FORMAT_VERSION = 1
@@ -52,49 +52,13 @@ class SavedState:
     previous_timestamp_ms: int | None
     #: The position just after the last row delivered before ``cursor`` (``None``: no row yet, or
     #: unknown - a cursor saved by an older deltatail or set by ``deltatail seek``). A sink that
-    #: reports holding less than this lost rows (see :meth:`tailer.follow.loop.FollowLoop._open_sink`).
+    #: reports holding less than this lost rows (see :meth:`tailer.follow.change_loop.ChangeLoop._open_sink`).
     rows_end: Position | None = None
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically and durably (temp file, fsync, rename, fsync directory).
-
-    On failure ``path`` is as it was and the temporary file is removed.
-
-    Raises:
-        OSError: as the file system raises it (disk full, file too large, read-only, ...).
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        _remove(tmp)
-        raise
-    fsync_dir(path.parent)
-
-
-def _remove(path: Path) -> None:
-    """Remove a temporary file if it is there (a failed write's; errors are the write's to report)."""
-    with contextlib.suppress(OSError):
-        path.unlink(missing_ok=True)
 
 
 def _problem(e: OSError) -> str:
     """An OS error in words, without the path (errors name their file separately)."""
     return e.strerror or str(e)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class StateStore:
@@ -284,7 +248,7 @@ class StateStore:
             os.replace(tmp, self.dir / name)
             fsync_dir(self.dir)
         except OSError as e:
-            _remove(tmp)
+            remove_quietly(tmp)
             raise StateError(
                 f"cannot save the snapshot: {_problem(e)}; the previous cursor and snapshot are kept",
                 table=snap.table,

@@ -8,7 +8,7 @@ Life cycle of :meth:`Tailer.run`:
 2. Open the sink; if it reports the position it holds, rows before it are skipped.
 3. Loop: find the commits after the snapshot's version (by name, see
    :class:`~tailer.log.follower.LogFollower`), plan and deliver each in order
-   (for a sink that :attr:`~tailer.follow.sink.Sink.wants_audit_events`, the
+   (for a sink that :attr:`~tailer.sink.Sink.wants_audit_events`, the
    follower builds each commit's audit event before planning it, and it
    reaches the sink in :class:`~state.feed.CommitEvent`),
    and checkpoint (:mod:`tailer.follow.checkpointer`) every
@@ -52,10 +52,11 @@ from state.planning import VersionPlan, plan_snapshot
 from state.retention import retention
 from state.snapshot import Snapshot
 from tailer.audit.feed import AuditTracker
+from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.checkpointer import Checkpointer
 from tailer.follow.config import TailerConfig
-from tailer.follow.loop import FollowLoop, table_name
-from tailer.follow.sink import Sink
+from tailer.follow.log_parts import checkpointer, log_follower
+from tailer.follow.loop import table_name
 from tailer.follow.state_store import SavedState, StateStore
 from tailer.follow.stats import TableStats
 from tailer.log.delta_log import DeltaLog
@@ -63,6 +64,7 @@ from tailer.log.follower import PREFETCH_COMMITS, AuditBuilder, Hints, LogFollow
 from tailer.log.starts import snapshot_time, table_id, version_at_or_after
 from tailer.log.watch import Watcher
 from tailer.read.feed import ChangeFeed
+from tailer.sink import Sink
 from tailer.storage import FileInfo
 from tailer.table import table_storage
 
@@ -78,7 +80,7 @@ TAILER_HINTS = Hints(
 )
 
 
-class Tailer(FollowLoop):
+class Tailer(ChangeLoop):
     """Follows one table into one sink. Not reusable: construct one per run.
 
     Args:
@@ -92,6 +94,8 @@ class Tailer(FollowLoop):
         clock: monotonic seconds (checkpoint intervals, status lines).
         wall_clock: epoch seconds (how far behind the newest commit the tailer is).
         stats: where the tailer's figures go (metrics, status); a new one by default.
+        status_file: whether the tailer keeps ``status.json`` in its state directory (``deltatail serve``
+            writes its tables' itself).
     """
 
     def __init__(
@@ -105,11 +109,20 @@ class Tailer(FollowLoop):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
+        status_file: bool = True,
     ) -> None:
         if feed is None:
             feed = ChangeFeed(config.table, table_storage(config.table, config.storage_options), config.options)
         super().__init__(
-            config, sink, feed.log.table, store=store, watcher=watcher, clock=clock, wall_clock=wall_clock, stats=stats
+            config,
+            sink,
+            feed.log.table,
+            store=store,
+            watcher=watcher,
+            clock=clock,
+            wall_clock=wall_clock,
+            stats=stats,
+            status_file=status_file,
         )
         self.feed = feed
         self.log: DeltaLog = self.feed.log
@@ -141,21 +154,19 @@ class Tailer(FollowLoop):
             self._data_lost(self._lost_at_start)
 
     def _new_follower(self, head: Snapshot, previous_ms: int | None, table_id: str | None) -> LogFollower:
-        c = self.config
-        follower = LogFollower(
+        options = self.config.options
+        follower = log_follower(
             self.log,
             head,
+            self.config,
             previous_ms=previous_ms,
             table_id=table_id,
-            allow_non_additive=c.options.allow_non_additive,
-            require_cdf=c.options.require_cdf,
-            external_roots=c.options.external_roots,
             hints=TAILER_HINTS,
-            gap_check_seconds=c.gap_check_seconds,
-            parse_retries=c.parse_retries,
-            retry_delay=c.parse_retry_delay,
             clock=self._clock,
             audit=self._audit_builder(),
+            allow_non_additive=options.allow_non_additive,
+            require_cdf=options.require_cdf,
+            external_roots=options.external_roots,
         )
         # On a store, the check that the table was not recreated overlaps the data's reads and is awaited
         # before any row is delivered (_deliver_version): a followed commit costs two round trips, not three.
@@ -169,16 +180,8 @@ class Tailer(FollowLoop):
         return AuditTracker(self.log.table, self.log.storage, external_roots=self.config.options.external_roots).build
 
     def _checkpointer(self) -> Checkpointer:
-        c = self.config
-        return Checkpointer(
-            self.store,
-            self.sink,
-            table=self.log.table,
-            table_id=self._table_id,
-            checkpoint_commits=c.checkpoint_commits,
-            checkpoint_seconds=c.checkpoint_seconds,
-            snapshot_commits=c.snapshot_commits,
-            clock=self._clock,
+        return checkpointer(
+            self.store, self.sink, self.config, table=self.log.table, table_id=self._table_id, clock=self._clock
         )
 
     def _resume_saved(self, saved: SavedState) -> None:

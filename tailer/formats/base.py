@@ -11,7 +11,7 @@ storage once and detects the format) and then ask ``table.format`` for what they
 - :meth:`TableFormat.start_of`: ``--starting-version`` (``latest``) for following;
 - :meth:`TableFormat.follow`: a :class:`FollowedTable` for ``run`` and ``serve``: its state id
   (:attr:`FollowedTable.table_id`), the directory to watch, the check before it starts, and its
-  tailer (a :class:`~tailer.follow.loop.FollowLoop`);
+  tailer (a :class:`~tailer.follow.change_loop.ChangeLoop`);
 - :meth:`TableFormat.claims`: ``serve``'s discovery (a local directory holding one of its tables);
 - :meth:`TableFormat.refused`: the settings it does not support (the front end raises a
   ``ConfigError`` in its own words: ``--net-changes``, ``net_changes``, ``netChanges``);
@@ -52,11 +52,11 @@ import pyarrow as pa
 from state.errors import ConfigError
 from state.feed import ChangeBatch, TableInfo
 from tailer.audit.feed import AuditFeed
-from tailer.follow.loop import FollowLoop
-from tailer.follow.sink import Sink
+from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig
 from tailer.read.feed import ChangeOptions
+from tailer.sink import Sink
 from tailer.storage import Storage
 from tailer.table import TableRef
 
@@ -156,8 +156,14 @@ class FollowedTable(Protocol):
         """
         ...
 
-    def tailer(self, config: TailerConfig, sink: Sink, stats: TableStats | None = None) -> FollowLoop:
-        """A new, unopened tailer of the table into ``sink`` (reporting to ``stats``)."""
+    def tailer(
+        self, config: TailerConfig, sink: Sink, stats: TableStats | None = None, *, status_file: bool = True
+    ) -> ChangeLoop:
+        """A new, unopened tailer of the table into ``sink`` (reporting to ``stats``).
+
+        ``status_file``: whether it keeps ``status.json`` in its state directory (``deltatail serve``
+        writes its tables' status itself).
+        """
         ...
 
 

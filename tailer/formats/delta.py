@@ -16,7 +16,6 @@ from typing import Any
 
 from state.feed import TableInfo, change_schema
 from tailer.audit.feed import AuditFeed
-from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
 from tailer.formats.base import ChangeRequest, ChangeRun, starting_version
@@ -24,6 +23,7 @@ from tailer.formats.delta_report import snapshot_document, snapshot_text
 from tailer.log.delta_log import DeltaLog
 from tailer.log.starts import table_id
 from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.sink import Sink
 from tailer.storage import Storage
 from tailer.table import TableRef
 
@@ -59,9 +59,11 @@ class FollowedDelta:
         self.feed.log.latest_version()
         self.feed.check_filter()
 
-    def tailer(self, config: TailerConfig, sink: Sink, stats: TableStats | None = None) -> Tailer:
+    def tailer(
+        self, config: TailerConfig, sink: Sink, stats: TableStats | None = None, *, status_file: bool = True
+    ) -> Tailer:
         """A new :class:`~tailer.follow.tailer.Tailer` on this feed."""
-        return Tailer(config, sink, feed=self.feed, stats=stats)
+        return Tailer(config, sink, feed=self.feed, stats=stats, status_file=status_file)
 
 
 class DeltaFormat:

@@ -21,7 +21,6 @@ from typing import Any
 from state.errors import ConfigError, MissingFileError, VersionNotFoundError
 from state.feed import TableInfo
 from tailer.audit.feed import AuditFeed
-from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
 from tailer.formats.base import DATA_LOSS, MAX_BYTES, ChangeRequest, ChangeRun
@@ -30,6 +29,7 @@ from tailer.iceberg.feed import IcebergFeed, IcebergOptions
 from tailer.iceberg.follow import IcebergTailer, iceberg_table_id
 from tailer.iceberg.metadata import METADATA_DIR, join, looks_like_iceberg, metadata_number
 from tailer.read.feed import ChangeOptions
+from tailer.sink import Sink
 from tailer.storage import Storage
 from tailer.table import TableRef, table_storage
 
@@ -172,9 +172,11 @@ class FollowedIceberg:
         self.feed.current()
         self.feed.check_filter()
 
-    def tailer(self, config: TailerConfig, sink: Sink, stats: TableStats | None = None) -> IcebergTailer:
+    def tailer(
+        self, config: TailerConfig, sink: Sink, stats: TableStats | None = None, *, status_file: bool = True
+    ) -> IcebergTailer:
         """A new :class:`~tailer.iceberg.follow.IcebergTailer` on this feed (``stats`` learns the table id now)."""
-        tailer = IcebergTailer(config, sink, feed=self.feed, stats=stats)
+        tailer = IcebergTailer(config, sink, feed=self.feed, stats=stats, status_file=status_file)
         tailer.stats.table_id = tailer.table_id
         return tailer
 

@@ -18,7 +18,6 @@ from state.errors import ConfigError
 from state.feed import TableInfo
 from state.lance.manifest import Manifest
 from tailer.audit.feed import AuditFeed
-from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
 from tailer.formats.base import DATA_LOSS, KEY, MAX_BYTES, NET_CHANGES, ChangeRequest, ChangeRun, starting_version
@@ -26,6 +25,7 @@ from tailer.lance.dataset import LanceDataset, is_lance_dataset, looks_like_lanc
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_state_id, lance_table_id
 from tailer.read.feed import ChangeOptions
+from tailer.sink import Sink
 from tailer.storage import Storage
 from tailer.table import TableRef
 
@@ -126,11 +126,13 @@ class FollowedLance:
         self.feed.dataset.latest_version()
         self.feed.check_filter()
 
-    def tailer(self, config: TailerConfig, sink: Sink, stats: TableStats | None = None) -> LanceTailer:
+    def tailer(
+        self, config: TailerConfig, sink: Sink, stats: TableStats | None = None, *, status_file: bool = True
+    ) -> LanceTailer:
         """A new :class:`~tailer.lance.follow.LanceTailer` on this feed (``stats`` learns the table id now)."""
         if stats is not None:
             stats.table_id = self.table_id
-        return LanceTailer(config, sink, feed=self.feed, stats=stats)
+        return LanceTailer(config, sink, feed=self.feed, stats=stats, status_file=status_file)
 
 
 class LanceFormat:

@@ -1,6 +1,6 @@
 """Following an Iceberg table into a sink: ``deltatail run`` on an Iceberg table.
 
-The same life cycle and guarantees as the Delta and Lance tailers (:class:`~tailer.follow.loop.FollowLoop`).
+The same life cycle and guarantees as the Delta and Lance tailers (:class:`~tailer.follow.change_loop.ChangeLoop`).
 The state directory keeps the cursor alone (``cursor.json``): its ``snapshot_version`` is the version
 delivered up to and its ``previous_timestamp_ms`` that snapshot's timestamp (a sequence number is never
 reused in a table, so the two name the snapshot; after a rollback the old one is no longer on ``main``).
@@ -31,14 +31,15 @@ from state.feed import CommitEvent, TableInfo
 from state.iceberg.ancestry import EXPIRED_HINT, Ancestry
 from state.iceberg.model import SnapshotInfo, TableState
 from state.iceberg.planning import IcebergPlan
+from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.config import TailerConfig
-from tailer.follow.faults import crash_point
-from tailer.follow.loop import FollowLoop, table_name
-from tailer.follow.sink import Sink
+from tailer.follow.loop import table_name
 from tailer.follow.state_store import SavedState, StateStore
 from tailer.follow.stats import TableStats
 from tailer.iceberg.feed import IcebergFeed
 from tailer.log.watch import Watcher
+from tailer.runtime.faults import crash_point
+from tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
 
@@ -48,7 +49,7 @@ def iceberg_table_id(table_uuid: str) -> str:
     return f"iceberg-{table_uuid}"
 
 
-class IcebergTailer(FollowLoop):
+class IcebergTailer(ChangeLoop):
     """Follows one Iceberg table into one sink. Not reusable: construct one per run.
 
     Args:
@@ -60,6 +61,7 @@ class IcebergTailer(FollowLoop):
         watcher: makes the watcher of ``metadata/`` (the directory, whether to watch).
         clock: monotonic seconds; wall_clock: epoch seconds.
         stats: the figures the tailer keeps up to date (a new one by default).
+        status_file: whether it keeps ``status.json`` in its state directory (not for ``deltatail serve``).
     """
 
     def __init__(
@@ -73,9 +75,18 @@ class IcebergTailer(FollowLoop):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
+        status_file: bool = True,
     ) -> None:
         super().__init__(
-            config, sink, feed.table, store=store, watcher=watcher, clock=clock, wall_clock=wall_clock, stats=stats
+            config,
+            sink,
+            feed.table,
+            store=store,
+            watcher=watcher,
+            clock=clock,
+            wall_clock=wall_clock,
+            stats=stats,
+            status_file=status_file,
         )
         self.feed = feed
         self.table = feed.table

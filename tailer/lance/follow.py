@@ -17,7 +17,7 @@ recreated at the same path from the one the state belongs to; no snapshot file).
    it holds. Between looks, wait for a change in ``_versions/`` (inotify, locally) or the poll interval.
 4. SIGINT/SIGTERM (:meth:`LanceTailer.stop`): finish the batch in hand, checkpoint, return.
 
-:class:`LanceTailer` is a :class:`~tailer.follow.loop.FollowLoop`, as the Delta
+:class:`LanceTailer` is a :class:`~tailer.follow.change_loop.ChangeLoop`, as the Delta
 :class:`~tailer.follow.tailer.Tailer` is: the same ``run``/``open``/``step``/``rest``/``close``, so
 ``deltatail serve`` (:mod:`tailer.serve.service`) steps Lance datasets and Delta tables alike, and the
 same :class:`~tailer.follow.stats.TableStats` kept up to date.
@@ -46,15 +46,16 @@ from state.errors import (
 from state.feed import CommitEvent, TableInfo
 from state.lance.manifest import Manifest
 from state.lance.planning import LancePlan, plan_snapshot
+from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.config import TailerConfig
-from tailer.follow.faults import crash_point
-from tailer.follow.loop import FollowLoop, table_name
-from tailer.follow.sink import Sink
+from tailer.follow.loop import table_name
 from tailer.follow.state_store import SavedState, StateStore
 from tailer.follow.stats import TableStats
 from tailer.lance.dataset import CLEANED_UP_HINT
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.log.watch import Watcher
+from tailer.runtime.faults import crash_point
+from tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
 
@@ -78,7 +79,7 @@ def lance_table_id(root: str) -> str:
 lance_state_id = lance_table_id
 
 
-class LanceTailer(FollowLoop):
+class LanceTailer(ChangeLoop):
     """Follows one Lance dataset into one sink. Not reusable: construct one per run.
 
     Args:
@@ -90,6 +91,7 @@ class LanceTailer(FollowLoop):
         watcher: makes the watcher of ``_versions/`` (the directory, whether to watch).
         clock: monotonic seconds; wall_clock: epoch seconds.
         stats: the figures the tailer keeps up to date (a new one by default).
+        status_file: whether it keeps ``status.json`` in its state directory (not for ``deltatail serve``).
     """
 
     def __init__(
@@ -103,13 +105,22 @@ class LanceTailer(FollowLoop):
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
+        status_file: bool = True,
     ) -> None:
         o = config.options
         options = LanceOptions(o.allow_non_additive, o.batch_size, o.filter, o.external_roots)
         if feed is None:
             feed = LanceFeed(config.table, options=options, storage_options=config.storage_options or None)
         super().__init__(
-            config, sink, feed.table, store=store, watcher=watcher, clock=clock, wall_clock=wall_clock, stats=stats
+            config,
+            sink,
+            feed.table,
+            store=store,
+            watcher=watcher,
+            clock=clock,
+            wall_clock=wall_clock,
+            stats=stats,
+            status_file=status_file,
         )
         self.feed = feed
         self.dataset = self.feed.dataset

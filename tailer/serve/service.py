@@ -17,13 +17,13 @@ table is never stepped by two workers at once.
 
 Every table format is followed the same way: a :class:`TableSource` holds the table's handle
 (:class:`~tailer.table.TableRef`), and its format (:mod:`tailer.formats`) gives the tailer (a
-:class:`~tailer.follow.loop.FollowLoop`: a Lance dataset's is a
+:class:`~tailer.follow.change_loop.ChangeLoop`: a Lance dataset's is a
 :class:`~tailer.lance.follow.LanceTailer`), the directory to watch (``_delta_log``, ``_versions/``)
 and the id keying its state directory in the state root (a Lance dataset's is
 :func:`~tailer.lance.follow.lance_state_id`: Lance datasets have no table id).
 
 Failures stay with their table: one place (:meth:`Service._step`) turns whatever a
-table's step raises into that table's state, by the rule of :mod:`tailer.follow.transient`.
+table's step raises into that table's state, by the rule of :mod:`tailer.runtime.transient`.
 A transient fault (the sink or the store unavailable, or any ``OSError``: too many open
 files, disk full, a file too large, a read-only or replaced path) makes the table
 ``unavailable``: its tailer and sink are closed, its cursor is held at the last
@@ -53,16 +53,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from state.errors import DeltaTailError, StateError
-from tailer.follow.loop import FollowLoop
-from tailer.follow.sink import Sink
+from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.stats import TableState, TableStats
-from tailer.follow.status import status
 from tailer.follow.tailer import TailerConfig
-from tailer.follow.transient import describe, fault_of, is_transient
 from tailer.formats.registry import FALLBACK, open_table
 from tailer.log.notifications import Subscription, hub_for
 from tailer.log.watch_many import DirectoryWatcher
+from tailer.runtime.backoff import retry_delay
+from tailer.runtime.status import status
+from tailer.runtime.transient import describe, fault_of, is_transient
 from tailer.serve.state_root import StateRoot, write_status
+from tailer.sink import Sink
 from tailer.table import TableRef
 
 log = logging.getLogger("deltatail")
@@ -141,7 +142,7 @@ class TableSource:
 class _Table:
     source: TableSource
     stats: TableStats
-    tailer: FollowLoop | None = None
+    tailer: ChangeLoop | None = None
     due: float = 0.0
     busy: bool = False
     queued: bool = False
@@ -470,7 +471,7 @@ class Service:
         self._close(table, checkpoint=False)
         table.failures += 1
         table.stats.retries += 1
-        delay = min(self.options.max_backoff, 0.5 * 2 ** min(table.failures - 1, 30))
+        delay = retry_delay(table.failures, self.options.max_backoff)
         text = describe(error)
         table.stats.set_state(TableState.UNAVAILABLE, text)
         status(
@@ -484,7 +485,7 @@ class Service:
         )
         table.due = now + delay
 
-    def _open(self, table: _Table) -> FollowLoop:
+    def _open(self, table: _Table) -> ChangeLoop:
         if table.source.resolve is not None:
             table.source = table.source.resolve()
         if table.ref is None:
@@ -494,7 +495,7 @@ class Service:
         tid = followed.table_id
         entry = self.state_root.register(tid, followed.root, table.source.name)
         config = replace(config, state_dir=str(entry.directory), status_lines=False)
-        tailer = followed.tailer(config, table.source.make_sink(tid), table.stats)
+        tailer = followed.tailer(config, table.source.make_sink(tid), table.stats, status_file=False)
         table.remote = followed.remote
         tailer.open()
         if config.watch and not followed.remote:
@@ -504,7 +505,7 @@ class Service:
             table.notified = Subscription(hub, followed.watch_dir, lambda: self._watcher.notify(table.source.name))
         return tailer
 
-    def _watch(self, table: _Table, tailer: FollowLoop, directory: str) -> None:
+    def _watch(self, table: _Table, tailer: ChangeLoop, directory: str) -> None:
         """Watch an opened table's directory; on failure the tailer is closed again (its lock released)."""
         try:
             table.watched = self._watcher.add(table.source.name, directory)
@@ -557,7 +558,10 @@ class Service:
     # -- reporting ------------------------------------------------------------------------------
 
     def _record(self, table: _Table) -> None:
-        """Write the table's status file when its state or versions changed."""
+        """Write the table's status file when its state or versions changed (after every step, and on close).
+
+        The one writer of a served table's ``status.json``: its tailer keeps none (``status_file=False``).
+        """
         s = table.stats
         key = (s.state, s.error, s.delivered_version, s.newest_version, s.data_losses, s.retention)
         if key == table.reported or s.table_id == "":

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from state.errors import StateError
-from tailer.follow.state_store import atomic_write
 from tailer.follow.status_file import STATUS_FILE, read_status, write_status
+from tailer.runtime.files import atomic_write
 
 __all__ = ["STATUS_FILE", "TABLE_FILE", "StateRoot", "TableEntry", "read_status", "write_status"]
 

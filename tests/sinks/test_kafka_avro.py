@@ -48,7 +48,7 @@ from sinks.kafka.sink import KafkaSink
 from state.cursor import Position
 from state.errors import ConfigError, SinkError, SinkUnavailableError
 from state.feed import ChangeBatch, CommitEvent, TableInfo
-from tailer.follow.transient import is_transient
+from tailer.runtime.transient import is_transient
 
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}

@@ -56,14 +56,14 @@ from state.feed import ChangeBatch, CommitEvent, TableInfo
 from state.snapshot import Snapshot
 from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditFeed, AuditTracker
-from tailer.audit.follow import AuditFollowConfig, AuditFollower
 from tailer.audit.log import AlertLog, JsonlAuditLog, read_audit_log
-from tailer.follow.sink import Sink
+from tailer.follow.audit import AuditFollowConfig, AuditFollower
 from tailer.follow.state_store import StateStore
 from tailer.follow.tailer import Tailer, TailerConfig
 from tailer.log.delta_log import DeltaLog
 from tailer.log.follower import LogFollower
 from tailer.read.feed import ChangeOptions
+from tailer.sink import Sink
 
 DELTATAIL = [sys.executable, "-m", "tailer.cli"]
 ROOT = Path(__file__).resolve().parents[2]

@@ -178,7 +178,7 @@ def test_json_logs_are_one_object_per_line_with_status_fields(tmp_path: Path, ca
     import logging
 
     from tailer.cli.logs import JsonFormatter
-    from tailer.follow.status import status
+    from tailer.runtime.status import status
 
     _table(tmp_path / "t")
     result = _run(

@@ -46,10 +46,10 @@ from state.errors import (
 )
 from state.feed import ChangeBatch, TableInfo
 from tailer.cli.settings import merge
-from tailer.follow.sink import Sink
-from tailer.follow.status import count_change_types
 from tailer.follow.tailer import Tailer, TailerConfig
 from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.runtime.status import count_change_types
+from tailer.sink import Sink
 from tailer.storage import LocalStorage, Storage
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -30,9 +30,9 @@ from deltalake import DeltaTable, write_deltalake
 
 from sinks.embedded import JsonLinesSink, ParquetDirSink
 from state.errors import SinkError
-from tailer.follow.sink import Sink
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import Tailer, TailerConfig
+from tailer.sink import Sink
 
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}

@@ -51,7 +51,7 @@ class Sink(ABC):
 
         For such a sink the tailer compares what it holds with what its saved cursor says was
         delivered, and treats rows delivered but no longer held as a gap (see
-        :meth:`tailer.follow.loop.FollowLoop._open_sink`).
+        :meth:`tailer.follow.change_loop.ChangeLoop._open_sink`).
         """
         return False
 

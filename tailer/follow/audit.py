@@ -1,7 +1,8 @@
 """Following a table's audit events as commits land: ``deltatail audit TABLE --follow --state-dir DIR``.
 
-:class:`AuditFollower` is the audit twin of :class:`~tailer.follow.tailer.Tailer`,
-with the same parts:
+:class:`AuditFollower` is a :class:`~tailer.follow.loop.FollowLoop` whose output is audit
+events: the twin of :class:`~tailer.follow.tailer.Tailer`, on the same life cycle and with the
+same parts, built the same way (:mod:`tailer.follow.log_parts`):
 
 - a :class:`~tailer.log.follower.LogFollower` finds the next commits by name, tells
   "nothing new" from a gap, and refuses a deleted and recreated table; it builds each
@@ -33,30 +34,34 @@ tailer's state directory is refused, and a state directory of another table too.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from state.alerts import Alert, Evaluation
 from state.audit import AuditEvent
 from state.cursor import Position
 from state.errors import DeltaTailError, InvalidLogError, StateError
+from state.feed import FollowStatus
 from state.retention import retention
 from state.snapshot import Snapshot
 from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditTracker, table_row_count
 from tailer.audit.log import AuditOutput
 from tailer.follow.checkpointer import Checkpointer
-from tailer.follow.faults import crash_point
-from tailer.follow.state_store import StateStore, atomic_write
-from tailer.follow.status import status
+from tailer.follow.config import FollowConfig
+from tailer.follow.log_parts import checkpointer, log_follower
+from tailer.follow.loop import FollowLoop
+from tailer.follow.state_store import SavedState
 from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import GAP_CHECK_SECONDS, Hints, LogFollower
+from tailer.log.follower import Hints, LogFollower
 from tailer.log.starts import snapshot_time, table_id, version_at_or_after
-from tailer.log.watch import LogWatcher, Watcher
+from tailer.log.watch import Watcher
 from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.runtime.faults import crash_point
+from tailer.runtime.files import atomic_write
+from tailer.runtime.status import Progress, status
 from tailer.storage import Storage
 from tailer.table import table_storage
 
@@ -75,51 +80,40 @@ AUDIT_HINTS = Hints(
 
 
 @dataclass
-class AuditFollowConfig:
-    """Settings of one auditor (see ``deltatail audit --help``).
+class AuditFollowConfig(FollowConfig):
+    """Settings of one auditor (see ``deltatail audit --help``): those every follow loop has, and these.
 
     ``starting_version`` ``None`` starts at the oldest version the log can audit (0, or the
     one after the oldest checkpoint when older commits are gone); the start settings count only
     on a new state directory.
     """
 
-    table: str
-    state_dir: str
-    starting_version: int | None = None
-    starting_timestamp_ms: int | None = None
-    poll_interval: float = 1.0
-    max_poll_interval: float = 5.0
-    watch: bool = True
-    checkpoint_commits: int = 50
-    checkpoint_seconds: float = 5.0
-    snapshot_commits: int = 1000
-    until_caught_up: bool = False
-    gap_check_seconds: float = GAP_CHECK_SECONDS
-    parse_retries: int = 5
-    parse_retry_delay: float = 0.05
     #: Row figures counted from each commit's change rows (reads data files).
     counted: bool = False
     #: Carry the table's live row count (rules on the share of the table deleted need it).
     track_table_rows: bool = False
     #: Roots outside the table whose files its log may name (:mod:`state.paths`); none by default.
     external_roots: tuple[str, ...] = ()
-    #: Options of the table's object store; never shown, logged or saved.
-    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass
-class AuditProgress:
-    """What a run did."""
+class AuditProgress(Progress):
+    """What a run did: versions audited (``versions``) and alerts raised."""
 
-    versions: int = 0
     alerts: int = 0
 
 
 class _Outputs:
-    """Every output as one: what the checkpointer flushes."""
+    """Every output as one: what the loop delivers to and the checkpointer flushes."""
 
     def __init__(self, outputs: Sequence[AuditOutput]) -> None:
         self.outputs = tuple(outputs)
+
+    def open(self, table_id: str, cursor: Position) -> None:
+        for out in self.outputs:
+            held = out.open(table_id)
+            if held is not None and held >= cursor.version:  # a stop between its flush and the cursor
+                log.info("%s already holds events up to version %d; they are not written again", out.path, held)
 
     def write(self, event: AuditEvent, alerts: Sequence[Alert]) -> None:
         for out in self.outputs:
@@ -129,13 +123,20 @@ class _Outputs:
         for out in self.outputs:
             out.flush()
 
+    def heartbeat(self, status: FollowStatus) -> None:
+        """Audit outputs have no heartbeat: a quiet table writes no event."""
+
     def close(self) -> None:
         for out in self.outputs:
             out.close()
 
 
-class AuditFollower:
+class AuditFollower(FollowLoop[_Outputs]):
     """Follows one table's audit events into outputs. Not reusable: construct one per run.
+
+    A :class:`~tailer.follow.loop.FollowLoop` whose output is audit events: the same life cycle,
+    watcher, idle backoff and checkpoints as the tailer. It keeps no ``status.json`` (the state
+    directory is an auditor's; its status lines say what it audited).
 
     Args:
         config: the settings.
@@ -147,6 +148,9 @@ class AuditFollower:
         clock: monotonic seconds.
     """
 
+    config: AuditFollowConfig
+    progress: AuditProgress
+
     def __init__(
         self,
         config: AuditFollowConfig,
@@ -157,35 +161,20 @@ class AuditFollower:
         watcher: Callable[[str, bool], Watcher] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config
         if storage is None:
             storage = table_storage(config.table, config.storage_options)
         self.log = DeltaLog(config.table, storage)
-        self.outputs = _Outputs(outputs)
+        super().__init__(
+            config, _Outputs(outputs), self.log.table, store=None, watcher=watcher, clock=clock, status_file=False
+        )
+        self.outputs = self.sink
         self.notifier = notifier
-        self.store = StateStore(config.state_dir)
-        self._make_watcher = watcher if watcher is not None else _log_watcher
-        self._clock = clock
         self.progress = AuditProgress()
-        self._stop = threading.Event()
-        self._watcher: Watcher | None = None
+        self._follower: LogFollower | None = None
+        self._checkpoints: Checkpointer | None = None
         self._changes: ChangeFeed | None = None
-        self._table_id = ""
         self._snap: Snapshot | None = None
         self._prev_ts: int | None = None
-        self._cursor = Position.change(0, 0)
-        self._unflushed = False
-        self._idle_polls = 0
-        self._status_version = -2
-        self._status_time = 0.0
-
-    def stop(self) -> None:
-        """Ask the loop to finish the event in hand, checkpoint and return (thread- and signal-safe)."""
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.wake()
-
-    # -- start ---------------------------------------------------------------------------------
 
     def run(self) -> AuditProgress:
         """Audit until caught up (``until_caught_up``), stopped, or an error.
@@ -200,26 +189,17 @@ class AuditFollower:
             SinkError: an output cannot be opened or written; the cursor stays at the last checkpoint.
             MissingFileError: with ``counted``, a data file the change rows need is gone.
         """
-        with self.store:
-            follower, checkpoints = self._start()
-            try:
-                for out in self.outputs.outputs:
-                    held = out.open(self._table_id)
-                    if held is not None and held >= self._cursor.version:  # a stop between its flush and the cursor
-                        log.info("%s already holds events up to version %d; they are not written again", out.path, held)
-                watcher = self._make_watcher(self.log.log_dir, self.config.watch and not self.log.storage.remote)
-                self._watcher = watcher
-                try:
-                    self._loop(follower, checkpoints, watcher)
-                finally:
-                    watcher.close()
-            finally:
-                self.outputs.close()
-                if self.notifier is not None:
-                    self.notifier.close()
+        try:
+            super().run()
+        finally:
+            if self.notifier is not None:
+                self.notifier.close()
         return self.progress
 
-    def _start(self) -> tuple[LogFollower, Checkpointer]:
+    # -- start ---------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._open = True  # the outputs are closed on the way out, whatever fails from here
         c = self.config
         kind_file = Path(c.state_dir) / KIND_FILE
         saved = self.store.load()
@@ -230,61 +210,61 @@ class AuditFollower:
                 "give `deltatail audit --follow` its own --state-dir",
                 file=c.state_dir,
             )
-        storage = self.log.storage
         if saved is not None:
-            snap = self.store.load_snapshot(saved)
-            current = table_id(self.log)
-            if snap.metadata is None or saved.table_id != current:
-                raise StateError(
-                    f"this state directory belongs to table id {saved.table_id}, but {self.log.table} now has id "
-                    f"{current} (a different table, or the table was deleted and recreated); "
-                    "use a new --state-dir to start over",
-                    table=self.log.table,
-                    file=c.state_dir,
-                )
-            replay = self._new_follower(snap, saved.previous_timestamp_ms, saved.table_id, None)
-            for v in range(snap.version + 1, saved.cursor.version):  # applied before the last stop: no events
-                try:
-                    snap, _ = snap.apply(replay.read_commit(v))
-                except DeltaTailError as e:
-                    raise e.at(table=self.log.table, file=self.log.commit_path(v)) from None
-            prev, cursor, owner = saved.previous_timestamp_ms, saved.cursor, saved.table_id
-            log.info("resuming the audit of %s at version %d", self.log.table, cursor.version)
+            snap, prev, cursor, owner = self._resume_saved(saved)
         else:
-            start = self._first_version()
-            snap = self.log.snapshot(start - 1) if start > 0 else Snapshot.empty(self.log.table)
-            prev = snapshot_time(self.log, snap) if start > 0 else None
-            cursor = Position.change(start, 0)
-            owner = table_id(self.log, snap)
-            atomic_write(kind_file, KIND.encode())
-            log.info("auditing %s from version %d", self.log.table, start)
-        rows = None
-        if c.track_table_rows:
-            rows = 0 if snap.version < 0 else table_row_count(snap, storage, c.external_roots)
-        tracker = AuditTracker(self.log.table, storage, table_rows=rows, external_roots=c.external_roots)
-        follower = self._new_follower(snap, prev, owner, tracker)
-        if c.counted:
-            self._changes = ChangeFeed(
-                self.log.table,
-                storage,
-                ChangeOptions(
-                    allow_non_additive=True, read_ahead=0, reader_processes=0, external_roots=c.external_roots
-                ),
-            )
+            snap, prev, cursor, owner = self._start_new(kind_file)
         self._table_id, self._snap, self._prev_ts, self._cursor = owner, snap, prev, cursor
-        checkpoints = Checkpointer(
-            self.store,
-            self.outputs,
-            table=self.log.table,
-            table_id=owner,
-            checkpoint_commits=c.checkpoint_commits,
-            checkpoint_seconds=c.checkpoint_seconds,
-            snapshot_commits=c.snapshot_commits,
-            clock=self._clock,
+        self._follower = self._new_follower(snap, prev, owner, self._tracker(snap))
+        if c.counted:
+            options = ChangeOptions(
+                allow_non_additive=True, read_ahead=0, reader_processes=0, external_roots=c.external_roots
+            )
+            self._changes = ChangeFeed(self.log.table, self.log.storage, options)
+        self._checkpoints = checkpointer(
+            self.store, self.outputs, self.config, table=self.log.table, table_id=owner, clock=self._clock
         )
         if saved is not None:
-            checkpoints.saved_snapshot = (saved.snapshot_version, saved.snapshot_file)
-        return follower, checkpoints
+            self._checkpoints.saved_snapshot = (saved.snapshot_version, saved.snapshot_file)
+        self.outputs.open(owner, cursor)
+
+    def _resume_saved(self, saved: SavedState) -> tuple[Snapshot, int | None, Position, str]:
+        """The snapshot just before the saved cursor, the commit time before it, the cursor and the table id."""
+        snap = self.store.load_snapshot(saved)
+        current = table_id(self.log)
+        if snap.metadata is None or saved.table_id != current:
+            raise StateError(
+                f"this state directory belongs to table id {saved.table_id}, but {self.log.table} now has id "
+                f"{current} (a different table, or the table was deleted and recreated); "
+                "use a new --state-dir to start over",
+                table=self.log.table,
+                file=self.config.state_dir,
+            )
+        replay = self._new_follower(snap, saved.previous_timestamp_ms, saved.table_id, None)
+        for v in range(snap.version + 1, saved.cursor.version):  # applied before the last stop: no events
+            try:
+                snap, _ = snap.apply(replay.read_commit(v))
+            except DeltaTailError as e:
+                raise e.at(table=self.log.table, file=self.log.commit_path(v)) from None
+        log.info("resuming the audit of %s at version %d", self.log.table, saved.cursor.version)
+        return snap, saved.previous_timestamp_ms, saved.cursor, saved.table_id
+
+    def _start_new(self, kind_file: Path) -> tuple[Snapshot, int | None, Position, str]:
+        """The snapshot before the first version, its commit time, the cursor and the table id; marks the directory."""
+        start = self._first_version()
+        snap = self.log.snapshot(start - 1) if start > 0 else Snapshot.empty(self.log.table)
+        prev = snapshot_time(self.log, snap) if start > 0 else None
+        owner = table_id(self.log, snap)
+        atomic_write(kind_file, KIND.encode())
+        log.info("auditing %s from version %d", self.log.table, start)
+        return snap, prev, Position.change(start, 0), owner
+
+    def _tracker(self, snap: Snapshot) -> AuditTracker:
+        c = self.config
+        rows = None
+        if c.track_table_rows:
+            rows = 0 if snap.version < 0 else table_row_count(snap, self.log.storage, c.external_roots)
+        return AuditTracker(self.log.table, self.log.storage, table_rows=rows, external_roots=c.external_roots)
 
     def _first_version(self) -> int:
         """The first version of a new state directory (``latest + 1``: only the commits after now)."""
@@ -301,51 +281,48 @@ class AuditFollower:
     def _new_follower(
         self, head: Snapshot, previous_ms: int | None, table_id: str, tracker: AuditTracker | None
     ) -> LogFollower:
-        c = self.config
-        return LogFollower(
+        return log_follower(
             self.log,
             head,
+            self.config,
             previous_ms=previous_ms,
             table_id=table_id,
-            allow_non_additive=True,
             hints=AUDIT_HINTS,
-            gap_check_seconds=c.gap_check_seconds,
-            parse_retries=c.parse_retries,
-            retry_delay=c.parse_retry_delay,
             clock=self._clock,
             audit=None if tracker is None else tracker.build,
+            allow_non_additive=True,
         )
 
     # -- loop ----------------------------------------------------------------------------------
 
-    def _loop(self, follower: LogFollower, checkpoints: Checkpointer, watcher: Watcher) -> None:
-        while not self._stop.is_set():
-            try:
-                versions = follower.discover(check_gaps=self.config.until_caught_up)
-                for version in versions:
-                    if self._stop.is_set():
-                        break
-                    self._audit(follower, version)
-                    checkpoints.delivered_version()
-                    if checkpoints.is_due():
-                        self._checkpoint(checkpoints)
-            except DeltaTailError:
-                self._checkpoint(checkpoints)  # keep what was audited: a restart resumes or refuses from here
-                raise
-            if self._stop.is_set():
-                break
-            self._idle_polls = 0 if versions else self._idle_polls + 1
-            if not versions:
-                if self.config.until_caught_up:
+    @property
+    def _watch_dir(self) -> str:
+        return self.log.log_dir
+
+    @property
+    def _remote(self) -> bool:
+        return self.log.storage.remote
+
+    def _deliver_initial_snapshot(self) -> None:
+        """Never called: an auditor starts at a version, never inside a snapshot."""
+
+    def _new_versions(self, limit: int | None = None) -> list[int]:
+        return self._following().discover(check_gaps=self.config.until_caught_up, limit=limit)
+
+    def _deliver_versions(self, versions: list[int]) -> None:
+        """Audit ``versions`` in order, checkpointing when due; on an error, checkpoint what was audited first."""
+        checkpoints = self._checkpointing()
+        try:
+            for version in versions:
+                if self._stop.is_set():
                     break
-                if self._unflushed:  # caught up: make the events durable now (latency), the cursor when due
-                    self.outputs.flush()
-                    self._unflushed = False
+                self._audit(self._following(), version)
+                checkpoints.delivered_version()
                 if checkpoints.is_due():
-                    self._checkpoint(checkpoints)
-                self._report_following()
-                watcher.wait(self._idle_timeout(checkpoints))
-        self._checkpoint(checkpoints)
+                    self._checkpoint()
+        except DeltaTailError:
+            self._checkpoint()  # keep what was audited: a restart resumes or refuses from here
+            raise
 
     def _audit(self, follower: LogFollower, version: int) -> None:
         """Build, evaluate and write the event of ``version`` (the follower's next)."""
@@ -372,30 +349,36 @@ class AuditFollower:
         self.progress.versions += 1
         self.progress.alerts += len(result.alerts)
 
-    def _checkpoint(self, checkpoints: Checkpointer) -> None:
-        if self._snap is None:
+    def _following(self) -> LogFollower:
+        if self._follower is None:
+            raise RuntimeError("the auditor has not started")  # a program error: run() starts it
+        return self._follower
+
+    def _checkpointing(self) -> Checkpointer:
+        if self._checkpoints is None:
+            raise RuntimeError("the auditor has not started")  # a program error: run() starts it
+        return self._checkpoints
+
+    def _checkpoint(self) -> None:
+        if self._snap is None or self._checkpoints is None:
             return
         self._unflushed = False
-        checkpoints.take(self._snap, self._cursor, self._prev_ts)
+        self._checkpoints.take(self._snap, self._cursor, self._prev_ts)
 
-    def _idle_timeout(self, checkpoints: Checkpointer) -> float:
-        """The poll interval (doubling up to ``max_poll_interval`` on an object store), or the next checkpoint."""
-        c = self.config
-        timeout = c.poll_interval
-        if self.log.storage.remote:
-            backoff = c.poll_interval * 2 ** max(self._idle_polls - 1, 0)
-            timeout = min(backoff, max(c.max_poll_interval, c.poll_interval))
-        due_in = checkpoints.seconds_until_due()
-        return timeout if due_in is None else min(timeout, due_in)
+    def _checkpoint_due(self) -> bool:
+        return self._checkpoints is not None and self._checkpoints.is_due()
+
+    def _seconds_until_due(self) -> float | None:
+        return None if self._checkpoints is None else self._checkpoints.seconds_until_due()
+
+    def _head(self) -> tuple[int, float | None]:
+        version = -1 if self._snap is None else self._snap.version
+        return version, None if self._prev_ts is None else self._prev_ts / 1000
 
     def _report_following(self) -> None:
         snap = self._snap
-        if snap is None:
+        if snap is None or not self._status_lines.due(snap.version):
             return
-        now = self._clock()
-        if snap.version == self._status_version and now - self._status_time < 30.0:
-            return
-        self._status_version, self._status_time = snap.version, now
         status(
             "following",
             f"auditing: at version {snap.version}, {self.progress.versions} versions audited, "
@@ -404,10 +387,6 @@ class AuditFollower:
             versions_done=self.progress.versions,
             alerts=self.progress.alerts,
         )
-
-
-def _log_watcher(log_dir: str, watch: bool) -> Watcher:
-    return LogWatcher(log_dir, watch=watch)
 
 
 def _readable_seconds(snap: Snapshot, commit_ms: int, now: float) -> float | None:

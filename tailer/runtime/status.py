@@ -1,4 +1,4 @@
-"""Progress counters and the tailer's status lines (``catching_up``, ``following``, ``sink_unavailable``).
+"""Status lines (``catching_up``, ``following``, ``sink_unavailable``), their throttle, and progress counters.
 
 Status lines are log records of the ``deltatail`` logger that carry an
 ``event`` and ``fields``; with ``--log-format json`` they become one JSON
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -16,10 +17,35 @@ import pyarrow.compute as pc
 
 log = logging.getLogger("deltatail")
 
+#: Seconds between repeated ``following`` status lines when nothing changes.
+STATUS_SECONDS = 30.0
+
 
 def status(event: str, message: str, *, level: int = logging.INFO, **fields: object) -> None:
     """Log a status line; ``event`` and ``fields`` ride along for structured (JSON) logs."""
     log.log(level, "%s", message, extra={"event": event, "fields": fields})
+
+
+class StatusThrottle:
+    """When a repeated status line is due: at once for a new version, else at most every ``seconds``.
+
+    Args:
+        clock: monotonic seconds.
+        seconds: the least time between two lines for the same version.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, seconds: float = STATUS_SECONDS) -> None:
+        self._clock = clock
+        self._seconds = seconds
+        self._last: tuple[int, float] | None = None
+
+    def due(self, version: int) -> bool:
+        """Whether a line for ``version`` is due now; if it is, the throttle counts it as written."""
+        now = self._clock()
+        if self._last is not None and version == self._last[0] and now - self._last[1] < self._seconds:
+            return False
+        self._last = (version, now)
+        return True
 
 
 @dataclass

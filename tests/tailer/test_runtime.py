@@ -1,0 +1,61 @@
+"""The shared runtime's waits and status-line throttle (tailer/runtime), with figures worked out by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tailer.runtime.backoff import idle_poll_interval, retry_delay
+from tailer.runtime.files import atomic_write
+from tailer.runtime.status import StatusThrottle
+
+
+@pytest.mark.parametrize(
+    ("failures", "expected"),
+    [(1, 0.5), (2, 1.0), (3, 2.0), (7, 32.0), (8, 60.0), (9, 60.0), (5000, 60.0)],
+)
+def test_retries_wait_half_a_second_doubling_up_to_the_cap(failures: int, expected: float) -> None:
+    assert retry_delay(failures, 60.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("idle_polls", "expected"),
+    [(0, 0.25), (1, 0.25), (2, 0.5), (3, 1.0), (4, 2.0), (5, 3.0), (1100, 3.0)],
+)
+def test_idle_polls_double_up_to_the_longest_interval(idle_polls: int, expected: float) -> None:
+    # 1,100 idle polls: 0.25 * 2**1099 would overflow a float; the wait stays at the maximum.
+    assert idle_poll_interval(0.25, 3.0, idle_polls) == expected
+
+
+def test_a_longest_interval_below_the_poll_interval_waits_the_poll_interval() -> None:
+    assert idle_poll_interval(2.0, 0.5, 10) == 2.0
+
+
+def test_a_status_line_is_due_on_a_new_version_else_every_thirty_seconds() -> None:
+    now = [100.0]
+    throttle = StatusThrottle(lambda: now[0])
+    assert throttle.due(-1)  # the first line, even before any version
+    now[0] = 110.0
+    assert not throttle.due(-1)
+    assert throttle.due(0)  # a new version: at once
+    now[0] = 139.9
+    assert not throttle.due(0)
+    now[0] = 140.0
+    assert throttle.due(0)  # 30 s after the last line
+    assert not throttle.due(0)
+
+
+def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "cursor.json"
+    target.write_bytes(b"old")
+    atomic_write(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cursor.json"]
+
+
+def test_a_failed_atomic_write_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    target = tmp_path / "missing-dir" / "cursor.json"
+    with pytest.raises(OSError):
+        atomic_write(target, b"new")
+    assert not (tmp_path / "missing-dir").exists()
