@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxFiles
 
-from sinks.spark.offsets import AnyPlan, Offset, after, plan_key, plan_version
+from sinks.spark.offsets import AnyPlan, Offset, after, is_snapshot, plan_key, plan_version
 from sinks.spark.options import SourceOptions
 from state.changes import FileTask
 from state.errors import ConfigError, DeltaTailError
+from state.iceberg.planning import IcebergPlan
+from state.iceberg.planning import RowTask as IcebergTask
 from state.lance.planning import LancePlan, RowTask
 
 log = logging.getLogger("deltatail")
@@ -46,8 +48,8 @@ class Budget:
             return True
         return (self.files is None or self.files > 0) and (self.bytes is None or self.bytes > 0)
 
-    def take(self, tasks: Sequence[FileTask | RowTask]) -> None:
-        """Charge a unit of tasks (a Lance row task counts as one file and no bytes)."""
+    def take(self, tasks: Sequence[FileTask | RowTask | IcebergTask]) -> None:
+        """Charge a unit of tasks (a Lance or Iceberg row task counts as one file and no bytes)."""
         self.taken = True
         if self.files is not None:
             self.files -= len(tasks)
@@ -59,8 +61,11 @@ def whole_unit(plan: AnyPlan, options: SourceOptions) -> bool:
     """Whether a plan is admitted whole.
 
     Delta: commits with cdc files or deletion vectors, or any under ``netChanges``. Lance: versions
-    with updates (an update's preimage and postimage rows stay in one micro-batch).
+    with updates (an update's preimage and postimage rows stay in one micro-batch). Iceberg: every
+    snapshot (its rows are netted and paired across the whole snapshot).
     """
+    if isinstance(plan, IcebergPlan):
+        return True
     if plan.snapshot:
         return False
     if isinstance(plan, LancePlan):
@@ -80,7 +85,7 @@ def admit(plans: Iterable[AnyPlan], start: Offset, budget: Budget, options: Sour
     try:
         for plan in plans:
             first = start.index if plan_key(plan) == start.key else 0
-            tasks: Sequence[FileTask | RowTask] = plan.tasks[first:]
+            tasks: Sequence[FileTask | RowTask | IcebergTask] = plan.tasks[first:]
             if whole_unit(plan, options) and tasks:
                 if not budget.admits():
                     return end
@@ -88,7 +93,7 @@ def admit(plans: Iterable[AnyPlan], start: Offset, budget: Budget, options: Sour
             else:
                 for i, task in enumerate(tasks, first):
                     if not budget.admits():
-                        return Offset(start.table_id, plan_version(plan), i, plan.snapshot)
+                        return Offset(start.table_id, plan_version(plan), i, is_snapshot(plan))
                     budget.take((task,))
             end = after(plan, start.table_id)
     except DeltaTailError:

@@ -13,6 +13,8 @@ from typing import Protocol
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
+from sinks.spark.iceberg import IcebergStreamPlanner, iceberg_source_schema
+from sinks.spark.iceberg import batch_partitions as iceberg_batch_partitions
 from sinks.spark.lance import LanceStreamPlanner, lance_feed, lance_source_schema, version_schema
 from sinks.spark.options import SourceOptions
 from sinks.spark.partitions import make_partitions
@@ -28,7 +30,7 @@ from tailer.read.feed import ChangeFeed
 from tailer.storage import Storage
 
 #: The driver's planning state of a stream, whatever the format.
-Planner = StreamPlanner | LanceStreamPlanner
+Planner = StreamPlanner | LanceStreamPlanner | IcebergStreamPlanner
 
 
 class SparkFormat(Protocol):
@@ -112,44 +114,19 @@ class LanceSpark:
 
 
 class IcebergSpark:
-    """Iceberg tables: not read by the Spark source yet; every use is refused with a ``ConfigError``.
-
-    An Iceberg snapshot's rows are netted and paired across the whole snapshot
-    (:mod:`tailer.iceberg.feed`), which the source's per-file partitions do not do yet; the
-    command line, ``run`` and ``serve`` read Iceberg tables.
-    """
-
-    @staticmethod
-    def _refuse(options: SourceOptions) -> ConfigError:
-        return ConfigError(
-            "the Spark source does not read Iceberg tables yet: follow the table with deltatail run into Kafka "
-            "or files and read those",
-            table=options.path,
-        )
+    """Iceberg tables: :mod:`sinks.spark.iceberg` (one planned unit and one partition per snapshot)."""
 
     def schema(self, options: SourceOptions, version: int | None) -> tuple[pa.Schema, int]:
-        """Refused.
-
-        Raises:
-            ConfigError: always.
-        """
-        raise self._refuse(options)
+        """:func:`~sinks.spark.iceberg.iceberg_source_schema`."""
+        return iceberg_source_schema(options, version)
 
     def planner(self, options: SourceOptions, target: pa.Schema, storage: Storage | None) -> Planner:
-        """Refused.
-
-        Raises:
-            ConfigError: always.
-        """
-        raise self._refuse(options)
+        """An :class:`~sinks.spark.iceberg.IcebergStreamPlanner`."""
+        return IcebergStreamPlanner(options, target, storage)
 
     def batch_partitions(self, options: SourceOptions, target: pa.Schema, end: int | None) -> list[InputPartition]:
-        """Refused.
-
-        Raises:
-            ConfigError: always.
-        """
-        raise self._refuse(options)
+        """:func:`~sinks.spark.iceberg.batch_partitions`: one partition per snapshot of the range."""
+        return iceberg_batch_partitions(options, target, end)
 
 
 #: The Spark side of each format the source reads, by format name.

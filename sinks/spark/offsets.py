@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from state.errors import StateError
+from state.iceberg.planning import IcebergPlan
 from state.lance.planning import LancePlan
 from state.planning import VersionPlan
 
 #: ``(version, rank)``: rank 0 for an initial snapshot taken at ``version``, 1 for commit ``version``.
 Key = tuple[int, int]
-#: A planned version of either format: a Delta commit (or snapshot) or a Lance version (or snapshot).
-AnyPlan = VersionPlan | LancePlan
+#: A planned version of any format: a Delta commit, a Lance version or an Iceberg snapshot (or an initial snapshot).
+AnyPlan = VersionPlan | LancePlan | IcebergPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +67,17 @@ class Offset:
 
 def plan_version(plan: AnyPlan) -> int:
     """The version a plan is of (its commit, or the version its snapshot is taken at)."""
-    return plan.version if isinstance(plan, LancePlan) else plan.context.version
+    return plan.context.version if isinstance(plan, VersionPlan) else plan.version
+
+
+def is_snapshot(plan: AnyPlan) -> bool:
+    """Whether a plan is an initial snapshot's (an Iceberg plan says so in ``initial``)."""
+    return plan.initial if isinstance(plan, IcebergPlan) else plan.snapshot
 
 
 def plan_key(plan: AnyPlan) -> Key:
     """The ``(version, rank)`` of a plan."""
-    return (plan_version(plan), 0 if plan.snapshot else 1)
+    return (plan_version(plan), 0 if is_snapshot(plan) else 1)
 
 
 def after(plan: AnyPlan, table_id: str) -> Offset:

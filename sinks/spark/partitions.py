@@ -8,12 +8,14 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
+from sinks.spark.iceberg import iceberg_partitions
 from sinks.spark.lance import lance_partitions
 from sinks.spark.offsets import AnyPlan
 from sinks.spark.options import SourceOptions
 from sinks.spark.schema import conform
 from state.changes import FileTask
 from state.feed import change_schema
+from state.iceberg.planning import IcebergPlan
 from state.lance.planning import LancePlan
 from state.planning import ReadContext, VersionPlan
 from tailer.read.net_changes import net_changes
@@ -43,10 +45,13 @@ def uses_net(plan: VersionPlan, options: SourceOptions) -> bool:
 def make_partitions(plan: AnyPlan, first: int, last: int, options: SourceOptions) -> list[InputPartition]:
     """Partitions for tasks ``first..last-1`` of a plan: one per task, or one for a netted commit.
 
-    A Lance plan's partitions are :class:`~sinks.spark.lance.LancePartition` objects, one per row task.
+    A Lance plan's partitions are :class:`~sinks.spark.lance.LancePartition` objects, one per row task;
+    an Iceberg plan's one :class:`~sinks.spark.iceberg.IcebergPartition` for the whole snapshot.
     """
     if isinstance(plan, LancePlan):
         return list(lance_partitions(plan, first, last, options.path))
+    if isinstance(plan, IcebergPlan):
+        return list(iceberg_partitions(plan, first, last))
     tasks = plan.tasks[first:last]
     if not tasks:
         return []

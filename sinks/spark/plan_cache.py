@@ -20,6 +20,7 @@ import pyarrow as pa
 from sinks.spark.offsets import Key, Offset, plan_key
 from sinks.spark.options import SourceOptions
 from state.errors import DeltaTailError, StateError
+from state.iceberg.planning import IcebergPlan
 from state.lance.planning import LancePlan
 from state.planning import VersionPlan
 
@@ -28,7 +29,7 @@ log = logging.getLogger("deltatail")
 #: How often an idle stream lists the log (or ``_versions/``) to detect gaps and truncation (seconds).
 CHECK_SECONDS = 5.0
 
-P = TypeVar("P", VersionPlan, LancePlan)
+P = TypeVar("P", VersionPlan, LancePlan, IcebergPlan)
 
 
 class PlanCache(ABC, Generic[P]):

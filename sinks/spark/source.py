@@ -124,6 +124,7 @@ from pyspark.sql.types import StructType
 
 from sinks.spark.admission import Budget, admit
 from sinks.spark.formats import Planner, spark_format
+from sinks.spark.iceberg import IcebergPartition, read_iceberg_partition
 from sinks.spark.lance import LancePartition, read_lance_partition
 from sinks.spark.offsets import Offset, plan_key
 from sinks.spark.options import SourceOptions
@@ -281,10 +282,13 @@ def read_any(partition: InputPartition, schema: StructType, options: SourceOptio
 
     Raises:
         DeltaTailError: what :func:`~sinks.spark.partitions.read_partition` (Delta) or
-            :func:`~sinks.spark.lance.read_lance_partition` (Lance) raises.
+            :func:`~sinks.spark.lance.read_lance_partition` (Lance) or
+            :func:`~sinks.spark.iceberg.read_iceberg_partition` (Iceberg) raises.
     """
     if isinstance(partition, LancePartition):
         return read_lance_partition(partition, arrow_target(schema), options)
+    if isinstance(partition, IcebergPartition):
+        return read_iceberg_partition(partition, arrow_target(schema), options)
     return read_partition(partition, arrow_target(schema), options.key_columns, options.storage())
 
 
