@@ -30,7 +30,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import struct
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -48,7 +49,7 @@ from state.snapshot import Snapshot
 from tailer.audit.commit_files import CommitFiles, open_commit_files
 from tailer.collector import collector_paused
 from tailer.log.delta_log import DeltaLog, LogListing
-from tailer.log.starts import snapshot_time, version_at_or_after
+from tailer.log.starts import snapshot_time, table_id, version_at_or_after
 from tailer.read.feed import ChangeFeed, ChangeOptions
 from tailer.read.rows import resolve_data_path
 from tailer.storage import FileInfo, Storage
@@ -187,8 +188,35 @@ class AuditTracker:
         return self.event(commit, before, file_mtime_ms=file.modification_time, previous_timestamp_ms=previous_ms)
 
 
+class AuditSource(Protocol):
+    """What ``deltatail audit`` asks of a table format's audit events (:class:`AuditFeed` for Delta)."""
+
+    #: Whether ``audit --follow`` reads the format (a follower of its own).
+    follows: bool
+
+    def latest_version(self) -> int:
+        """The table's newest version."""
+        ...
+
+    def table_id(self) -> str:
+        """The table's id, as events carry it."""
+        ...
+
+    def events(
+        self,
+        starting_version: int | None = None,
+        ending_version: int | None = None,
+        *,
+        starting_timestamp_ms: int | None = None,
+        counted: bool = False,
+        track_table_rows: bool = False,
+    ) -> Iterator[AuditEvent]:
+        """One event per version of the range, in order."""
+        ...
+
+
 class AuditFeed:
-    """Audit events of a table for a range of versions.
+    """Audit events of a Delta table for a range of versions.
 
     Example:
         >>> for event in AuditFeed("/data/events").events(starting_version=3):  # doctest: +SKIP
@@ -208,6 +236,17 @@ class AuditFeed:
         self.log: DeltaLog = self._changes.log
         self.storage = self.log.storage
         self.table = self.log.table
+
+    #: ``audit --follow`` reads Delta tables (:class:`~tailer.follow.audit.AuditFollower`).
+    follows = True
+
+    def latest_version(self) -> int:
+        """The log's latest version."""
+        return self.log.latest_version()
+
+    def table_id(self) -> str:
+        """The table's id (:func:`~tailer.log.starts.table_id`)."""
+        return table_id(self.log)
 
     def events(
         self,

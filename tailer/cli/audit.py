@@ -43,7 +43,6 @@ from tailer.cli.process import stop_on_signals
 from tailer.cli.settings import STORAGE, audit_config, external_root_option, flag_type, merge
 from tailer.follow.audit import AuditFollowConfig, AuditFollower
 from tailer.formats.registry import open_table
-from tailer.log.starts import table_id
 from tailer.parse import parse_timestamp_ms
 from tailer.table import TableRef
 
@@ -354,7 +353,7 @@ def _range(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSetti
     table = _open(args, settings)
     feed = table.format.audit_feed(table)
     starting = _start_version(
-        args.starting_version, feed.log.latest_version() if args.starting_version == "latest" else None
+        args.starting_version, feed.latest_version() if args.starting_version == "latest" else None
     )
     start_ms = None
     if args.starting_timestamp is not None:
@@ -383,7 +382,7 @@ def _range(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSetti
         for event in events:
             if not opened:
                 for out in outputs:
-                    out.open(event.table_id or table_id(feed.log))
+                    out.open(event.table_id or feed.table_id())
                     opened.append(out)
             alerts = notifier.notify(event).alerts if notifier is not None else ()
             for out in outputs:
@@ -414,7 +413,8 @@ def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSett
         raise ConfigError("--html writes the report of a range; it cannot be used with --follow")
     storage_options = settings.get(STORAGE, {})
     table = _open(args, settings)
-    table.format.audit_feed(table)  # refuses a format without audit events
+    if not table.format.audit_feed(table).follows:  # refuses a format without audit events
+        raise ConfigError(f"audit --follow reads Delta tables, not {table.format.noun}s", table=table.uri)
     starting = settings.get("starting_version")
     if starting == "latest":  # only the commits after the latest now
         starting = table.format.start_of(table, starting)

@@ -51,7 +51,7 @@ import pyarrow as pa
 
 from state.errors import ConfigError
 from state.feed import ChangeBatch, TableInfo
-from tailer.audit.feed import AuditFeed
+from tailer.audit.feed import AuditSource
 from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig
@@ -229,7 +229,7 @@ class TableFormat(Protocol):
         """The table opened for following with ``options`` (nothing is read until asked)."""
         ...
 
-    def audit_feed(self, table: TableRef) -> AuditFeed:
+    def audit_feed(self, table: TableRef) -> AuditSource:
         """The table's audit events (``deltatail audit``).
 
         Raises:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from state.feed import TableInfo, change_schema
-from tailer.audit.feed import AuditFeed
+from tailer.audit.feed import AuditFeed, AuditSource
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
 from tailer.formats.base import ChangeRequest, ChangeRun, starting_version
@@ -120,7 +120,7 @@ class DeltaFormat:
         """A :class:`FollowedDelta` on a new change feed."""
         return FollowedDelta(ChangeFeed(table.uri, table.storage, options))
 
-    def audit_feed(self, table: TableRef) -> AuditFeed:
+    def audit_feed(self, table: TableRef) -> AuditSource:
         """The :class:`~tailer.audit.feed.AuditFeed` of the table's log."""
         return AuditFeed(table.uri, table.storage, external_roots=table.external_roots)
 

@@ -20,10 +20,11 @@ from typing import Any
 
 from state.errors import ConfigError, MissingFileError, VersionNotFoundError
 from state.feed import TableInfo
-from tailer.audit.feed import AuditFeed
+from tailer.audit.feed import AuditSource
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
 from tailer.formats.base import DATA_LOSS, MAX_BYTES, ChangeRequest, ChangeRun
+from tailer.iceberg.audit import IcebergAuditFeed
 from tailer.iceberg.catalog import catalog_pointer, parse_catalog_name
 from tailer.iceberg.feed import IcebergFeed, IcebergOptions
 from tailer.iceberg.follow import IcebergTailer, iceberg_table_id
@@ -263,13 +264,9 @@ class IcebergFormat:
         """A :class:`FollowedIceberg` on a new feed."""
         return FollowedIceberg(open_feed(table, options))
 
-    def audit_feed(self, table: TableRef) -> AuditFeed:
-        """Iceberg tables have no audit events yet.
-
-        Raises:
-            ConfigError: always.
-        """
-        raise ConfigError("deltatail audit reads Delta tables' logs, not Iceberg tables (not yet)", table=table.uri)
+    def audit_feed(self, table: TableRef) -> AuditSource:
+        """An :class:`~tailer.iceberg.audit.IcebergAuditFeed`: one event per snapshot of ``main``."""
+        return IcebergAuditFeed(open_feed(table, ChangeOptions(allow_non_additive=True)))
 
 
 #: The Iceberg format.

@@ -17,7 +17,7 @@ from typing import Any
 from state.errors import ConfigError
 from state.feed import TableInfo
 from state.lance.manifest import Manifest
-from tailer.audit.feed import AuditFeed
+from tailer.audit.feed import AuditSource
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
 from tailer.formats.base import DATA_LOSS, KEY, MAX_BYTES, NET_CHANGES, ChangeRequest, ChangeRun, starting_version
@@ -188,7 +188,7 @@ class LanceFormat:
         """A :class:`FollowedLance` on a new Lance feed."""
         return FollowedLance(self._feed(table, options))
 
-    def audit_feed(self, table: TableRef) -> AuditFeed:
+    def audit_feed(self, table: TableRef) -> AuditSource:
         """Lance datasets have no audit events.
 
         Raises:

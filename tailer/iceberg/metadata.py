@@ -222,6 +222,15 @@ class IcebergTable:
             self._states.popitem(last=False)
         return state, md
 
+    def document(self, location: str) -> Any:
+        """The pyiceberg metadata object of the metadata file at ``location`` (parsed once, then kept a while).
+
+        Raises:
+            MissingFileError: if the file is gone.
+            InvalidLogError, UnsupportedFeatureError: as :meth:`state`.
+        """
+        return self._load(location)[1]
+
     def schema(self, snapshot: SnapshotInfo | None, location: str | None = None) -> Any:
         """The pyiceberg schema ``snapshot`` was written with (the current one when it records none).
 
