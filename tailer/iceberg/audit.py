@@ -52,7 +52,8 @@ def settings(md: Any) -> Settings:
 
 def _head(md: Any) -> int | None:
     main = md.refs.get("main")
-    return main.snapshot_id if main is not None else md.current_snapshot_id
+    head = main.snapshot_id if main is not None else md.current_snapshot_id
+    return None if head is None else int(head)
 
 
 class IcebergAuditFeed:
