@@ -174,8 +174,11 @@ def read_iceberg_partition(
 
     Raises:
         MissingFileError, DataFileError, UnsupportedFeatureError: as :meth:`IcebergFeed.plan_table`.
+        TableNotFoundError: if the table's metadata is gone.
     """
-    rows = _feed(options).plan_table(partition.plan)
+    feed = _feed(options)
+    feed.iceberg.state()  # the newest metadata: the one the plan's schema is taken from (it holds every schema)
+    rows = feed.plan_table(partition.plan)
     for batch in rows.to_batches(BATCH_ROWS):
         if batch.num_rows:
             yield conform(batch, target)

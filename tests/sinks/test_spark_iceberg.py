@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # helpe
 from cdf_helpers import assert_same_rows
 from iceberg_tables import commit_deletes, new_table, rows, table_dir
 from pyiceberg.table import Table
+from pyiceberg.types import StringType
 
 from sinks.spark import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
 from sinks.spark.iceberg import IcebergPartition, IcebergStreamPlanner
@@ -319,3 +320,17 @@ def test_spark_available_now_then_restart_from_the_checkpoint(spark: SparkSessio
     got = pa.concat_tables([seen[b] for b in sorted(seen)])
     assert_same_rows(got, feed_rows(t, 1), drop=())
     assert_equals_the_scans(t, got)
+
+
+def test_a_later_query_in_the_same_executor_reads_a_new_column(tmp_path: Path) -> None:
+    """Executors keep a table's feed between queries: a column added since is read, never left null."""
+    t = new_table(tmp_path)
+    t.append(rows([1]))
+    old = stream_reader(table_dir(t), startingVersion=1)
+    assert concat(run_batches(old, old.initialOffset(), ReadMaxFiles(10)), old).num_rows == 1
+    with t.update_schema() as u:
+        u.add_column("extra", StringType())
+    t.append(rows([2]).append_column("extra", pa.array(["e2"])))
+    new = stream_reader(table_dir(t), startingVersion=2)
+    got = concat(run_batches(new, new.initialOffset(), ReadMaxFiles(10)), new).to_pylist()
+    assert [(r["id"], r["extra"], r["_change_type"]) for r in got] == [(2, "e2", "insert")]
