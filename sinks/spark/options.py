@@ -1,7 +1,7 @@
 """The Spark source's options (names as Delta's change data feed source; see :mod:`sinks.spark.source`).
 
 The table's format (:mod:`tailer.formats`): a path written with a format's prefix (``lance://PATH``)
-or the option ``format`` (``delta``, ``lance``) names it; without either,
+or the option ``format`` (``delta``, ``lance``, ``iceberg``) names it; without either,
 :meth:`SourceOptions.resolved` looks at the layout (a ``_versions/`` directory with manifests is a
 Lance dataset), as the command line does.
 """

@@ -103,6 +103,13 @@ whole; ``netChanges``, ``keyColumns`` and ``maxBytesPerTrigger`` are refused.
 Lance versions start at 1 (``startingVersion=0`` reads from 1). The driver plans
 with :mod:`state.lance.planning`; executors read each row task with pylance.
 
+Iceberg tables. A path written ``iceberg://LOCATION``, the option ``format``
+(``iceberg``), or an Iceberg layout makes the source read an Iceberg table
+(:mod:`sinks.spark.iceberg`): the rows of :class:`tailer.iceberg.feed.IcebergFeed`
+(with ``_snapshot_id``), one snapshot admitted whole and read as one partition
+(``index`` is always 0; ``maxFilesPerTrigger`` counts the snapshot's data files);
+``maxBytesPerTrigger`` and ``onDataLoss`` other than ``fail`` are refused.
+
 The table id (``metaData.id``) is recorded in every offset; a table deleted
 and recreated at the same path makes the query fail with a
 :class:`~state.errors.StateError`. A running query notices it when a commit
