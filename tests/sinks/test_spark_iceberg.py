@@ -334,3 +334,11 @@ def test_a_later_query_in_the_same_executor_reads_a_new_column(tmp_path: Path) -
     new = stream_reader(table_dir(t), startingVersion=2)
     got = concat(run_batches(new, new.initialOffset(), ReadMaxFiles(10)), new).to_pylist()
     assert [(r["id"], r["extra"], r["_change_type"]) for r in got] == [(2, "e2", "insert")]
+
+
+def test_offsets_of_another_table_are_a_state_error(table: Table) -> None:
+    reader = stream_reader(table_dir(table), startingVersion=1)
+    start = reader.initialOffset()
+    with pytest.raises(StateError, match="belong to iceberg-other, not to iceberg-") as e:
+        reader.latestOffset({**start, "tableId": "iceberg-other"}, ReadMaxFiles(1))
+    assert e.value.table == table_dir(table)

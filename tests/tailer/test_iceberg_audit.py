@@ -15,7 +15,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import StringType
 
 from state.audit import AuditEvent
-from state.errors import InvalidLogError
+from state.errors import ConfigError, InvalidLogError, TableNotFoundError, VersionNotFoundError
 from state.iceberg.audit import Column, SnapshotFacts, build_iceberg_event, schema_diff
 from state.iceberg.model import SnapshotInfo
 from tailer.formats.registry import open_table
@@ -137,3 +137,14 @@ def test_schema_diff_matches_columns_by_field_id() -> None:
     assert [(t.path, t.old_type, t.new_type) for t in d.type_changed] == [("n", "int", "long")]
     assert [(n.path, n.old_nullable, n.new_nullable) for n in d.nullability_changed] == [("id", False, True)]
     assert schema_diff(new, {1: new[1]}).dropped == ("label", "n", "extra")
+
+
+def test_bad_ranges_and_a_missing_table(table: Table, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="ending version 2 is before starting version 3"):
+        events(table, starting_version=3, ending_version=2)
+    with pytest.raises(VersionNotFoundError, match="starting version 9 is after the latest version 5"):
+        events(table, starting_version=9)
+    (tmp_path / "metadata").mkdir()
+    ref = open_table(f"iceberg://{tmp_path}")
+    with pytest.raises(TableNotFoundError, match="no Iceberg table here"):
+        list(ref.format.audit_feed(ref).events())
