@@ -15,6 +15,9 @@ The same offsets and options as on a Delta table (:mod:`sinks.spark.source`), wi
   with the feed's rows (:meth:`~tailer.iceberg.feed.IcebergFeed.plan_table`): one partition per
   snapshot.
 
+Offsets carry versions, not snapshot ids: a rollback made while a query is stopped is not noticed
+when it restarts (it reads on from the snapshot of ``main`` before the saved version).
+
 Rows carry ``_change_type``, ``_commit_version``, ``_commit_timestamp`` and ``_snapshot_id``. A
 snapshot needing expired snapshots is a ``VersionGapError`` (``failOnDataLoss=false`` is refused:
 Iceberg snapshots are never skipped).
@@ -23,6 +26,7 @@ Iceberg snapshots are never skipped).
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -151,7 +155,10 @@ def batch_partitions(options: SourceOptions, target: pa.Schema, end: int | None)
     return out
 
 
-_feeds: dict[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], IcebergFeed] = {}
+#: How many table feeds (one per table, storage options and key columns) an executor process keeps.
+FEEDS_KEPT = 4
+
+_feeds: OrderedDict[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], IcebergFeed] = OrderedDict()
 _feeds_lock = threading.Lock()
 
 
@@ -160,10 +167,14 @@ def _feed(options: SourceOptions) -> IcebergFeed:
     key = (options.path, tuple(sorted(options.storage_options.items())), options.key_columns)
     with _feeds_lock:
         found = _feeds.get(key)
-    if found is None:
-        found = iceberg_feed(options)
-        with _feeds_lock:
-            _feeds[key] = found
+        if found is not None:
+            _feeds.move_to_end(key)
+            return found
+    found = iceberg_feed(options)
+    with _feeds_lock:
+        _feeds[key] = found
+        while len(_feeds) > FEEDS_KEPT:
+            _feeds.popitem(last=False)
     return found
 
 

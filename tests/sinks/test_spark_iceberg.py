@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -342,3 +343,31 @@ def test_offsets_of_another_table_are_a_state_error(table: Table) -> None:
     with pytest.raises(StateError, match="belong to iceberg-other, not to iceberg-") as e:
         reader.latestOffset({**start, "tableId": "iceberg-other"}, ReadMaxFiles(1))
     assert e.value.table == table_dir(table)
+
+
+CATALOG_READ = """
+import pickle, sys
+from pyspark.sql.streaming.datasource import ReadMaxFiles
+from sinks.spark import DeltaTailDataSource
+ds = DeltaTailDataSource({"path": "iceberg://catalog:test/db.t", "startingVersion": "1"})
+reader = ds.streamReader(ds.schema())
+start = reader.initialOffset()
+end = reader.latestOffset(start, ReadMaxFiles(10))
+remote = pickle.loads(pickle.dumps(reader))
+ids = sorted(r["id"] for p in reader.partitions(start, end) for b in remote.read(p) for r in b.to_pylist())
+print(end["version"], ids)
+"""
+
+
+@pytest.mark.slow
+def test_a_catalog_table_by_name(tmp_path: Path) -> None:
+    """``iceberg://catalog:NAME/NS.TABLE``: pyiceberg's catalog configuration (read at import: a process of its own)."""
+    t = new_table(tmp_path)
+    t.append(rows([1, 2]))
+    t.delete("id == 1")
+    env = {**os.environ, "PYICEBERG_CATALOG__TEST__TYPE": "sql"}
+    env["PYICEBERG_CATALOG__TEST__URI"] = f"sqlite:///{tmp_path}/catalog.db"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", CATALOG_READ], cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "3 [1, 1, 2]"  # insert 1, 2; delete 1
