@@ -140,8 +140,8 @@ def _rows(snapshot: SnapshotInfo, n: dict[str, int | None]) -> tuple[tuple[int |
     op, added, deleted = snapshot.operation, n["added-records"] or 0, n["deleted-records"] or 0
     if op == "replace":
         return (0, 0, 0, 0), "no_data_change"
-    if op == "append":
-        return (n["added-records"], 0, 0, 0), "metrics"
+    if op == "append":  # an append of no file (an empty commit) writes no record counts
+        return (n["added-records"] if n["added-data-files"] else 0, 0, 0, 0), "metrics"
     if op == "delete" and not n["added-equality-deletes"] and deleted >= added:
         return (0, deleted - added + (n["added-position-deletes"] or 0), 0, added), "metrics"
     return (None, None, None, None), "unknown"

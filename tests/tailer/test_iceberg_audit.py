@@ -127,6 +127,13 @@ def test_a_summary_count_that_is_not_a_number_is_an_invalid_log_error() -> None:
         build_iceberg_event(_snapshot(operation="append", **{"total-records": "9" * 20}), facts)
 
 
+def test_an_append_of_no_file_inserts_nothing() -> None:
+    facts = SnapshotFacts("/t", "iceberg-u", 2, None, False, None, None, None)
+    event = build_iceberg_event(_snapshot(operation="append", **{"total-records": "3"}), facts)
+    assert (event.counts.rows_inserted, event.counts.rows_deleted, event.no_op) == (0, 0, True)
+    assert (event.counts.table_rows_before, event.counts.table_rows_after) == (None, 3)
+
+
 def test_schema_diff_matches_columns_by_field_id() -> None:
     old = {1: Column("id", "long", True), 2: Column("name", "string", False), 3: Column("n", "int", False)}
     new = {1: Column("id", "long", False), 2: Column("label", "string", False), 3: Column("n", "long", False)}
