@@ -23,6 +23,7 @@ from state.errors import DeltaTailError, MissingFileError, VersionGapError
 from state.iceberg.ancestry import Ancestry
 from state.iceberg.audit import Column, Settings, SnapshotFacts, build_iceberg_event, schema_diff
 from state.iceberg.model import SnapshotInfo
+from state.schema_diff import SchemaDiff
 from tailer.iceberg.feed import IcebergFeed
 from tailer.iceberg.follow import iceberg_table_id
 
@@ -124,7 +125,7 @@ class IcebergAuditFeed:
                 raise e.at(table=self.table, version=version) from None
             yield event
 
-    def _schema_change(self, parent: SnapshotInfo | None, snap: SnapshotInfo, where: str) -> Any:
+    def _schema_change(self, parent: SnapshotInfo | None, snap: SnapshotInfo, where: str) -> SchemaDiff | None:
         if parent is None or parent.schema_id == snap.schema_id:
             return None
         old = self.feed.iceberg.schema(parent, where)
