@@ -296,6 +296,7 @@ def test_listing_after_a_key_is_one_request_for_the_new_files_only(
     storage = ObjectStoreStorage(cloud.via(proxy.endpoint).options)
     got = storage.list_from(cloud.uri("t/_delta_log"), f"{289:020d}.~")
     assert [f.name for f in got] == log_names(range(290, 300))
+    assert storage.counter.requests() == 1  # one listing call of one page: one request, not two
     assert storage.counter.take() == {"list": 1, "list_page": 1, "listed": 10}
     sent = proxy.take()
     assert [kind(r) for r in sent] == ["LIST"]
@@ -477,6 +478,7 @@ def test_object_file_prefetch_serves_later_reads(s3: Cloud) -> None:
     storage = ObjectStoreStorage(s3.options, tail_bytes=1024)
     f = storage.open_object(s3.uri("r.bin"), size=len(data))
     f.prefetch([(1000, 500), (50_000, 100), (len(data) + 5, 10), (7, 0)])  # ranges past the end or empty: none
+    assert storage.counter.requests() == 1  # the call is counted once, its two ranges not again
     assert storage.counter.take() == {"get_ranges": 1, "get_range": 2}
     f.seek(1100)
     assert f.read(300) == data[1100:1400]
