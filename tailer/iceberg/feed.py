@@ -17,7 +17,7 @@ hint, never read inexactly.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from state.iceberg.planning import IcebergPlan, plan_initial, plan_snapshot
 from tailer.iceberg.metadata import IcebergTable, arrow_schema
 from tailer.iceberg.rows import IcebergRows, output_schema
 from tailer.read.net_changes import net_changes
+from tailer.read.plan_feed import PlanFeed
 from tailer.storage import Storage
 from tailer.table import table_storage
 
@@ -60,7 +61,7 @@ class IcebergOptions:
     key_columns: tuple[str, ...] = ()
 
 
-class IcebergFeed:
+class IcebergFeed(PlanFeed[IcebergPlan]):
     """Change rows of an Iceberg table for a range of versions.
 
     Args:
@@ -79,6 +80,8 @@ class IcebergFeed:
         ...     print(batch.start, batch.rows.num_rows)
     """
 
+    options: IcebergOptions
+
     def __init__(
         self,
         location: str,
@@ -88,13 +91,13 @@ class IcebergFeed:
         storage_options: Mapping[str, str] | None = None,
         pointer: Callable[[], str] | None = None,
     ) -> None:
+        super().__init__()
         self.options = options or IcebergOptions()
         self.storage = storage if storage is not None else table_storage(location, storage_options)
         self.iceberg = IcebergTable(location, self.storage, pointer=pointer, external_roots=self.options.external_roots)
         self.table = self.iceberg.root
         self.rows = IcebergRows(self.iceberg)
         self._live: OrderedDict[int, list[ContentFile]] = OrderedDict()
-        self._filters: dict[tuple[str, ...], ChangeFilter] = {}
 
     # -- metadata ------------------------------------------------------------------------------
 
@@ -310,52 +313,15 @@ class IcebergFeed:
             batch = chunk.to_batches()[0] if chunk.num_rows else None
             if batch is None:
                 continue
-            unfiltered = ChangeBatch(make(plan.version, start), batch)
-            if f.columns is None and f.where is None and f.change_types is None:
-                yield unfiltered
-            else:
-                yield from self._compiled(batch.schema.names).apply(unfiltered)
+            yield from self.kept(ChangeBatch(make(plan.version, start), batch))
 
-    def _compiled(self, names: list[str]) -> ChangeFilter:
-        key = tuple(names)
-        found = self._filters.get(key)
-        if found is None:
-            found = self._filters[key] = self.options.filter.compile(names)
-        return found
+    def plan_schema(self, plan: IcebergPlan) -> pa.Schema:
+        """The schema of ``plan``'s change rows (its snapshot's columns and the change columns)."""
+        return self.change_schema(plan.snapshot)
 
-    def batches(
-        self,
-        starting_version: int | None = None,
-        ending_version: int | None = None,
-        *,
-        starting_timestamp_ms: int | None = None,
-        initial_snapshot: bool = False,
-    ) -> Generator[ChangeBatch, None, None]:
-        """Every change row of the range, as batches; arguments and errors as :meth:`plans` and :meth:`plan_batches`."""
-        for plan in self.plans(
-            starting_version,
-            ending_version,
-            starting_timestamp_ms=starting_timestamp_ms,
-            initial_snapshot=initial_snapshot,
-        ):
-            yield from self.plan_batches(plan)
-
-    def read_table(
-        self,
-        starting_version: int | None = None,
-        ending_version: int | None = None,
-        *,
-        initial_snapshot: bool = False,
-    ) -> pa.Table:
-        """All change rows of a range in one Arrow table, in the newest schema of the range (for small ranges)."""
-        tables: list[pa.Table] = []
-        schema = self.change_schema(None)
-        for plan in self.plans(starting_version, ending_version, initial_snapshot=initial_snapshot):
-            schema = self.change_schema(plan.snapshot)
-            tables += [pa.Table.from_batches([b.rows]) for b in self.plan_batches(plan)]
-        if not tables:
-            return schema.empty_table()
-        return pa.concat_tables(tables, promote_options="default").select(schema.names)
+    def end_schema(self, ending_version: int | None) -> pa.Schema:
+        """The schema of change rows of the newest snapshot (a range with no snapshot in it has nothing older)."""
+        return self.change_schema(None)
 
 
 def schema_problem(old: Any, new: Any) -> str | None:

@@ -1,6 +1,6 @@
 """Following an Iceberg table into a sink: ``deltatail run`` on an Iceberg table.
 
-The same life cycle and guarantees as the Delta and Lance tailers (:class:`~tailer.follow.change_loop.ChangeLoop`).
+The same life cycle and guarantees as the Delta and Lance tailers (:class:`~tailer.follow.plan_loop.PlanLoop`).
 The state directory keeps the cursor alone (``cursor.json``): its ``snapshot_version`` is the version
 delivered up to and its ``previous_timestamp_ms`` that snapshot's timestamp (a sequence number is never
 reused in a table, so the two name the snapshot; after a rollback the old one is no longer on ``main``).
@@ -23,22 +23,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from state.cursor import Position
 from state.errors import SchemaChangeError, StateError, UnsupportedFeatureError, VersionGapError
-from state.feed import CommitEvent, TableInfo
+from state.feed import ChangeBatch, TableInfo
 from state.iceberg.ancestry import EXPIRED_HINT, Ancestry
 from state.iceberg.model import SnapshotInfo, TableState
 from state.iceberg.planning import IcebergPlan
-from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.config import TailerConfig
 from tailer.follow.loop import table_name
-from tailer.follow.state_store import SavedState, StateStore
+from tailer.follow.plan_loop import PlanLoop
+from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableStats
 from tailer.iceberg.feed import IcebergFeed
 from tailer.log.watch import Watcher
-from tailer.runtime.faults import crash_point
 from tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
@@ -49,7 +48,7 @@ def iceberg_table_id(table_uuid: str) -> str:
     return f"iceberg-{table_uuid}"
 
 
-class IcebergTailer(ChangeLoop):
+class IcebergTailer(PlanLoop[IcebergPlan]):
     """Follows one Iceberg table into one sink. Not reusable: construct one per run.
 
     Args:
@@ -93,8 +92,6 @@ class IcebergTailer(ChangeLoop):
         self._base: SnapshotInfo | None = None  # the snapshot delivered up to
         self._base_version = -1
         self._seen: tuple[str, TableState, Ancestry] | None = None  # the last look's metadata
-        self._since = 0
-        self._last_checkpoint = clock()
 
     @property
     def table_id(self) -> str:
@@ -227,13 +224,6 @@ class IcebergTailer(ChangeLoop):
             self.stats.found(ancestry.latest, ancestry.snapshots[-1].timestamp_ms)
         return found
 
-    def _deliver_versions(self, versions: list[int]) -> None:
-        for version in versions:
-            if self._stop.is_set() or not self._deliver_version(version, remaining=len(versions) - 1):
-                break
-            if self._checkpoint_due():
-                self._checkpoint()
-
     def _deliver_initial_snapshot(self) -> None:
         _, state, ancestry = self._last()
         index = ancestry.index_of_version(self._cursor.version)
@@ -261,50 +251,16 @@ class IcebergTailer(ChangeLoop):
         self._delivered(version, plan.timestamp_ms, remaining)
         return True
 
-    def _deliver(self, plan: IcebergPlan) -> bool:
-        """Write a plan's rows (skipping delivered ones); ``False`` if stopped inside it."""
-        counts: dict[str, int] = {}
-        if not plan.initial:
-            self.sink.commit_started(plan.version, plan.operation)
-        if not self._write_batches(self.feed.plan_batches(plan), counts):
-            return False
-        if not plan.initial:
-            summary = dict(plan.snapshot.summary)
-            self.sink.commit_event(CommitEvent(plan.version, plan.timestamp_ms, plan.operation, summary, counts))
-        return True
+    def _plan_batches(self, plan: IcebergPlan) -> Iterator[ChangeBatch]:
+        return self.feed.plan_batches(plan)
 
-    # -- checkpoints ---------------------------------------------------------------------------
-
-    def _checkpoint_due(self) -> bool:
-        by_time = self._clock() - self._last_checkpoint >= self.config.checkpoint_seconds
-        return self._since >= self.config.checkpoint_commits or (by_time and self._since > 0)
-
-    def _checkpoint(self) -> None:
-        """Flush the sink, then save the cursor (with the snapshot delivered up to)."""
-        self.sink.flush()
-        crash_point("after_flush")
-        self._unflushed = False
-        base = self._base
-        self.store.save(
-            SavedState(
-                self.table,
-                self.table_id,
-                self._cursor,
-                self._base_version,
-                "",
-                None if base is None else base.timestamp_ms,
-                self._rows_end,
-            )
-        )
-        crash_point("after_save")
-        self._since = 0
-        self._last_checkpoint = self._clock()
-        self.stats.last_checkpoint = self._wall_clock()
-
-    def _seconds_until_due(self) -> float | None:
-        if not self._since:
+    def _commit_of(self, plan: IcebergPlan) -> tuple[int, str | None, int, dict[str, str]] | None:
+        if plan.initial:
             return None
-        return max(self._last_checkpoint + self.config.checkpoint_seconds - self._clock(), 0.0)
+        return plan.version, plan.operation, plan.timestamp_ms, dict(plan.snapshot.summary)
+
+    def _saved_base(self) -> tuple[int, int | None]:
+        return self._base_version, None if self._base is None else self._base.timestamp_ms
 
     def _head(self) -> tuple[int, float | None]:
         if self._base is None:

@@ -12,7 +12,7 @@ whose predecessor was cleaned up is refused with a recovery hint, never read ine
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -26,6 +26,7 @@ from state.lance.manifest import Manifest
 from state.lance.planning import LancePlan, diff_versions, plan_snapshot, plan_version
 from tailer.lance.dataset import CLEANED_UP_HINT, LanceDataset
 from tailer.lance.rows import LanceRows
+from tailer.read.plan_feed import PlanFeed
 from tailer.storage import Storage
 from tailer.table import table_storage
 
@@ -49,7 +50,7 @@ class LanceOptions:
     external_roots: tuple[str, ...] = ()
 
 
-class LanceFeed:
+class LanceFeed(PlanFeed[LancePlan]):
     """Change rows of a Lance dataset for a range of versions.
 
     Args:
@@ -64,6 +65,8 @@ class LanceFeed:
         ...     print(batch.start, batch.rows.num_rows)
     """
 
+    options: LanceOptions
+
     def __init__(
         self,
         root: str,
@@ -72,13 +75,13 @@ class LanceFeed:
         *,
         storage_options: Mapping[str, str] | None = None,
     ) -> None:
+        super().__init__()
         self.storage = storage if storage is not None else table_storage(root, storage_options)
         self.options = options or LanceOptions()
         self.dataset = LanceDataset(root, self.storage, external_roots=self.options.external_roots)
         self.table = self.dataset.root
         self._storage_options = dict(storage_options or {})
         self._rows: LanceRows | None = None
-        self._filters: dict[tuple[str, ...], ChangeFilter] = {}
 
     @property
     def rows(self) -> LanceRows:
@@ -205,57 +208,12 @@ class LanceFeed:
         for batch in self.rows.batches(plan):
             unfiltered = ChangeBatch(make(plan.version, index), batch)
             index += batch.num_rows
-            if f.columns is None and f.where is None and f.change_types is None:
-                yield unfiltered
-            else:
-                yield from self._compiled(batch.schema.names).apply(unfiltered)
+            yield from self.kept(unfiltered)
 
-    def _compiled(self, names: list[str]) -> ChangeFilter:
-        key = tuple(names)
-        found = self._filters.get(key)
-        if found is None:
-            found = self._filters[key] = self.options.filter.compile(names)
-        return found
+    def plan_schema(self, plan: LancePlan) -> pa.Schema:
+        """The schema of ``plan``'s change rows (its version's columns and the change columns)."""
+        return self.rows.schema(plan.version)
 
-    def batches(
-        self,
-        starting_version: int | None = None,
-        ending_version: int | None = None,
-        *,
-        starting_timestamp_ms: int | None = None,
-        initial_snapshot: bool = False,
-    ) -> Generator[ChangeBatch, None, None]:
-        """Every change row of the range, as batches; arguments and errors as :meth:`plans` and :meth:`plan_batches`."""
-        for plan in self.plans(
-            starting_version,
-            ending_version,
-            starting_timestamp_ms=starting_timestamp_ms,
-            initial_snapshot=initial_snapshot,
-        ):
-            yield from self.plan_batches(plan)
-
-    def read_table(
-        self,
-        starting_version: int | None = None,
-        ending_version: int | None = None,
-        *,
-        initial_snapshot: bool = False,
-    ) -> pa.Table:
-        """All change rows of a range in one Arrow table, in the newest schema of the range (for small ranges).
-
-        Rows from before an additive schema change have nulls in the added columns.
-
-        Raises:
-            SchemaChangeError: if a column cannot be cast to its type at the end of the range.
-            Others: as :meth:`batches`.
-        """
-        tables: list[pa.Table] = []
-        schema: pa.Schema | None = None
-        for plan in self.plans(starting_version, ending_version, initial_snapshot=initial_snapshot):
-            schema = self.rows.schema(plan.version)
-            tables += [pa.Table.from_batches([b.rows]) for b in self.plan_batches(plan)]
-        if schema is None:
-            schema = self.rows.schema(self.dataset.latest_version() if ending_version is None else ending_version)
-        if not tables:
-            return schema.empty_table()
-        return pa.concat_tables(tables, promote_options="default").select(schema.names)
+    def end_schema(self, ending_version: int | None) -> pa.Schema:
+        """The schema of change rows at ``ending_version`` (``None``: the latest version)."""
+        return self.rows.schema(self.dataset.latest_version() if ending_version is None else ending_version)

@@ -17,7 +17,7 @@ recreated at the same path from the one the state belongs to; no snapshot file).
    it holds. Between looks, wait for a change in ``_versions/`` (inotify, locally) or the poll interval.
 4. SIGINT/SIGTERM (:meth:`LanceTailer.stop`): finish the batch in hand, checkpoint, return.
 
-:class:`LanceTailer` is a :class:`~tailer.follow.change_loop.ChangeLoop`, as the Delta
+:class:`LanceTailer` is a :class:`~tailer.follow.plan_loop.PlanLoop` (a change loop), as the Delta
 :class:`~tailer.follow.tailer.Tailer` is: the same ``run``/``open``/``step``/``rest``/``close``, so
 ``deltatail serve`` (:mod:`tailer.serve.service`) steps Lance datasets and Delta tables alike, and the
 same :class:`~tailer.follow.stats.TableStats` kept up to date.
@@ -33,7 +33,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from state.cursor import Position
 from state.errors import (
@@ -43,18 +43,17 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from state.feed import CommitEvent, TableInfo
+from state.feed import ChangeBatch, TableInfo
 from state.lance.manifest import Manifest
 from state.lance.planning import LancePlan, plan_snapshot
-from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.config import TailerConfig
 from tailer.follow.loop import table_name
-from tailer.follow.state_store import SavedState, StateStore
+from tailer.follow.plan_loop import PlanLoop
+from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableStats
 from tailer.lance.dataset import CLEANED_UP_HINT
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.log.watch import Watcher
-from tailer.runtime.faults import crash_point
 from tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
@@ -79,7 +78,7 @@ def lance_table_id(root: str) -> str:
 lance_state_id = lance_table_id
 
 
-class LanceTailer(ChangeLoop):
+class LanceTailer(PlanLoop[LancePlan]):
     """Follows one Lance dataset into one sink. Not reusable: construct one per run.
 
     Args:
@@ -128,8 +127,6 @@ class LanceTailer(ChangeLoop):
         self._table_id = lance_table_id(self.table)
         self._cursor = Position.change(1, 0)
         self._base: Manifest | None = None  # the manifest the next version is planned against
-        self._since = 0
-        self._last_checkpoint = clock()
         self._last_gap_check = -float("inf")
         self._found_ms: dict[int, int] = {}  # the last look's versions' manifest modification times
 
@@ -209,13 +206,6 @@ class LanceTailer(ChangeLoop):
     def _remote(self) -> bool:
         return self.dataset.storage.remote
 
-    def _deliver_versions(self, versions: list[int]) -> None:
-        for version in versions:
-            if self._stop.is_set() or not self._deliver_version(version, remaining=versions[-1] - version):
-                break
-            if self._checkpoint_due():
-                self._checkpoint()
-
     def _new_versions(self, limit: int | None = None) -> list[int]:
         """The versions after the cursor's base that are there now (at most ``limit``), by name; a gap is an error.
 
@@ -284,40 +274,14 @@ class LanceTailer(ChangeLoop):
         self._delivered(version, plan.timestamp_us // 1000, remaining)
         return True
 
-    def _deliver(self, plan: LancePlan) -> bool:
-        """Write a plan's rows (skipping delivered ones); ``False`` if stopped inside it."""
-        counts: dict[str, int] = {}
-        if not plan.snapshot:
-            self.sink.commit_started(plan.version, plan.operation)
-        if not self._write_batches(self.feed.plan_batches(plan), counts):
-            return False
-        if not plan.snapshot:
-            self.sink.commit_event(CommitEvent(plan.version, plan.timestamp_us // 1000, plan.operation, {}, counts))
-        return True
+    def _plan_batches(self, plan: LancePlan) -> Iterator[ChangeBatch]:
+        return self.feed.plan_batches(plan)
 
-    # -- checkpoints ---------------------------------------------------------------------------
+    def _commit_of(self, plan: LancePlan) -> tuple[int, str | None, int, dict[str, str]] | None:
+        return None if plan.snapshot else (plan.version, plan.operation, plan.timestamp_us // 1000, {})
 
-    def _checkpoint_due(self) -> bool:
-        by_time = self._clock() - self._last_checkpoint >= self.config.checkpoint_seconds
-        return self._since >= self.config.checkpoint_commits or (by_time and self._since > 0)
-
-    def _checkpoint(self) -> None:
-        """Flush the sink, then save the cursor (with its base version and that version's timestamp)."""
-        self.sink.flush()
-        crash_point("after_flush")
-        self._unflushed = False
-        base_version = self._cursor.base_version
-        stamp = None if self._base is None else self._base.timestamp_us // 1000
-        self.store.save(SavedState(self.table, self.table_id, self._cursor, base_version, "", stamp, self._rows_end))
-        crash_point("after_save")
-        self._since = 0
-        self._last_checkpoint = self._clock()
-        self.stats.last_checkpoint = self._wall_clock()
-
-    def _seconds_until_due(self) -> float | None:
-        if not self._since:
-            return None
-        return max(self._last_checkpoint + self.config.checkpoint_seconds - self._clock(), 0.0)
+    def _saved_base(self) -> tuple[int, int | None]:
+        return self._cursor.base_version, None if self._base is None else self._base.timestamp_us // 1000
 
     def _head(self) -> tuple[int, float | None]:
         if self._base is None:
