@@ -11,8 +11,10 @@ from __future__ import annotations
 import random
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
+from pathlib import Path
 
 #: The run loop's crash points (tailer/faults.py).
 POINTS = ("after_write", "after_flush", "after_snapshot", "after_save")
@@ -75,3 +77,40 @@ def strike(
     time.sleep(rng.uniform(0, float(arg)))
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
+
+
+def run_struck(
+    args: Sequence[str],
+    spec: str,
+    rng: random.Random,
+    *,
+    out: Path,
+    env: Mapping[str, str],
+    cwd: Path,
+    kills: set[str],
+    wait: float,
+) -> int:
+    """Run ``args`` under ``spec`` (a crash point through ``DELTATAIL_CRASH_AT``, or a strike once ``out`` grows).
+
+    A run ended by SIGKILL adds ``<spec>@<size of out before it>`` to ``kills``; any other run must exit 0
+    (its stderr's end is in the failure message). Returns the exit code.
+    """
+    child = dict(env)
+    if spec.partition(":")[0] in POINTS:
+        child["DELTATAIL_CRASH_AT"] = spec
+    size = out.stat().st_size if out.exists() else 0
+    proc = subprocess.Popen(list(args), cwd=cwd, env=child, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = bytearray()
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr.read() if proc.stderr else b""), daemon=True)
+    reader.start()
+    try:
+        strike(proc, spec, rng, lambda: (out.stat().st_size if out.exists() else 0) != size, wait=wait, tick=0.005)
+        proc.wait(wait)
+    finally:
+        proc.kill()
+        reader.join(wait)
+    if proc.returncode == -signal.SIGKILL:
+        kills.add(f"{spec}@{size}")
+    else:
+        assert proc.returncode == 0, f"{spec}: {bytes(err).decode()[-3000:]}"
+    return int(proc.returncode)

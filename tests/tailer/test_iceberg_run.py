@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 import sys
 import textwrap
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,7 @@ from tailer.formats.registry import open_table
 from tailer.read.feed import ChangeOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
-from crash import POINTS, run_campaign, strike
+from crash import run_campaign, run_struck
 from iceberg_tables import SCHEMA, catalog, in_filter, new_table, rows, table_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,27 +213,8 @@ def test_crashes_and_restarts_deliver_every_row_once(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
 
     def run(spec: str) -> int:
-        child = dict(env)
-        if spec.partition(":")[0] in POINTS:
-            child["DELTATAIL_CRASH_AT"] = spec
         args = [sys.executable, "-c", CHILD, table_dir(t), str(state), str(out)]
-        proc = subprocess.Popen(args, cwd=ROOT, env=child, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        size = out.stat().st_size if out.exists() else 0
-        progressed = lambda: (out.stat().st_size if out.exists() else 0) != size  # noqa: E731
-        err = bytearray()
-        reader = threading.Thread(target=lambda: err.extend(proc.stderr.read() if proc.stderr else b""), daemon=True)
-        reader.start()
-        try:
-            strike(proc, spec, rng, progressed, wait=WAIT, tick=0.005)
-            proc.wait(WAIT)
-        finally:
-            proc.kill()
-            reader.join(WAIT)
-        if proc.returncode == -signal.SIGKILL:
-            kills.add(f"{spec}@{size}")
-        else:
-            assert proc.returncode == 0, f"{spec}: {bytes(err).decode()[-3000:]}"
-        return int(proc.returncode)
+        return run_struck(args, spec, rng, out=out, env=env, cwd=ROOT, kills=kills, wait=WAIT)
 
     first = ["after_write:1", "after_flush:1", "after_save:1", "after_write:3", "after_write:9", "kill:0.3"]
     run_campaign(run, kills, rng, kills_wanted=6, max_runs=16, delay=0.3, first=first)

@@ -37,7 +37,7 @@ from tailer.lance.follow import LanceTailer
 from tailer.read.feed import ChangeOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
-from crash import POINTS, run_campaign, strike
+from crash import run_campaign, run_struck
 
 from sinks.embedded import JsonLinesSink
 
@@ -173,28 +173,8 @@ def test_crashes_and_restarts_deliver_every_row_once(tmp_path: Path) -> None:
     kills: set[str] = set()
 
     def run(spec: str) -> int:
-        kind = spec.partition(":")[0]
-        env = clean_env()
-        if kind in POINTS:
-            env["DELTATAIL_CRASH_AT"] = spec
         args = run_args(root, state, f"jsonl:{out}", "--until-caught-up", "--checkpoint-commits", "1")
-        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        size = out.stat().st_size if out.exists() else 0
-        progressed = lambda: (out.stat().st_size if out.exists() else 0) != size  # noqa: E731
-        err = bytearray()
-        reader = threading.Thread(target=lambda: err.extend(proc.stderr.read() if proc.stderr else b""), daemon=True)
-        reader.start()
-        try:
-            strike(proc, spec, rng, progressed, wait=WAIT, tick=0.005)
-            proc.wait(WAIT)
-        finally:
-            proc.kill()
-            reader.join(WAIT)
-        if proc.returncode == -signal.SIGKILL:
-            kills.add(f"{spec}@{size}")
-        else:
-            assert proc.returncode == 0, f"{spec}: {bytes(err).decode()[-3000:]}"
-        return int(proc.returncode)
+        return run_struck(args, spec, rng, out=out, env=clean_env(), cwd=ROOT, kills=kills, wait=WAIT)
 
     first = ["after_write:1", "after_flush:1", "after_save:1", "after_write:3", "after_write:4", "kill:0.5"]
     run_campaign(run, kills, rng, kills_wanted=8, max_runs=20, delay=0.5, first=first)
