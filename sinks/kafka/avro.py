@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.json_text import EncodedBatch, joined_objects
+from sinks.kafka.avro_columns import encode_payloads
 from sinks.kafka.avro_options import AvroOptions
 from sinks.kafka.avro_schema import AvroSchema, to_avro
 from sinks.kafka.connect_schema import struct_schema
@@ -44,12 +45,18 @@ from state.feed import ChangeBatch, TableInfo
 
 @dataclass(frozen=True, slots=True)
 class _Writer:
-    """One registered Avro schema: the wire-format header and how to write a payload after it."""
+    """One registered Avro schema: the wire-format header and how to write payloads after it."""
 
     header: bytes
+    connect: dict[str, Any]
     parsed: Any
     schema: AvroSchema
     writer: Callable[[Any, Any, Any], None]
+
+    def write_all(self, payloads: Sequence[bytes]) -> list[bytes]:
+        """Each payload framed and written: the whole batch column by column where it can, else one by one."""
+        written = encode_payloads(self.connect, self.header, payloads)
+        return written if written is not None else [self.write(p) for p in payloads]
 
     def write(self, payload: bytes) -> bytes:
         datum = orjson.loads(payload)
@@ -124,8 +131,8 @@ class AvroEncoder:
         if self.format not in EVENT_FORMATS:
             keys, values = self._json_texts(batch, encoded)
         try:
-            out_keys = [key_writer.write(k) for k in keys]
-            out_values = [None if v is None else value_writer.write(v) for v in values]
+            out_keys = key_writer.write_all(keys)
+            out_values = _with_nulls(values, value_writer.write_all([v for v in values if v is not None]))
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise SinkError(
                 f"a row of the batch at {batch.start} does not fit its Avro schema: {e}",
@@ -147,8 +154,8 @@ class AvroEncoder:
         if writers is None:
             try:
                 writers = (
-                    self._writer(f"{topic}-key", to_avro(schemas[0])),
-                    self._writer(f"{topic}-value", to_avro(schemas[1])),
+                    self._writer(f"{topic}-key", schemas[0], "the key"),
+                    self._writer(f"{topic}-value", schemas[1], "the value"),
                 )
             except SinkError as e:
                 raise e.at(table=self.table.path) from e
@@ -173,8 +180,8 @@ class AvroEncoder:
         try:
             value_connect, key_connect = self._connect_schemas(batch.rows.schema)
             found = (
-                self._writer(f"{self.topic}-value", to_avro(value_connect, "the value")),
-                self._writer(f"{self.topic}-key", to_avro(key_connect, "the key")),
+                self._writer(f"{self.topic}-value", value_connect, "the value"),
+                self._writer(f"{self.topic}-key", key_connect, "the key"),
             )
         except SinkError as e:
             raise e.at(table=self.table.path, version=batch.start.version) from e
@@ -193,14 +200,16 @@ class AvroEncoder:
         key_fields = [schema.field(c) for c in self.key_columns]
         return value, struct_schema(key_fields, modes, name=f"{prefix}.Key", optional=False)
 
-    def _writer(self, subject: str, schema: AvroSchema) -> _Writer:
+    def _writer(self, subject: str, connect: dict[str, Any], where: str) -> _Writer:
+        schema = to_avro(connect, where)
         text = orjson.dumps(schema.schema).decode()
         try:
             schema_id = self.registry.register(subject, text)
         except Refused as e:
             raise SinkError(refusal_message(e, schema.schema)) from e
         header = b"\x00" + schema_id.to_bytes(4, "big")
-        return _Writer(header, self._fastavro.parse_schema(schema.schema), schema, self._fastavro.schemaless_writer)
+        parsed = self._fastavro.parse_schema(schema.schema)
+        return _Writer(header, connect, parsed, schema, self._fastavro.schemaless_writer)
 
 
 def avro_encoder(
@@ -278,6 +287,14 @@ def _type_text(t: Any) -> str:
             return f"map of {_type_text(t['values'])}"
         return str(t.get("logicalType") or t.get("connect.name") or t["type"])
     return str(t)
+
+
+def _with_nulls(values: Sequence[bytes | None], written: list[bytes]) -> list[bytes | None]:
+    """``written`` (one for each value that is not ``None``) back in the places of ``values``, nulls kept."""
+    if len(written) == len(values):
+        return list(written)
+    each = iter(written)
+    return [None if v is None else next(each) for v in values]
 
 
 def _binary_list(texts: pa.Array) -> list[bytes]:
