@@ -15,6 +15,10 @@ A new Arrow schema of the rows (a schema change of the table) registers its Avro
 registry keeps them as new versions of the subjects, or refuses one under the subject's
 compatibility rule; the refusal is a :class:`~state.errors.SinkError` naming the columns that break
 the rule. Schema ids are cached (one registry request per new schema, never one per message).
+
+A batch's keys and values are written all at once, column by column (:mod:`sinks.kafka.avro_columns`);
+what that path does not write (maps, a value that does not fit its schema) is written message by
+message with ``fastavro.schemaless_writer``, which also names the value that does not fit.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.json_text import EncodedBatch, joined_objects
-from sinks.kafka.avro_columns import encode_payloads
 from sinks.kafka.avro_options import AvroOptions
 from sinks.kafka.avro_schema import AvroSchema, to_avro
 from sinks.kafka.connect_schema import struct_schema
@@ -52,10 +55,11 @@ class _Writer:
     parsed: Any
     schema: AvroSchema
     writer: Callable[[Any, Any, Any], None]
+    columns: Callable[[dict[str, Any], bytes, Sequence[bytes]], list[bytes] | None]
 
     def write_all(self, payloads: Sequence[bytes]) -> list[bytes]:
         """Each payload framed and written: the whole batch column by column where it can, else one by one."""
-        written = encode_payloads(self.connect, self.header, payloads)
+        written = self.columns(self.connect, self.header, payloads)
         return written if written is not None else [self.write(p) for p in payloads]
 
     def write(self, payload: bytes) -> bytes:
@@ -82,7 +86,7 @@ class AvroEncoder:
         clock_ms: the encoding time (Debezium's ``ts_ms``).
 
     Raises:
-        ConfigError: as :class:`~sinks.kafka.encoding.ChangeEncoder`; if fastavro is not installed.
+        ConfigError: as :class:`~sinks.kafka.encoding.ChangeEncoder`; if fastavro or numpy is not installed.
     """
 
     def __init__(
@@ -101,6 +105,10 @@ class AvroEncoder:
             self._fastavro = importlib.import_module("fastavro")
         except ImportError:
             raise ConfigError("encoding=avro needs the package fastavro: pip install 'deltatail[avro]'") from None
+        try:
+            self._columns = importlib.import_module("sinks.kafka.avro_columns").encode_payloads
+        except ImportError:
+            raise ConfigError("encoding=avro needs the package numpy: pip install 'deltatail[avro]'") from None
         events = replace(events, schemas=False)
         self.table = table
         self.topic = topic
@@ -209,7 +217,7 @@ class AvroEncoder:
             raise SinkError(refusal_message(e, schema.schema)) from e
         header = b"\x00" + schema_id.to_bytes(4, "big")
         parsed = self._fastavro.parse_schema(schema.schema)
-        return _Writer(header, connect, parsed, schema, self._fastavro.schemaless_writer)
+        return _Writer(header, connect, parsed, schema, self._fastavro.schemaless_writer, self._columns)
 
 
 def avro_encoder(

@@ -40,7 +40,7 @@ from sinks.kafka.connect_schema import ValueModes
 from sinks.kafka.debezium import EventOptions
 from sinks.kafka.registry import RegistryClient
 from state.cursor import Position
-from state.errors import SinkError
+from state.errors import ConfigError, SinkError
 from state.feed import ChangeBatch, TableInfo
 
 HEADER = b"\x00\x00\x00\x00\x07"
@@ -239,3 +239,19 @@ def test_a_value_that_does_not_fit_is_still_named(registry: SchemaRegistry) -> N
     rows = pa.RecordBatch.from_arrays([*rows.columns, pa.array([1.0, float("nan"), 2.0, 3.0])], schema=strict)
     with pytest.raises(SinkError, match=r"a row of the batch at 4:0 does not fit its Avro schema"):
         encoder.encode(ChangeBatch(Position.change(4, 0), rows))
+
+
+def test_avro_without_numpy_is_a_clear_error(registry: SchemaRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "numpy", None)  # as if not installed: importing it raises ImportError
+    monkeypatch.delitem(sys.modules, "sinks.kafka.avro_columns")
+    with pytest.raises(ConfigError, match=r"encoding=avro needs the package numpy: pip install 'deltatail\[avro\]'"):
+        AvroEncoder(
+            TABLE,
+            topic="orders",
+            registry=RegistryClient(registry.url),
+            format="json",
+            key_columns=[],
+            tombstones=False,
+            events=EventOptions(),
+            clock_ms=lambda: 0,
+        )
