@@ -75,10 +75,12 @@ def encode_payloads(connect: dict[str, Any], header: bytes, payloads: Sequence[b
     rows = _read(payloads, read_type)
     if rows is None or len(rows) != len(payloads):
         return None
-    encoded = _encode(connect, rows)
-    if encoded is None or encoded.null_count:
+    parts = _parts(connect, rows)
+    if parts is None:
         return None
-    framed = pc.binary_join_element_wise(pa.scalar(header, _BINARY), encoded, _EMPTY)
+    framed = _joined([pa.scalar(header, _BINARY), *parts], len(rows))
+    if framed.null_count:
+        return None
     out: list[bytes] = framed.to_pylist()
     return out
 
@@ -116,31 +118,58 @@ def _read_type(connect: dict[str, Any]) -> pa.DataType | None:
     return _READ_TYPES.get(kind)
 
 
+#: Parts whose row-wise concatenation is each row's Avro binary: arrays (a value a row) and scalars (one for all).
+Parts = list[pa.Array | pa.Scalar]
+
+
 def _encode(connect: dict[str, Any], column: pa.Array) -> pa.Array | None:
-    """Each slot's Avro binary under ``connect``; a null slot of a required type stays null (it does not fit)."""
+    """Each slot's Avro binary under ``connect`` (see :func:`_parts`)."""
+    parts = _parts(connect, column)
+    return None if parts is None else _joined(parts, len(column))
+
+
+def _joined(parts: Parts, length: int) -> pa.Array:
+    if not any(isinstance(part, pa.Array) for part in parts):
+        parts = [*parts, pa.array([b""] * length, _BINARY)]
+    return pc.binary_join_element_wise(*parts, _EMPTY)
+
+
+def _parts(connect: dict[str, Any], column: pa.Array) -> Parts | None:
+    """Each slot's Avro binary under ``connect`` as parts; a null slot of a required type is null (it does not fit).
+
+    Parts are joined only where a null needs them whole: a record's parts are its fields' parts, an
+    optional value without nulls is the branch byte (one scalar) and its parts.
+    """
+    nulls = column.null_count
+    if nulls == len(column) and nulls:
+        return [_NULL_BRANCH] if connect.get("optional") else [pa.nulls(nulls, _BINARY)]
     plain = _plain(connect, column)
     if plain is None:
         return None
     if not connect.get("optional"):
-        return pc.if_else(column.is_valid(), plain, pa.scalar(None, _BINARY)) if column.null_count else plain
-    branch = pc.binary_join_element_wise(_VALUE_BRANCH, plain, _EMPTY)
-    return pc.if_else(column.is_valid(), branch, _NULL_BRANCH) if column.null_count else branch
+        return (
+            [pc.if_else(column.is_valid(), _joined(plain, len(column)), pa.scalar(None, _BINARY))] if nulls else plain
+        )
+    if not nulls:
+        return [_VALUE_BRANCH, *plain]
+    return [pc.if_else(column.is_valid(), _joined([_VALUE_BRANCH, *plain], len(column)), _NULL_BRANCH)]
 
 
-def _plain(connect: dict[str, Any], column: pa.Array) -> pa.Array | None:
+def _plain(connect: dict[str, Any], column: pa.Array) -> Parts | None:
     kind = connect["type"]
     if kind == "struct":
         return _record(connect, column)
     if kind == "array":
-        return _array(connect, column)
+        array = _array(connect, column)
+        return None if array is None else [array]
     if kind in _INTEGERS:
-        return _varints(_numbers(column, np.int64))
+        return [_varints(_numbers(column, np.int64))]
     if kind == "float32":
-        return _fixed(_numbers(column, np.float64).astype("<f4"))
+        return [_fixed(_numbers(column, np.float64).astype("<f4"))]
     if kind == "float64":
-        return _fixed(_numbers(column, np.float64).astype("<f8"))
+        return [_fixed(_numbers(column, np.float64).astype("<f8"))]
     if kind == "boolean":
-        return pc.if_else(pc.fill_null(column, False), _TRUE, _FALSE)
+        return [pc.if_else(pc.fill_null(column, False), _TRUE, _FALSE)]
     if kind == "string":
         return _length_prefixed(pc.cast(column, _BINARY))
     if kind == "bytes":
@@ -148,16 +177,15 @@ def _plain(connect: dict[str, Any], column: pa.Array) -> pa.Array | None:
     return None
 
 
-def _record(connect: dict[str, Any], column: pa.StructArray) -> pa.Array | None:
-    parts = []
+def _record(connect: dict[str, Any], column: pa.StructArray) -> Parts | None:
+    """The concatenation of the fields' parts."""
+    parts: Parts = []
     for member, child in zip(connect["fields"], column.flatten(), strict=True):
-        part = _encode(member, child)
+        part = _parts(member, child)
         if part is None:
             return None
-        parts.append(part)
-    if not parts:
-        return pa.array([b""] * len(column), _BINARY)
-    return pc.binary_join_element_wise(*parts, _EMPTY)
+        parts.extend(part)
+    return parts
 
 
 def _array(connect: dict[str, Any], column: pa.ListArray) -> pa.Array | None:
@@ -189,6 +217,8 @@ def _numbers(column: pa.Array, dtype: Any) -> Any:
 def _varints(values: np.ndarray[Any, np.dtype[np.int64]]) -> pa.Array:
     """The zig-zag varint of each 64-bit value (Avro ``int`` and ``long``)."""
     zigzag = ((values << 1) ^ (values >> 63)).view(np.uint64)
+    if not len(values) or int(zigzag.max()) < 0x80:  # one byte each (lengths of short texts, small numbers)
+        return _fixed(zigzag.astype(np.uint8))
     sizes = np.ones(len(values), dtype=np.int64)
     rest = zigzag >> np.uint64(7)
     while rest.any():
@@ -216,10 +246,9 @@ def _fixed(values: np.ndarray[Any, Any]) -> pa.Array:
     )
 
 
-def _length_prefixed(data: pa.Array) -> pa.Array:
+def _length_prefixed(data: pa.Array) -> Parts:
     """Avro ``string``/``bytes``: the byte length as a zig-zag varint, then the bytes."""
-    lengths = _numbers(pc.binary_length(data), np.int64)
-    return pc.binary_join_element_wise(_varints(lengths), data, _EMPTY)
+    return [_varints(_numbers(pc.binary_length(data), np.int64)), data]
 
 
 def _base64_decoded(column: pa.Array) -> pa.Array:
