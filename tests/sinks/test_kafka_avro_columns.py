@@ -14,6 +14,7 @@ import datetime as dt
 import decimal
 import io
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,6 +186,7 @@ def change_batch(n: int) -> ChangeBatch:
             "price": pa.array([decimal.Decimal(i * 7) / 100 for i in ids], pa.decimal128(10, 2)),
             "at": pa.array([TS + dt.timedelta(seconds=i) for i in ids], pa.timestamp("us", "UTC")),
             "tags": pa.array([list(range(i % 3)) for i in ids], pa.list_(pa.int32())),
+            "ratio": pa.array([-0.0 if i == 5 else i / 4 for i in ids], pa.float64()),
             "_change_type": pa.array(kinds),
             "_commit_version": pa.array([4] * n, pa.int64()),
             "_commit_timestamp": pa.array([TS] * n, pa.timestamp("us", tz="UTC")),
@@ -221,6 +223,7 @@ def test_messages_decode_with_confluent_kafkas_deserializer(registry: SchemaRegi
     assert by_id[5]["price"] == decimal.Decimal("0.35")
     assert by_id[5]["at"] == TS.replace(microsecond=123000) + dt.timedelta(seconds=5)
     assert by_id[5]["tags"] == [0, 1] and by_id[6]["tags"] == []
+    assert by_id[6]["ratio"] == 1.5 and math.copysign(1.0, by_id[5]["ratio"]) == -1.0  # -0.0 keeps its sign
 
 
 def test_a_value_that_does_not_fit_is_still_named(registry: SchemaRegistry) -> None:
