@@ -69,11 +69,11 @@ def main() -> None:
             json_size = len(json_encoder.encode(batches[0]).values[0] or b"")
             print(f"{args.rows} rows, debezium events: Avro value ~{avro_size} B, JSON value ~{json_size} B")
             for label, encode in encodings(avro, json_encoder).items():
-                wall, cpu = time.perf_counter(), time.process_time()
+                wall, cpu_s = time.perf_counter(), time.process_time()
                 for batch in batches:
                     encode(batch)
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-                per_event = f"{wall / args.rows * 1e6:6.1f} us/event, CPU {cpu / args.rows * 1e6:.1f}"
+                wall, cpu_s = time.perf_counter() - wall, time.process_time() - cpu_s
+                per_event = f"{wall / args.rows * 1e6:6.1f} us/event, CPU {cpu_s / args.rows * 1e6:.1f}"
                 print(f"encoding alone, {label:<36}{per_event}")
             uri = f"kafka://{bootstrap}/{{topic}}?format=debezium&key=id"
             avro_uri = uri + f"&encoding=avro&registry={registry.url}"
