@@ -74,7 +74,7 @@ def sink(bootstrap: str, topic: str, batches: list[ChangeBatch], warm_topic: str
     """KafkaSink (confluent backend) writing the batches and flushing, its producer holding its id first."""
     opened = KafkaSink(f"kafka://{bootstrap}/{topic}?key=id&backend=confluent")
     opened.open(TABLE)
-    warm_up(opened._producer._producer, warm_topic)  # type: ignore[attr-defined]
+    warm_up(opened._producer._producer, warm_topic)  # type: ignore[union-attr]
     wall, cpu = time.perf_counter(), time.thread_time()
     for batch in batches:
         opened.write(batch)
