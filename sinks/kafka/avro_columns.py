@@ -56,6 +56,9 @@ _READ_TYPES = {
     "string": pa.string(),
     "bytes": pa.string(),  # base64 text in Connect JSON
 }
+#: Arrow's JSON reader takes the batch in blocks of at most this many bytes (a block size is a 32-bit
+#: number); a payload longer than a block is read across blocks.
+_MOST_BLOCK_BYTES = 1 << 30
 #: The most bytes a zig-zag varint of a 64-bit value takes (ceil(64 / 7)).
 _MOST_VARINT_BYTES = 10
 
@@ -92,7 +95,7 @@ def _read(payloads: Sequence[bytes], read_type: pa.DataType) -> pa.StructArray |
     try:
         table = pa_json.read_json(
             pa.BufferReader(text),
-            read_options=pa_json.ReadOptions(use_threads=False, block_size=len(text) + 1),
+            read_options=pa_json.ReadOptions(use_threads=False, block_size=min(len(text) + 1, _MOST_BLOCK_BYTES)),
             parse_options=pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

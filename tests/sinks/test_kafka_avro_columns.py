@@ -34,6 +34,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from schema_registry import SchemaRegistry
 
+from sinks.kafka import avro_columns
 from sinks.kafka.avro import AvroEncoder
 from sinks.kafka.avro_columns import encode_payloads
 from sinks.kafka.avro_schema import to_avro
@@ -258,3 +259,16 @@ def test_avro_without_numpy_is_a_clear_error(registry: SchemaRegistry, monkeypat
             events=EventOptions(),
             clock_ms=lambda: 0,
         )
+
+
+def test_a_batch_is_read_in_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    schema = {"type": "struct", "fields": [req("int64", "a"), opt("string", "b")]}
+    payloads = [b'{"a":%d,"b":"%s"}' % (i, b"x" * (i % 7)) for i in range(50)]
+    whole = encode_payloads(schema, HEADER, payloads)
+    monkeypatch.setattr(avro_columns, "_MOST_BLOCK_BYTES", 64)  # many blocks of a few payloads each
+    assert encode_payloads(schema, HEADER, payloads) == whole
+    assert whole is not None and whole[9] == HEADER + b"\x12\x02\x04xx"  # a=9 (zig-zag 18), b="xx"
+    long = encode_payloads(schema, HEADER, [payloads[0], b'{"a":1,"b":"%s"}' % (b"y" * 80), payloads[1]])
+    assert long == [whole[0], HEADER + b"\x02\x02\xa0\x01" + b"y" * 80, whole[1]]  # longer than a block; 80: a0 01
