@@ -15,6 +15,10 @@ A new Arrow schema of the rows (a schema change of the table) registers its Avro
 registry keeps them as new versions of the subjects, or refuses one under the subject's
 compatibility rule; the refusal is a :class:`~state.errors.SinkError` naming the columns that break
 the rule. Schema ids are cached (one registry request per new schema, never one per message).
+
+A batch's keys and values are written all at once, column by column (:mod:`sinks.kafka.avro_columns`);
+what that path does not write (maps, a value that does not fit its schema) is written message by
+message with ``fastavro.schemaless_writer``, which also names the value that does not fit.
 """
 
 from __future__ import annotations
@@ -44,12 +48,19 @@ from state.feed import ChangeBatch, TableInfo
 
 @dataclass(frozen=True, slots=True)
 class _Writer:
-    """One registered Avro schema: the wire-format header and how to write a payload after it."""
+    """One registered Avro schema: the wire-format header and how to write payloads after it."""
 
     header: bytes
+    connect: dict[str, Any]
     parsed: Any
     schema: AvroSchema
     writer: Callable[[Any, Any, Any], None]
+    columns: Callable[[dict[str, Any], bytes, Sequence[bytes]], list[bytes] | None]
+
+    def write_all(self, payloads: Sequence[bytes]) -> list[bytes]:
+        """Each payload framed and written: the whole batch column by column where it can, else one by one."""
+        written = self.columns(self.connect, self.header, payloads)
+        return written if written is not None else [self.write(p) for p in payloads]
 
     def write(self, payload: bytes) -> bytes:
         datum = orjson.loads(payload)
@@ -75,7 +86,7 @@ class AvroEncoder:
         clock_ms: the encoding time (Debezium's ``ts_ms``).
 
     Raises:
-        ConfigError: as :class:`~sinks.kafka.encoding.ChangeEncoder`; if fastavro is not installed.
+        ConfigError: as :class:`~sinks.kafka.encoding.ChangeEncoder`; if fastavro or numpy is not installed.
     """
 
     def __init__(
@@ -94,6 +105,10 @@ class AvroEncoder:
             self._fastavro = importlib.import_module("fastavro")
         except ImportError:
             raise ConfigError("encoding=avro needs the package fastavro: pip install 'deltatail[avro]'") from None
+        try:
+            self._columns = importlib.import_module("sinks.kafka.avro_columns").encode_payloads
+        except ImportError:
+            raise ConfigError("encoding=avro needs the package numpy: pip install 'deltatail[avro]'") from None
         events = replace(events, schemas=False)
         self.table = table
         self.topic = topic
@@ -124,8 +139,8 @@ class AvroEncoder:
         if self.format not in EVENT_FORMATS:
             keys, values = self._json_texts(batch, encoded)
         try:
-            out_keys = [key_writer.write(k) for k in keys]
-            out_values = [None if v is None else value_writer.write(v) for v in values]
+            out_keys = key_writer.write_all(keys)
+            out_values = _with_nulls(values, value_writer.write_all([v for v in values if v is not None]))
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise SinkError(
                 f"a row of the batch at {batch.start} does not fit its Avro schema: {e}",
@@ -147,8 +162,8 @@ class AvroEncoder:
         if writers is None:
             try:
                 writers = (
-                    self._writer(f"{topic}-key", to_avro(schemas[0])),
-                    self._writer(f"{topic}-value", to_avro(schemas[1])),
+                    self._writer(f"{topic}-key", schemas[0], "the key"),
+                    self._writer(f"{topic}-value", schemas[1], "the value"),
                 )
             except SinkError as e:
                 raise e.at(table=self.table.path) from e
@@ -173,8 +188,8 @@ class AvroEncoder:
         try:
             value_connect, key_connect = self._connect_schemas(batch.rows.schema)
             found = (
-                self._writer(f"{self.topic}-value", to_avro(value_connect, "the value")),
-                self._writer(f"{self.topic}-key", to_avro(key_connect, "the key")),
+                self._writer(f"{self.topic}-value", value_connect, "the value"),
+                self._writer(f"{self.topic}-key", key_connect, "the key"),
             )
         except SinkError as e:
             raise e.at(table=self.table.path, version=batch.start.version) from e
@@ -193,14 +208,16 @@ class AvroEncoder:
         key_fields = [schema.field(c) for c in self.key_columns]
         return value, struct_schema(key_fields, modes, name=f"{prefix}.Key", optional=False)
 
-    def _writer(self, subject: str, schema: AvroSchema) -> _Writer:
+    def _writer(self, subject: str, connect: dict[str, Any], where: str) -> _Writer:
+        schema = to_avro(connect, where)
         text = orjson.dumps(schema.schema).decode()
         try:
             schema_id = self.registry.register(subject, text)
         except Refused as e:
             raise SinkError(refusal_message(e, schema.schema)) from e
         header = b"\x00" + schema_id.to_bytes(4, "big")
-        return _Writer(header, self._fastavro.parse_schema(schema.schema), schema, self._fastavro.schemaless_writer)
+        parsed = self._fastavro.parse_schema(schema.schema)
+        return _Writer(header, connect, parsed, schema, self._fastavro.schemaless_writer, self._columns)
 
 
 def avro_encoder(
@@ -278,6 +295,14 @@ def _type_text(t: Any) -> str:
             return f"map of {_type_text(t['values'])}"
         return str(t.get("logicalType") or t.get("connect.name") or t["type"])
     return str(t)
+
+
+def _with_nulls(values: Sequence[bytes | None], written: list[bytes]) -> list[bytes | None]:
+    """``written`` (one for each value that is not ``None``) back in the places of ``values``, nulls kept."""
+    if len(written) == len(values):
+        return list(written)
+    each = iter(written)
+    return [None if v is None else next(each) for v in values]
 
 
 def _binary_list(texts: pa.Array) -> list[bytes]:
