@@ -165,6 +165,26 @@ def test_a_queue_that_cannot_be_read_is_a_transient_storage_error_naming_it(s3: 
     assert "Sup3r-Secret-Value" not in str(failed.value)
 
 
+def test_a_delete_the_queue_refuses_is_a_transient_storage_error_and_the_message_stays(
+    notified: tuple[Cloud, str],
+) -> None:
+    """The queue refuses the delete (403): the error names the queue; the message is still there (a hint again)."""
+    cloud, queue = notified
+    proxy = CountingProxy(cloud.server.endpoint).start()
+    try:
+        source = SqsNotifications(queue.replace(cloud.server.endpoint, proxy.endpoint), cloud.options)
+        cloud.put("t/_delta_log/00000000000000000000.json", b"{}")
+        got: list[tuple[str, str]] = []
+        wait_until(lambda: bool(got.extend(source.receive(1)) or got), 30, "the notification")
+        proxy.fail_next(1, 403)
+        with pytest.raises(StorageError, match="cannot write the notification queue") as failed:
+            source.acknowledge()
+    finally:
+        proxy.stop()
+    assert failed.value.transient and proxy.endpoint in str(failed.value)
+    assert in_queue(cloud, queue) == (0, 1)  # not deleted: it comes back after its visibility timeout
+
+
 @pytest.mark.slow
 def test_a_notified_tailer_finds_commits_by_their_notification_and_sends_nothing_while_idle(
     notified: tuple[Cloud, str], tmp_path: Path
