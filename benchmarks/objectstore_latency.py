@@ -17,7 +17,10 @@ then 50 ms, to the first byte of every answer: a real store's first-byte latency
    the time per commit from the look that found it (two round trips: the commit's GET and the data's
    GET). Target with notifications: p50 under 2 round trips + 20 ms.
 
-``--only following`` runs the second section alone.
+``--only following`` runs the second section alone; ``--only catch-up --latency 50 --no-peer`` profiles
+deltatail's catch-up alone. Every catch-up prints where its time went: the proxy's trace of each
+request (when it came, when moto's first byte came back) gives the requests in flight over time and
+moto's own time to answer, and moto's CPU seconds over the run (``/proc``) its cost per request.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ from tailer.storage.objectstore import ObjectStoreStorage
 
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT / "tests"))  # the test servers (tests/ is not a package); after the project's imports
-from latency_proxy import LatencyProxy  # noqa: E402
+from latency_proxy import LatencyProxy, read_trace  # noqa: E402
 from objectstores import (  # noqa: E402
     BUCKET,
     CountingProxy,
@@ -87,13 +90,18 @@ class Config:
     follow_commits: int
     data_dir: Path
     catch_up: bool
+    following: bool
+    latencies: tuple[int, ...]
+    peer: bool
 
 
 def parse_args(argv: Sequence[str]) -> Config:
     p = argparse.ArgumentParser(prog="python -m benchmarks.objectstore_latency", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small tables, few commits")
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help=f"local tables (default {DEFAULT_DATA})")
-    p.add_argument("--only", choices=("all", "following"), default="all", help="the sections run (default all)")
+    p.add_argument("--only", choices=("all", "following", "catch-up"), default="all", help="the sections run")
+    p.add_argument("--latency", type=int, action="append", help="ms added a request (repeatable; default 20 and 50)")
+    p.add_argument("--no-peer", action="store_true", help="catch-up: deltatail only, no load_cdf")
     a = p.parse_args(argv)
     q = bool(a.quick)
     return Config(
@@ -101,7 +109,10 @@ def parse_args(argv: Sequence[str]) -> Config:
         mixed=MixedSpec(commits=60 if q else 500),
         follow_commits=10 if q else 40,
         data_dir=a.data_dir,
-        catch_up=a.only == "all",
+        catch_up=a.only != "following",
+        following=a.only != "catch-up",
+        latencies=tuple(a.latency or LATENCIES_MS),
+        peer=not a.no_peer,
     )
 
 
@@ -142,13 +153,53 @@ def moto_rate(store: Store, n: int = 256) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def catch_up(uri: str, options: dict[str, str], work: Workload, label: str, latency_ms: int) -> CatchUp:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def where_time_went(trace: list[tuple[float, float, float]], start: float, end: float, moto_cpu: float) -> str:
+    """Requests in flight over ``[start, end]`` (time-weighted), moto's answer times and CPU per request."""
+    reqs = [r for r in trace if start <= r[0] <= end]
+    if not reqs:
+        return "no request traced"
+    events = sorted([(s, 1) for s, _, _ in reqs] + [(a, -1) for _, _, a in reqs])
+    share = {"0": 0.0, "1-3": 0.0, "4-15": 0.0, "16+": 0.0}
+    level, last = 0, start
+    for t, d in events:
+        key = "0" if level == 0 else "1-3" if level < 4 else "4-15" if level < 16 else "16+"
+        share[key] += max(t - last, 0.0)
+        level, last = level + d, t
+    wall = max(last - start, 1e-9)
+    waits = sorted(a - s for s, _, a in reqs)
+    server = sorted(v - s for s, v, _ in reqs)
+    shares = ", ".join(f"{k} {v / wall:.0%}" for k, v in share.items())
+    return (
+        f"{len(reqs):,} requests; in flight on average {sum(waits) / wall:.1f} (time at {shares});"
+        f" moto's answer p50 {ms(server[len(server) // 2])}, p90 {ms(server[len(server) * 9 // 10])};"
+        f" moto's CPU {moto_cpu:.1f} s = {moto_cpu / len(reqs) * 1000:.1f} ms a request"
+        f" ({moto_cpu / wall:.0%} of one core over the run)"
+    )
+
+
+def catch_up(
+    uri: str, options: dict[str, str], work: Workload, label: str, proxy: LatencyProxy, moto_pid: int, peer: bool
+) -> CatchUp:
+    latency_ms = int(proxy.delay_ms)
     deltatail_catch_up(uri, options, work)  # warm-up (imports, the reader's threads)
+    cpu0, m0 = cpu_seconds(moto_pid), time.monotonic()
     rows, ours, storage = deltatail_catch_up(uri, options, work)
-    t0 = time.perf_counter()
-    theirs_rows = load_cdf_rows(uri, options, work.first, work.last)
-    theirs = time.perf_counter() - t0
+    cpu1, m1 = cpu_seconds(moto_pid), time.monotonic()
+    theirs, theirs_rows = float("nan"), rows
+    if peer:
+        t0 = time.perf_counter()
+        theirs_rows = load_cdf_rows(uri, options, work.first, work.last)
+        theirs = time.perf_counter() - t0
     r = CatchUp(label, latency_ms, ours, theirs, storage.counter.requests(), storage.concurrency)
+    if proxy.trace is not None:
+        profile = where_time_went(read_trace(proxy.trace, latency_ms), m0, m1, cpu1 - cpu0)
+        print(f"    where deltatail's time went: {profile}")
     same = "" if rows == theirs_rows else f"  ROW COUNTS DIFFER ({rows:,} vs {theirs_rows:,})"
     print(f"  {label}: {rows:,} rows{same}")
     print(f"    deltatail {ours:7.2f} s  ({r.requests:,} requests, {r.concurrency} in flight: ideal {r.ideal:.2f} s;")
@@ -245,13 +296,15 @@ def run(cfg: Config, argv: Sequence[str]) -> None:
                 work = ensure(cfg.data_dir, spec)
                 uris[label] = (store.upload(work.path, prefix), work)
         with tempfile.TemporaryDirectory(prefix="deltatail-objectstore-latency-") as tmp:
-            for latency in LATENCIES_MS:
-                with LatencyProxy(server.endpoint, delay_ms=latency) as proxy:
+            for latency in cfg.latencies:
+                trace = Path(tmp) / f"trace-{latency}"
+                with LatencyProxy(server.endpoint, delay_ms=latency, trace=trace) as proxy:
                     options = s3_options(proxy.endpoint)
                     print(f"\n== at {latency} ms a request (proxy at {proxy.endpoint})", flush=True)
                     for label, (uri, work) in uris.items():
-                        catch_ups.append(catch_up(uri, options, work, label, latency))
-                    for notified in (False, True):
+                        assert server.proc is not None
+                        catch_ups.append(catch_up(uri, options, work, label, proxy, server.proc.pid, cfg.peer))
+                    for notified in (False, True) if cfg.following else ():
                         follows.append(follow(store, options, Path(tmp), cfg.follow_commits, latency, notified))
         print("\n== summary")
         for c in catch_ups:
