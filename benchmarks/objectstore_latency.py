@@ -238,16 +238,26 @@ def follow(store: Store, options: dict[str, str], base: Path, n: int, latency_ms
         queue = queue.replace(store.server.endpoint, options["AWS_ENDPOINT_URL"])
     max_poll = SAFETY_POLL if notified else POLL
     tailer, sink, _ = follower(table, base / name, options, poll=POLL, max_poll=max_poll, start=1, notifications=queue)
+    woken: list[float] = []  # when the queue's answer reached the hub (the tailer's own hub, shared)
+    if queue is not None:
+        hub_for(queue, options).subscribe(f"{table.uri}/_delta_log", lambda: woken.append(time.perf_counter()))
     following = Following(tailer)
     time.sleep(2.0)  # start-up: version 0's snapshot, the first polls
     rng = random.Random(3)
-    published = {}
+    published, put = {}, {}
     for v in range(1, n + 1):
         published[v] = table.publish(v)
+        put[v] = time.perf_counter()
         time.sleep(rng.uniform(0.3, 0.5))  # commits land at random instants between polls
     sink.wait_for(n)
     following.stop()
     versions = range(1, n + 1)
+    puts = [put[v] - published[v] for v in versions]
+    line = f"    the commits' PUTs (straight to moto) took p50 {ms(statistics.median(puts))}"
+    if woken:
+        heard = [min((w for w in woken if w >= published[v]), default=float("nan")) - published[v] for v in versions]
+        line += f"; from the PUT to the queue's answer in hand p50 {ms(statistics.median(heard))}"
+    print(line)
     result = Followed(
         latency_ms,
         mode,

@@ -175,7 +175,12 @@ def test_a_delete_the_queue_refuses_is_a_transient_storage_error_and_the_message
         source = SqsNotifications(queue.replace(cloud.server.endpoint, proxy.endpoint), cloud.options)
         cloud.put("t/_delta_log/00000000000000000000.json", b"{}")
         got: list[tuple[str, str]] = []
-        wait_until(lambda: bool(got.extend(source.receive(1)) or got), 30, "the notification")
+
+        def heard() -> bool:
+            got.extend(source.receive(1))
+            return bool(got)
+
+        wait_until(heard, 30, "the notification")
         proxy.fail_next(1, 403)
         with pytest.raises(StorageError, match="cannot write the notification queue") as failed:
             source.acknowledge()
