@@ -374,9 +374,19 @@ class Following:
 
 
 def follower(
-    table: S3Table, work: Path, options: dict[str, str], *, poll: float, max_poll: float, start: int
+    table: S3Table,
+    work: Path,
+    options: dict[str, str],
+    *,
+    poll: float,
+    max_poll: float,
+    start: int,
+    notifications: str | None = None,
 ) -> tuple[TimedTailer, TimedJsonLines, ObjectStoreStorage]:
-    """A tailer of ``table`` from version ``start`` into a timed JSON lines file, on its own counted storage."""
+    """A tailer of ``table`` from version ``start`` into a timed JSON lines file, on its own counted storage.
+
+    With ``notifications`` (an SQS queue's URL) it is woken by the queue; ``max_poll`` is then its safety poll.
+    """
     storage = ObjectStoreStorage(options)
     sink = TimedJsonLines(str(work / "out.jsonl"))
     config = TailerConfig(
@@ -387,6 +397,7 @@ def follower(
         max_poll_interval=max_poll,
         watch=False,
         storage_options=options,
+        notifications=notifications,
     )
     tailer = TimedTailer(config, sink, feed=ChangeFeed(table.uri, storage, config.options))
     return tailer, sink, storage

@@ -85,7 +85,8 @@ def write_tables(endpoint: str, n: int) -> list[str]:
     return [f"s3://{BUCKET}/idle/t{i:04d}" for i in range(n)]
 
 
-def notifying_queue(endpoint: str) -> str:
+def notifying_queue(endpoint: str, name: str = "idle", prefix: str = "idle/") -> str:
+    """A queue receiving the bucket's notifications of objects created under ``prefix`` (the bucket's only ones)."""
     kw = {
         "endpoint_url": endpoint,
         "region_name": MOTO_REGION,
@@ -93,11 +94,12 @@ def notifying_queue(endpoint: str) -> str:
         "aws_secret_access_key": MOTO_SECRET,
     }
     sqs, s3 = boto3.client("sqs", **kw), boto3.client("s3", **kw)
-    url = str(sqs.create_queue(QueueName="idle")["QueueUrl"])
+    url = str(sqs.create_queue(QueueName=name)["QueueUrl"])
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    rule = {"Key": {"FilterRules": [{"Name": "prefix", "Value": "idle/"}]}}
+    rule = {"Key": {"FilterRules": [{"Name": "prefix", "Value": prefix}]}}
     config = {"QueueConfigurations": [{"QueueArn": arn, "Events": ["s3:ObjectCreated:*"], "Filter": rule}]}
     s3.put_bucket_notification_configuration(Bucket=BUCKET, NotificationConfiguration=config)
+    sqs.purge_queue(QueueUrl=url)  # S3's test event of the configuration
     return url
 
 

@@ -12,8 +12,12 @@ With ``fail_rate`` a request's answer is, with that probability (drawn from ``se
 ``HTTP/1.1 503 Slow Down`` and the connection closed: a throttled or failing store, which a client
 retries (or reports). Nothing here talks to any address but 127.0.0.1.
 
-``python tests/latency_proxy.py UPSTREAM_PORT --delay-ms 50 [--fail-rate 0.1 --seed 1]`` prints its
-port on the first line of stdout, then serves until killed.
+With ``trace`` (a file) each answered request adds a line ``REQUEST_AT SERVER_AT`` (monotonic
+seconds): when its first byte came from the client, and when the server's first byte came back. The
+client waited ``max(SERVER_AT, REQUEST_AT + delay) - REQUEST_AT`` for it (:func:`read_trace`).
+
+``python tests/latency_proxy.py UPSTREAM_PORT --delay-ms 50 [--fail-rate 0.1 --seed 1] [--trace FILE]``
+prints its port on the first line of stdout, then serves until killed.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 FAILURE = b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
@@ -67,10 +72,14 @@ async def _server_to_client(
     writer: asyncio.StreamWriter,
     state: _Exchange,
     delay: float,
+    trace: TextIO | None,
 ) -> None:
     while data := await reader.read(65536):
         if state.request_at is not None:
-            wait = state.request_at + delay - time.monotonic()
+            now = time.monotonic()
+            if trace is not None:
+                trace.write(f"{state.request_at:.6f} {now:.6f}\n")
+            wait = state.request_at + delay - now
             state.request_at = None
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -95,6 +104,7 @@ async def _serve_one(
     delay: float,
     rng: random.Random,
     fail_rate: float,
+    trace: TextIO | None = None,
 ) -> None:
     try:
         server_r, server_w = await asyncio.open_connection("127.0.0.1", upstream_port)
@@ -103,7 +113,7 @@ async def _serve_one(
         return
     state = _Exchange()
     up = asyncio.ensure_future(_client_to_server(client_r, server_w, state, rng, fail_rate))
-    down = asyncio.ensure_future(_server_to_client(server_r, client_w, state, delay))
+    down = asyncio.ensure_future(_server_to_client(server_r, client_w, state, delay, trace))
     fail = asyncio.ensure_future(_failing(state, client_w, delay))
     try:
         await asyncio.wait([down, fail], return_when=asyncio.FIRST_COMPLETED)
@@ -115,13 +125,15 @@ async def _serve_one(
                 w.close()
 
 
-async def serve(upstream_port: int, delay_ms: float, fail_rate: float, seed: int, port: int) -> None:
+async def serve(
+    upstream_port: int, delay_ms: float, fail_rate: float, seed: int, port: int, trace: TextIO | None = None
+) -> None:
     """Serve on 127.0.0.1 (``port``, 0 for a free one) until cancelled; prints the port first."""
     rng = random.Random(seed)
     delay = delay_ms / 1000
 
     async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await _serve_one(r, w, upstream_port, delay, rng, fail_rate)
+        await _serve_one(r, w, upstream_port, delay, rng, fail_rate, trace)
 
     server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
     print(server.sockets[0].getsockname()[1], flush=True)
@@ -142,8 +154,11 @@ class LatencyProxy:
     :attr:`failures` counts the requests it failed once it is stopped.
     """
 
-    def __init__(self, upstream: str, *, delay_ms: float, fail_rate: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self, upstream: str, *, delay_ms: float, fail_rate: float = 0.0, seed: int = 0, trace: Path | None = None
+    ) -> None:
         self.upstream_port = int(upstream.rsplit(":", 1)[1].rstrip("/"))
+        self.trace = trace
         self.delay_ms = delay_ms
         self.fail_rate = fail_rate
         self.seed = seed
@@ -159,6 +174,8 @@ class LatencyProxy:
     def start(self) -> LatencyProxy:
         argv = [sys.executable, str(Path(__file__).resolve()), str(self.upstream_port)]
         argv += ["--delay-ms", str(self.delay_ms), "--fail-rate", str(self.fail_rate), "--seed", str(self.seed)]
+        if self.trace is not None:
+            argv += ["--trace", str(self.trace)]
         self._proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
@@ -198,9 +215,23 @@ def main() -> None:
     p.add_argument("--fail-rate", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--trace", type=Path, default=None)
     a = p.parse_args()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(a.upstream_port, a.delay_ms, a.fail_rate, a.seed, a.port))
+    with contextlib.ExitStack() as stack, contextlib.suppress(KeyboardInterrupt):
+        trace = stack.enter_context(a.trace.open("a", buffering=1)) if a.trace is not None else None
+        asyncio.run(serve(a.upstream_port, a.delay_ms, a.fail_rate, a.seed, a.port, trace))
+
+
+def read_trace(path: Path, delay_ms: float) -> list[tuple[float, float, float]]:
+    """``(request_at, server_at, answered_at)`` of every request a proxy with ``trace=path`` answered, in order."""
+    delay = delay_ms / 1000
+    out = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            start, server = float(parts[0]), float(parts[1])
+            out.append((start, server, max(server, start + delay)))
+    return sorted(out)
 
 
 if __name__ == "__main__":

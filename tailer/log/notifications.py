@@ -45,11 +45,20 @@ class NotificationSource(Protocol):
     def receive(self, wait_seconds: float) -> list[tuple[str, str]]:
         """The ``(bucket, key)`` of objects announced since the last call, waiting up to ``wait_seconds`` for one.
 
-        A message is taken off the queue once read (a notification is a hint: one lost is made up
-        for by the follower's safety poll).
+        The messages read stay taken (invisible to other readers) until :meth:`acknowledge`.
 
         Raises:
             StorageError: if the queue cannot be read.
+        """
+        ...
+
+    def acknowledge(self) -> None:
+        """Take the messages of the last :meth:`receive` off the queue (once their followers were woken).
+
+        A message that is not taken off comes back later: a duplicated hint, which costs a look.
+
+        Raises:
+            StorageError: if the queue cannot be written.
         """
         ...
 
@@ -106,6 +115,7 @@ class SqsNotifications:
         o = {k.lower(): v for k, v in (options or {}).items()}
         region = o.get("aws_region") or o.get("aws_default_region") or _region_of(parts.hostname) or "us-east-1"
         self.queue_url = queue_url
+        self._taken: list[str] = []  # receipt handles of the messages read and not yet deleted
         self._client: Any = boto3.client(
             "sqs",
             endpoint_url=f"{parts.scheme}://{parts.netloc}",
@@ -125,15 +135,34 @@ class SqsNotifications:
             answer = self._client.receive_message(
                 QueueUrl=self.queue_url, MaxNumberOfMessages=BATCH, WaitTimeSeconds=int(min(wait_seconds, WAIT_SECONDS))
             )
-            messages = answer.get("Messages", [])
-            if messages:
-                entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
-                self._client.delete_message_batch(QueueUrl=self.queue_url, Entries=entries)
         except Exception as e:
-            raise StorageError(
-                f"cannot read the notification queue {self.queue_url}: {type(e).__name__}", transient=True
-            ) from None
+            raise self._error("read", e) from None
+        messages = answer.get("Messages", [])[:BATCH]
+        self._taken.extend(str(m["ReceiptHandle"]) for m in messages if "ReceiptHandle" in m)
         return [obj for m in messages for obj in s3_event_objects(str(m.get("Body", "")))]
+
+    def acknowledge(self) -> None:
+        """See :meth:`NotificationSource.acknowledge` (one ``DeleteMessageBatch`` request, none when nothing was read).
+
+        Deleting after the followers were woken keeps the delete off the path from a commit to its
+        rows: the woken follower's GET of the commit goes out alongside it.
+
+        Raises:
+            StorageError: if the messages cannot be deleted (they come back: duplicated hints).
+        """
+        taken, self._taken = self._taken, []
+        if not taken:
+            return
+        entries = [{"Id": str(i), "ReceiptHandle": handle} for i, handle in enumerate(taken)]
+        try:
+            self._client.delete_message_batch(QueueUrl=self.queue_url, Entries=entries)
+        except Exception as e:
+            raise self._error("write", e) from None
+
+    def _error(self, what: str, e: Exception) -> StorageError:
+        """The queue's error: its URL and the failure's kind, never the client's text (request URLs, keys)."""
+        why = type(e).__name__
+        return StorageError(f"cannot {what} the notification queue {self.queue_url}: {why}", transient=True)
 
     def close(self) -> None:
         """Close the client's connections."""
@@ -202,11 +231,11 @@ class NotificationHub:
         while not self._stop.is_set():
             try:
                 objects = self.source.receive(WAIT_SECONDS)
+                self.deliver(objects)  # the followers' looks start now; the delete goes alongside them
+                self.source.acknowledge()
             except DeltaTailError as e:
                 log.warning("%s; retrying in %gs (the tables' safety polls go on)", e, self.retry_seconds)
                 self._stop.wait(self.retry_seconds)
-                continue
-            self.deliver(objects)
 
     def close(self) -> None:
         """Stop the thread (after the long poll in hand) and close the source."""

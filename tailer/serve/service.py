@@ -59,7 +59,7 @@ from tailer.follow.tailer import TailerConfig
 from tailer.formats.registry import FALLBACK, open_table
 from tailer.log.notifications import Subscription, hub_for
 from tailer.log.watch_many import DirectoryWatcher
-from tailer.runtime.backoff import retry_delay
+from tailer.runtime.backoff import POLL_JITTER, next_poll, retry_delay
 from tailer.runtime.status import status
 from tailer.runtime.transient import describe, fault_of, is_transient
 from tailer.serve.state_root import StateRoot, write_status
@@ -70,9 +70,6 @@ log = logging.getLogger("deltatail")
 
 #: The file :func:`probe_state_root` writes and removes in the state root.
 PROBE_FILE = ".deltatail-probe"
-#: An object-store table's next poll is its idle interval times 1 +- this (uniformly drawn): the polls
-#: of many tables spread over time instead of going out together.
-POLL_JITTER = 0.2
 #: Seconds without a turn of the dispatcher after which the service is reported unhealthy.
 DISPATCHER_STALL_SECONDS = 30.0
 
@@ -174,6 +171,7 @@ class ServiceOptions:
             service gives up and :meth:`Service.run` raises (the process exits non-zero).
         stall_seconds: a table whose step has not returned for this long (a store or sink that
             does not answer) is reported ``unavailable`` until the step returns.
+        poll_jitter: an object-store table's polls are its interval times 1 +- this (:func:`next_poll`).
     """
 
     workers: int = 2
@@ -184,6 +182,7 @@ class ServiceOptions:
     max_backoff: float = 60.0
     fatal_seconds: float = 60.0
     stall_seconds: float = 30.0
+    poll_jitter: float = POLL_JITTER
 
 
 class Service:
@@ -198,6 +197,7 @@ class Service:
         unavailable: tables whose store was found unavailable at start-up, with why: they start
             ``unavailable`` (and are tried at once, then with backoff).
         clock: monotonic seconds.
+        rng: draws the polls' jitter (:func:`next_poll`); seeded in tests, by default seeded from the system.
     """
 
     def __init__(
@@ -209,8 +209,10 @@ class Service:
         discover: Callable[[], list[TableSource]] | None = None,
         unavailable: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
         self.state_root = state_root
+        self._rng = rng or random.Random()
         self.options = options or ServiceOptions()
         self.discover = discover
         self._clock = clock
@@ -451,8 +453,8 @@ class Service:
                 return False
             tailer.rest()
             wait = tailer.idle_timeout(self.options.safety_poll_seconds if table.watched else None)
-            if table.remote:  # polls of many tables spread over time, never in step: +-POLL_JITTER
-                wait *= 1 + random.uniform(-POLL_JITTER, POLL_JITTER)
+            if table.remote:  # polls of many tables spread over time, never in step
+                wait = next_poll(wait, self._rng, self.options.poll_jitter)
             table.due = self._clock() + wait
             return True
         except Exception as e:

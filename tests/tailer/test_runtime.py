@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
+import statistics
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tailer.runtime.backoff import idle_poll_interval, retry_delay
+from tailer.runtime.backoff import idle_poll_interval, next_poll, retry_delay
 from tailer.runtime.files import atomic_write
 from tailer.runtime.status import StatusThrottle
 
@@ -30,6 +33,21 @@ def test_idle_polls_double_up_to_the_longest_interval(idle_polls: int, expected:
 
 def test_a_longest_interval_below_the_poll_interval_waits_the_poll_interval() -> None:
     assert idle_poll_interval(2.0, 0.5, 10) == 2.0
+
+
+def test_the_polls_of_many_tables_are_spread_over_the_interval_not_synchronised() -> None:
+    """1,000 tables polling every 5 s: their next polls are distinct and cover 4 s to 6 s evenly (seeded)."""
+    rng = random.Random(31)
+    polls = [next_poll(5.0, rng) for _ in range(1000)]
+    assert len(set(polls)) == 1000
+    assert all(4.0 <= p <= 6.0 for p in polls)
+    tenths = Counter(int((p - 4.0) * 10) for p in polls)  # twenty slices of 0.1 s
+    assert set(tenths) == set(range(20)), sorted(tenths)  # every slice of the window is used
+    assert max(tenths.values()) <= 100, tenths  # none holds a burst (50 each on average)
+    assert 4.95 <= statistics.fmean(polls) <= 5.05  # the cost (polls a minute) is the interval's
+    again = random.Random(31)
+    assert [next_poll(5.0, again) for _ in range(1000)] == polls  # seeded: the schedule is reproducible
+    assert next_poll(5.0, rng, jitter=0.0) == 5.0
 
 
 def test_a_status_line_is_due_on_a_new_version_else_every_thirty_seconds() -> None:

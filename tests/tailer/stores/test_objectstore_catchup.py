@@ -31,7 +31,7 @@ from tailer.storage.objectstore import ObjectStoreStorage
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tailer: cdf_helpers (tests/ is not a package)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py, latency_proxy.py
 from cdf_helpers import assert_same_rows, corpus_table
-from latency_proxy import LatencyProxy
+from latency_proxy import LatencyProxy, read_trace
 from objectstores import BUCKET, Cloud, raw_store
 
 pytest_plugins = ("objectstore_fixtures",)
@@ -65,14 +65,21 @@ def write_backlog(uri: str, options: dict[str, str], appends: int) -> int:
     return DeltaTable(uri, storage_options=options).version()
 
 
-def test_the_proxy_adds_latency_and_fails_requests_it_forwards_to_the_real_server(s3: Cloud) -> None:
-    """What the proxy serves is moto's answer; at a failure rate of 1 every answer is a 503 (nothing forwarded)."""
+def test_the_proxy_adds_latency_and_fails_requests_it_forwards_to_the_real_server(s3: Cloud, tmp_path: Path) -> None:
+    """What the proxy serves is moto's answer; at a failure rate of 1 every answer is a 503 (nothing forwarded).
+
+    Its trace has a line per request answered: the client waited at least the delay for each.
+    """
     s3.put("hello.txt", b"hello through the proxy")
     path = f"/{BUCKET}/{s3.key('hello.txt')}"
-    with LatencyProxy(s3.server.endpoint, delay_ms=20) as proxy:
+    trace = tmp_path / "trace"
+    with LatencyProxy(s3.server.endpoint, delay_ms=20, trace=trace) as proxy:
         storage = ObjectStoreStorage(s3.via(proxy.endpoint).options)
         assert storage.read(s3.uri("hello.txt")) == b"hello through the proxy"
         assert storage.read(s3.uri("hello.txt"), 6, 7) == b"through"
+    traced = read_trace(trace, 20)
+    assert len(traced) == storage.counter.requests() == 2
+    assert all(start <= server <= answered and answered - start >= 0.02 for start, server, answered in traced)
     with LatencyProxy(s3.server.endpoint, delay_ms=1, fail_rate=1.0) as proxy:
         with pytest.raises(urllib.error.HTTPError) as failed:
             urllib.request.urlopen(proxy.endpoint + path, timeout=30)

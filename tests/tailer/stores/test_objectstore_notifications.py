@@ -4,7 +4,7 @@ The bucket's notification configuration sends every object created under the tes
 SQS queue, as S3 does. Proven here:
 
 - the queue's messages become ``(bucket, key)`` of the objects created (S3's test event ignored),
-  and are taken off the queue once read;
+  and are deleted once acknowledged, after the tables they name were woken;
 - a tailer with ``notifications`` and a safety poll of an hour finds each commit through its
   notification alone, and sends the store no request at all while idle;
 - notifications are hints: a relay between the bucket's queue and the tailer's loses, duplicates,
@@ -59,6 +59,13 @@ def new_queue(cloud: Cloud, name: str) -> str:
     return str(client(cloud, "sqs").create_queue(QueueName=f"{cloud.prefix}-{name}")["QueueUrl"])
 
 
+def in_queue(cloud: Cloud, queue: str) -> tuple[int, int]:
+    """The queue's messages: (visible, taken by a reader and not yet deleted)."""
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    got = client(cloud, "sqs").get_queue_attributes(QueueUrl=queue, AttributeNames=names)["Attributes"]
+    return int(got[names[0]]), int(got[names[1]])
+
+
 @pytest.fixture
 def notified(s3: Cloud) -> Iterator[tuple[Cloud, str]]:
     """The test's prefix announcing every object created under it to a queue (the bucket's only configuration)."""
@@ -67,6 +74,7 @@ def notified(s3: Cloud) -> Iterator[tuple[Cloud, str]]:
     rule = {"Key": {"FilterRules": [{"Name": "prefix", "Value": f"{s3.prefix}/"}]}}
     config = {"QueueConfigurations": [{"QueueArn": arn, "Events": ["s3:ObjectCreated:*"], "Filter": rule}]}
     client(s3, "s3").put_bucket_notification_configuration(Bucket=BUCKET, NotificationConfiguration=config)
+    client(s3, "sqs").purge_queue(QueueUrl=queue)  # S3's test event of the configuration: each test starts empty
     yield s3, queue
     client(s3, "s3").put_bucket_notification_configuration(Bucket=BUCKET, NotificationConfiguration={})
 
@@ -134,7 +142,11 @@ def test_s3_event_notifications_are_read_off_the_queue_as_the_objects_created(no
             (BUCKET, cloud.key("t/part with space+plus.parquet")),
         ]
     )
-    assert source.receive(0) == []  # taken off the queue once read
+    assert in_queue(cloud, queue) == (0, 2)  # read: taken, not yet deleted
+    assert source.receive(0) == []
+    source.acknowledge()
+    assert in_queue(cloud, queue) == (0, 0)  # deleted once acknowledged
+    source.acknowledge()  # nothing read since: no request, no error
     assert list(s3_event_objects('{"Service": "Amazon S3", "Event": "s3:TestEvent"}')) == []
     assert list(s3_event_objects("not json")) == []
     with pytest.raises(ConfigError, match="SQS queue"):
@@ -151,6 +163,31 @@ def test_a_queue_that_cannot_be_read_is_a_transient_storage_error_naming_it(s3: 
         SqsNotifications(queue, options).receive(0)
     assert failed.value.transient and queue in str(failed.value)
     assert "Sup3r-Secret-Value" not in str(failed.value)
+
+
+def test_a_delete_the_queue_refuses_is_a_transient_storage_error_and_the_message_stays(
+    notified: tuple[Cloud, str],
+) -> None:
+    """The queue refuses the delete (403): the error names the queue; the message is still there (a hint again)."""
+    cloud, queue = notified
+    proxy = CountingProxy(cloud.server.endpoint).start()
+    try:
+        source = SqsNotifications(queue.replace(cloud.server.endpoint, proxy.endpoint), cloud.options)
+        cloud.put("t/_delta_log/00000000000000000000.json", b"{}")
+        got: list[tuple[str, str]] = []
+
+        def heard() -> bool:
+            got.extend(source.receive(1))
+            return bool(got)
+
+        wait_until(heard, 30, "the notification")
+        proxy.fail_next(1, 403)
+        with pytest.raises(StorageError, match="cannot write the notification queue") as failed:
+            source.acknowledge()
+    finally:
+        proxy.stop()
+    assert failed.value.transient and proxy.endpoint in str(failed.value)
+    assert in_queue(cloud, queue) == (0, 1)  # not deleted: it comes back after its visibility timeout
 
 
 @pytest.mark.slow
@@ -297,6 +334,24 @@ def test_lost_duplicated_delayed_and_reordered_notifications_never_change_the_ro
     assert Counter(canon(r) for r in lines) == Counter(canon(r) for r in expected.to_pylist())
     positions = [tuple(r["_position"]) for r in lines]
     assert len(positions) == len(set(positions)), "a position was delivered twice"
+
+
+def test_the_hub_wakes_a_table_before_it_deletes_the_message_that_named_it(notified: tuple[Cloud, str]) -> None:
+    """The delete is not a round trip between a commit's notification and the follower's look.
+
+    When the table is woken its message is still taken, not deleted (the delete goes out after the
+    wake-ups); once the hub has moved on the message is gone from the queue.
+    """
+    cloud, queue = notified
+    hub = NotificationHub(SqsNotifications(queue, cloud.options))
+    seen: list[tuple[int, int]] = []
+    hub.subscribe(cloud.uri("t/_delta_log"), lambda: seen.append(in_queue(cloud, queue)))
+    cloud.put("t/_delta_log/00000000000000000000.json", b"{}")
+    try:
+        wait_until(lambda: bool(seen) and in_queue(cloud, queue) == (0, 0), 30, "the notification, then its delete")
+    finally:
+        hub.close()
+    assert seen == [(0, 1)]
 
 
 def test_one_hub_wakes_only_the_tables_whose_log_an_object_is_in(s3: Cloud) -> None:
