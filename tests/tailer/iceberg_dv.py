@@ -29,9 +29,8 @@ import time
 import uuid
 import zlib
 from collections.abc import Mapping
-from pathlib import Path
 
-from iceberg_tables import _DeleteManifestWriter, table_dir
+from iceberg_tables import _DeleteManifestWriter
 from pyiceberg.avro.file import AvroOutputFile
 from pyiceberg.manifest import (
     DataFile,
@@ -135,9 +134,8 @@ def vector_file(
     count = len(set(positions)) if cardinality is None else cardinality
     content, [(offset, length)] = puffin_file([(data_file, blob, count)])
     location = location or f"{table.location()}/data/dv-{uuid.uuid4()}.puffin"
-    local = Path(location.split("://", 1)[-1])
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_bytes(content)
+    with table.io.new_output(location).create(overwrite=True) as out:
+        out.write(content)
     df = DataFile.from_args(
         3,
         content=DataFileContent.POSITION_DELETES,
@@ -227,9 +225,15 @@ def _read_v3_entries(table: Table, path: str, sequence: int) -> list[ManifestEnt
 
 
 def as_v3(table: Table) -> str:
-    """Write the table's newest metadata again as format version 3, the newest file of ``metadata/``; its path."""
-    doc = json.loads(Path(table.metadata_location.split("://", 1)[-1]).read_text())
+    """Write the table's newest metadata again as format version 3, the newest file of ``metadata/``.
+
+    Returns:
+        Its location: a local path for a local table, else the URI (``s3://...``).
+    """
+    with table.io.new_input(table.metadata_location).open() as f:
+        doc = json.loads(f.read())
     doc.update({"format-version": 3, "next-row-id": 0})
-    path = Path(table_dir(table), "metadata", f"99999-{uuid.uuid4()}.metadata.json")
-    path.write_text(json.dumps(doc))
-    return str(path)
+    location = f"{table.location()}/metadata/99999-{uuid.uuid4()}.metadata.json"
+    with table.io.new_output(location).create() as out:
+        out.write(json.dumps(doc).encode())
+    return location.removeprefix("file://")

@@ -8,25 +8,38 @@ table and applies its deletion vectors when it scans, so its scans are the peer.
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 from iceberg_dv import as_v3, commit_vectors, dv_blob, vector_file
-from iceberg_tables import commit_deletes, data_files, multiset, new_table, rows, table_dir
+from iceberg_tables import SCHEMA, commit_deletes, data_files, multiset, new_table, rows, table_dir
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import StaticTable, Table
 
 from state.errors import DeletionVectorError, InvalidLogError, UnsafePathError, UnsupportedFeatureError
+from tailer.cli.main import main
 from tailer.iceberg.feed import IcebergFeed, IcebergOptions
 from tailer.iceberg.vectors import MAX_VECTOR_BYTES
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: objectstores.py (not a package)
+from objectstores import Server, create_s3_bucket
+
+pytest_plugins = ("objectstore_fixtures",)
+
 
 def first_ids(table: Table) -> dict[int, str]:
-    """The table's data files by the id of their first row."""
-    return {pq.read_table(p.split("://", 1)[-1]).column("id")[0].as_py(): p for p in data_files(table)}
+    """The table's data files by the id of their first row (read by pyiceberg's file IO: local or S3)."""
+    found = {}
+    for p in data_files(table):
+        with table.io.new_input(p).open() as f:
+            found[pq.read_table(f).column("id")[0].as_py()] = p
+    return found
 
 
 def brief(found: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -148,3 +161,40 @@ def test_format_v3_initial_defaults_and_format_v4_are_refused(tmp_path: Path) ->
     with pytest.raises(UnsupportedFeatureError, match="format version 4") as v4:
         IcebergFeed(table_dir(t), options=IcebergOptions()).read_table()
     assert v4.value.table == table_dir(t)
+
+
+@pytest.mark.slow
+def test_deletion_vectors_on_s3_are_applied(
+    moto: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    create_s3_bucket(moto.endpoint, "iceberg-dv")
+    keys = {
+        "s3.endpoint": moto.endpoint,
+        "s3.access-key-id": "k",
+        "s3.secret-access-key": "s",
+        "s3.region": "us-east-1",
+    }
+    cat = SqlCatalog("s3dv", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse="s3://iceberg-dv/wh", **keys)
+    cat.create_namespace("db")
+    t = cat.create_table("db.t", SCHEMA, properties={"format-version": "2"})
+    t.append(rows([10, 11, 12, 13, 14]))
+    t.append(rows([20, 21, 22]))
+    files = first_ids(t)
+    t = commit_vectors(t, {files[10]: [0, 4], files[20]: [1]})
+    as_v3(t)
+    options = {
+        "aws_endpoint_url": moto.endpoint,
+        "aws_access_key_id": "k",
+        "aws_secret_access_key": "s",
+        "aws_region": "us-east-1",
+        "allow_http": "true",
+    }
+    args = [a for k, v in options.items() for a in ("--storage-option", f"{k}={v}")]
+    location = t.metadata_location.rsplit("/metadata/", 1)[0]
+    assert main(["changes", location, "--starting-version", "3", *args]) == 0
+    found = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted((r["_commit_version"], r["_change_type"], r["id"]) for r in found) == [
+        (3, "delete", 10),
+        (3, "delete", 14),
+        (3, "delete", 21),
+    ]
