@@ -164,9 +164,7 @@ def test_format_v3_initial_defaults_and_format_v4_are_refused(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_deletion_vectors_on_s3_are_applied(
-    moto: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_deletion_vectors_on_s3_are_applied(moto: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     create_s3_bucket(moto.endpoint, "iceberg-dv")
     keys = {
         "s3.endpoint": moto.endpoint,
