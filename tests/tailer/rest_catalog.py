@@ -17,7 +17,8 @@ REST catalog OpenAPI spec (``rest-catalog-open-api.yaml``) that loading a table 
   ``token`` is set and a request lacks ``Authorization: Bearer TOKEN``.
 
 ``requests`` records ``(method, path, Authorization header)`` of every request; ``stop``/``start``
-simulate an outage on the same port.
+simulate an outage on the same port; ``failing`` makes every table load a ``500``
+``ServiceFailureException``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class RestCatalogStandIn:
         self.token = token
         self.requests: list[tuple[str, str, str | None]] = []
         self.port = 0
+        self.failing = False
         self._server: ThreadingHTTPServer | None = None
         self._lock = threading.Lock()
 
@@ -87,6 +89,8 @@ class RestCatalogStandIn:
         return 200, {"identifiers": [{"namespace": list(t[:-1]), "name": t[-1]} for t in found]}
 
     def _load(self, namespace: str, name: str) -> tuple[int, dict[str, Any]]:
+        if self.failing:
+            return _error(500, "ServiceFailureException", "the catalog's store is down")
         try:
             table = self.catalog.load_table(f"{namespace}.{name}")
         except (NoSuchTableError, NoSuchNamespaceError):

@@ -65,11 +65,15 @@ def test_the_catalogs_pointer_is_the_sql_catalogs_metadata_file(sql: SqlCatalog,
         catalog_pointer("prod", "db.nothing", load=rest_loader(rest.uri))()
 
 
-def test_refused_credentials_and_an_unreachable_catalog_are_clear_errors(rest: RestCatalogStandIn) -> None:
+def test_refused_credentials_a_failing_and_an_unreachable_catalog_are_clear_errors(rest: RestCatalogStandIn) -> None:
     with pytest.raises(StorageError, match="catalog prod refused the credentials") as refused:
         catalog_pointer("prod", "db.orders", load=rest_loader(rest.uri, "wrong-token"))()
     assert not refused.value.transient
     assert "wrong-token" not in str(refused.value) and refused.value.__cause__ is None
+    rest.failing = True
+    with pytest.raises(StorageError, match=r"catalog prod did not give table db\.orders \(ServerError\)") as failed:
+        catalog_pointer("prod", "db.orders", load=rest_loader(rest.uri))()
+    assert failed.value.transient and "store is down" not in str(failed.value)
     uri = rest.uri
     rest.stop()
     with pytest.raises(StorageError, match="catalog prod cannot be reached") as down:
