@@ -171,14 +171,18 @@ def commit_vectors(table: Table, vectors: Mapping[str, list[int] | DataFile]) ->
     manifest_path = f"{table.location()}/metadata/{uuid.uuid4()}-dv.avro"
     spec = md.spec()
     writer = _VectorManifestWriter(spec, table.schema(), table.io.new_output(manifest_path), snapshot_id, "null")
+    removed, added = [], []
     with writer as w:
         for entry in old:
             replaced = entry.data_file[REFERENCED_DATA_FILE] in vectors
             status = ManifestEntryStatus.DELETED if replaced else ManifestEntryStatus.EXISTING
             w.add_entry(_entry(status, entry.snapshot_id, entry.sequence_number, entry.data_file))
+            if replaced:
+                removed.append(entry.data_file)
         for data_file, given in vectors.items():
             df = given if isinstance(given, DataFile) else vector_file(table, data_file, given)
             w.add_entry(_entry(ManifestEntryStatus.ADDED, snapshot_id, None, df))
+            added.append(df)
     list_path = f"{table.location()}/metadata/snap-{snapshot_id}-{uuid.uuid4()}.avro"
     with write_manifest_list(
         2, table.io.new_output(list_path), snapshot_id, parent.snapshot_id, sequence, "null"
@@ -191,7 +195,7 @@ def commit_vectors(table: Table, vectors: Mapping[str, list[int] | DataFile]) ->
             "sequence-number": sequence,
             "timestamp-ms": max(int(time.time() * 1000), md.last_updated_ms + 1),
             "manifest-list": list_path,
-            "summary": Summary(Operation.DELETE, **{"added-dvs": str(len(vectors))}),
+            "summary": Summary(Operation.DELETE, **_summary(added, removed)),
             "schema-id": md.current_schema_id,
         }
     )
@@ -204,6 +208,20 @@ def commit_vectors(table: Table, vectors: Mapping[str, list[int] | DataFile]) ->
         (AssertRefSnapshotId.model_validate({"snapshot-id": parent.snapshot_id, "ref": "main"}),),
     )
     return tx.commit_transaction()
+
+
+def _summary(added: list[DataFile], removed: list[DataFile]) -> dict[str, str]:
+    """The summary Iceberg's Java writer gives such a snapshot ("Optional Snapshot Summary Fields")."""
+    return {
+        "added-dvs": str(len(added)),
+        "added-delete-files": str(len(added)),
+        "added-position-deletes": str(sum(f.record_count for f in added)),
+        "added-files-size": str(sum(f.file_size_in_bytes for f in added)),
+        "removed-dvs": str(len(removed)),
+        "removed-delete-files": str(len(removed)),
+        "removed-position-deletes": str(sum(f.record_count for f in removed)),
+        "removed-files-size": str(sum(f.file_size_in_bytes for f in removed)),
+    }
 
 
 def _read_v3_entries(table: Table, path: str, sequence: int) -> list[ManifestEntry]:
