@@ -21,6 +21,7 @@ metadata names must be under it (or under an external root the user allowed): :m
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 from collections import OrderedDict
@@ -229,7 +230,8 @@ class IcebergTable:
             raise InvalidLogError(f"Iceberg metadata does not parse: {e}", table=self.root, file=location) from e
         state = _table_state(md)
         state.require_supported(self.root)
-        _require_no_initial_defaults(md, self.root, location)
+        if state.format_version >= V3:
+            _require_no_initial_defaults(md, self.root, location)
         self._states[location] = (state, md)
         while len(self._states) > 8:
             self._states.popitem(last=False)
@@ -336,11 +338,16 @@ def _manifest_entries(
     return tuple(out)
 
 
-def _v3_field(df: Any, name: str) -> Any:
-    """A field of a ``data_file`` record read with the v3 schema, by name (pyiceberg's records are positional)."""
+@functools.cache
+def _v3_names() -> tuple[str, ...]:
     from pyiceberg.manifest import DATA_FILE_TYPE
 
-    names = [f.name for f in DATA_FILE_TYPE[V3].fields]
+    return tuple(f.name for f in DATA_FILE_TYPE[V3].fields)
+
+
+def _v3_field(df: Any, name: str) -> Any:
+    """A field of a ``data_file`` record read with the v3 schema, by name (pyiceberg's records are positional)."""
+    names = _v3_names()
     return df[names.index(name)] if len(df) == len(names) else None
 
 
