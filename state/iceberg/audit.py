@@ -12,7 +12,10 @@ Iceberg's facts (spec, "Snapshots": "a summary [...] of the changes in the snaps
   ``removed-delete-files``; ``added-files-size`` and ``removed-files-size``;
 - row figures (source ``metrics``): an ``append`` inserts ``added-records``; a ``delete`` deletes
   ``deleted-records`` less ``added-records`` (copy-on-write rewrites carry the other rows over, which
-  are ``rows_copied``) plus ``added-position-deletes`` (one row each); a ``replace`` changes no row
+  are ``rows_copied``) plus ``added-position-deletes`` (one row each) less
+  ``removed-position-deletes`` (a deletion vector that replaces one is counted whole, the old one
+  as removed; a removed position delete file's rows were in ``deleted-records`` already, deleted
+  before); unknown should that be negative; a ``replace`` changes no row
   (``no_data_change``). An ``overwrite``'s figures, and a ``delete`` with equality deletes, are
   unknown (``None``): the summary does not tell deleted from carried-over rows; ``--counted`` counts
   them from the change rows;
@@ -142,8 +145,9 @@ def _rows(snapshot: SnapshotInfo, n: dict[str, int | None]) -> tuple[tuple[int |
         return (0, 0, 0, 0), "no_data_change"
     if op == "append":  # an append of no file (an empty commit) writes no record counts
         return (n["added-records"] if n["added-data-files"] else 0, 0, 0, 0), "metrics"
-    if op == "delete" and not n["added-equality-deletes"] and deleted >= added:
-        return (0, deleted - added + (n["added-position-deletes"] or 0), 0, added), "metrics"
+    positions = (n["added-position-deletes"] or 0) - (n["removed-position-deletes"] or 0)
+    if op == "delete" and not n["added-equality-deletes"] and deleted >= added and deleted - added + positions >= 0:
+        return (0, deleted - added + positions, 0, added), "metrics"
     return (None, None, None, None), "unknown"
 
 
@@ -164,6 +168,7 @@ def build_iceberg_event(snapshot: SnapshotInfo, facts: SnapshotFacts) -> AuditEv
         "added-records",
         "deleted-records",
         "added-position-deletes",
+        "removed-position-deletes",
         "added-equality-deletes",
     )
     n = {k: summary_number(snapshot, k, table=table, version=version) for k in keys}

@@ -30,7 +30,7 @@ EQUALITY_DELETES = 2
 OPERATIONS = frozenset({"append", "replace", "overwrite", "delete"})
 
 #: The format versions deltatail reads.
-SUPPORTED_FORMAT_VERSIONS = frozenset({1, 2})
+SUPPORTED_FORMAT_VERSIONS = frozenset({1, 2, 3})
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,7 @@ class ContentFile:
         equality_ids: for equality deletes, the field ids the deletes compare.
         referenced_data_file: for position deletes, the one data file they name, if the writer says so.
         content_offset: for a deletion vector (a ``PUFFIN`` file), where its blob starts.
+        content_size: for a deletion vector, its blob's length (``content_size_in_bytes``).
     """
 
     path: str
@@ -62,11 +63,17 @@ class ContentFile:
     equality_ids: tuple[int, ...] = ()
     referenced_data_file: str | None = None
     content_offset: int | None = None
+    content_size: int | None = None
 
     @property
     def is_data(self) -> bool:
         """Whether the file holds rows (not deletes)."""
         return self.content == DATA
+
+    @property
+    def is_deletion_vector(self) -> bool:
+        """Whether it is a v3 deletion vector: "position delete files [...] stored in Puffin files"."""
+        return self.content == POSITION_DELETES and self.file_format == "PUFFIN"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +127,11 @@ class TableState:
         """Refuse a format version deltatail does not read.
 
         Raises:
-            UnsupportedFeatureError: for format versions other than 1 and 2 (v3 deletion vectors,
-                row lineage and default values are not read yet).
+            UnsupportedFeatureError: for format versions other than 1, 2 and 3.
         """
         if self.format_version not in SUPPORTED_FORMAT_VERSIONS:
             raise UnsupportedFeatureError(
-                f"Iceberg format version {self.format_version} is not supported (deltatail reads v1 and v2)",
+                f"Iceberg format version {self.format_version} is not supported (deltatail reads v1 to v3)",
                 features=frozenset({f"format-version {self.format_version}"}),
                 table=table,
             )

@@ -17,7 +17,12 @@ Which delete files apply to which data file is the spec's rule ("Scan Planning")
   is equal [to the delete file's partition] or the delete file's partition spec is unpartitioned";
   the delete file's ``file_path`` column then names the data file (checked when reading);
 - equality deletes: "The data file's data sequence number is *strictly less than* the delete's data
-  sequence number" and the same partition rule.
+  sequence number" and the same partition rule;
+- deletion vectors (format v3, position deletes in a Puffin file): the position delete rules, and
+  "The data file's ``file_path`` is equal to the delete file's ``referenced_data_file``"; and a
+  position delete file applies only when "There is no deletion vector that must be applied to the
+  data file (when added, such a vector must contain all deletes from existing position delete
+  files)". "At most one deletion vector is allowed per data file in a snapshot": two are refused.
 
 The reader then cancels rows that are in the snapshot's deletes and its inserts alike (copy-on-write
 rewrites carry unchanged rows over) and pairs updates by key (:func:`tailer.read.net_changes.net_changes`).
@@ -106,14 +111,27 @@ class DeleteIndex:
                 self._by_partition[(f.spec_id, f.partition)].append(f)
 
     def for_data(self, data: ContentFile) -> tuple[ContentFile, ...]:
-        """The delete files that apply to ``data`` (the spec's rule; see the module docstring)."""
-        found = []
+        """The delete files that apply to ``data`` (the spec's rule; see the module docstring).
+
+        Raises:
+            InvalidLogError: if two deletion vectors apply to ``data``.
+        """
+        found: list[ContentFile] = []
+        vectors: list[ContentFile] = []
         for d in (*self._global, *self._by_partition.get((data.spec_id, data.partition), ())):
             if d.content == POSITION_DELETES:
                 if d.data_sequence >= data.data_sequence and d.referenced_data_file in (None, data.path):
-                    found.append(d)
+                    (vectors if d.is_deletion_vector else found).append(d)
             elif d.data_sequence > data.data_sequence:
                 found.append(d)
+        if len(vectors) > 1:
+            raise InvalidLogError(
+                f"data file {data.path} has {len(vectors)} deletion vectors (at most one is allowed): "
+                + ", ".join(f"{v.path} at {v.content_offset}" for v in vectors),
+                file=data.path,
+            )
+        if vectors:
+            return (*(d for d in found if d.content != POSITION_DELETES), vectors[0])
         return tuple(found)
 
 
@@ -121,14 +139,27 @@ def check_files(files: Iterable[ContentFile], *, table: str | None, version: int
     """Refuse delete files deltatail cannot apply exactly.
 
     Raises:
-        UnsupportedFeatureError: for deletion vectors (Puffin files), delete files not in Parquet, data
-            files not in Parquet, and equality deletes without equality field ids.
+        UnsupportedFeatureError: for data files and delete files not in Parquet (deletion vectors
+            excepted: position deletes in a Puffin file).
+        InvalidLogError: for equality deletes without equality field ids, and a deletion vector
+            without ``referenced_data_file``, ``content_offset`` or ``content_size_in_bytes``.
     """
     for f in files:
+        if f.is_deletion_vector:
+            if f.referenced_data_file is None or f.content_offset is None or f.content_size is None:
+                raise InvalidLogError(
+                    "a deletion vector's manifest entry lacks referenced_data_file, content_offset or "
+                    "content_size_in_bytes",
+                    table=table,
+                    version=version,
+                    file=f.path,
+                )
+            continue
         if f.file_format != "PARQUET":
-            kind = "deletion vector" if f.file_format == "PUFFIN" else f"{f.file_format} file"
+            kind = "data" if f.is_data else "delete"
             raise UnsupportedFeatureError(
-                f"{kind}s are not read yet (deltatail reads Parquet data and delete files)",
+                f"{f.file_format} {kind} files are not read yet (deltatail reads Parquet data and delete files, "
+                "and deletion vectors in Puffin files)",
                 features=frozenset({f.file_format.lower()}),
                 table=table,
                 version=version,

@@ -9,6 +9,11 @@ the table name, so never in logs, errors or state.
 
 Following asks the catalog for the table's ``metadata_location`` at every look (one query, or one
 ``GET`` for REST): the catalog's pointer is the newest metadata by definition.
+
+A catalog's failures are named by pyiceberg's error type alone, never its text (a server's answer
+or a request may echo what it was sent), and not chained: ``-v`` shows no more. A catalog that
+cannot be reached (a connection refused, a timeout: an ``OSError``, as ``requests``' errors are) is
+a transient :class:`StorageError`; one that refuses the credentials a non-transient one.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from state.errors import ConfigError, StorageError, TableNotFoundError
 
 #: The location prefix (after ``iceberg://``) of a catalog table.
 CATALOG_PREFIX = "catalog:"
+#: pyiceberg's errors for credentials a catalog refuses.
+_REFUSED = frozenset({"UnauthorizedError", "ForbiddenError", "OAuthError", "AuthorizationExpiredError"})
 
 
 def parse_catalog_name(location: str) -> tuple[str, str] | None:
@@ -44,7 +51,8 @@ def catalog_pointer(name: str, identifier: str, *, load: Callable[[str], Any] | 
     Raises (when called):
         ConfigError: if pyiceberg is not installed or the catalog is not configured.
         TableNotFoundError: if the catalog has no such table.
-        StorageError: if the catalog cannot be reached (transient).
+        StorageError: if the catalog cannot be reached or fails (transient), or refuses the
+            credentials (not transient).
     """
     found: list[Any] = []
 
@@ -57,11 +65,19 @@ def catalog_pointer(name: str, identifier: str, *, load: Callable[[str], Any] | 
             kind = type(e).__name__
             if kind in ("NoSuchTableError", "NoSuchNamespaceError"):
                 raise TableNotFoundError(f"catalog {name} has no table {identifier}", table=identifier) from None
-            raise StorageError(
-                f"catalog {name} did not give table {identifier}: {kind}", transient=True, table=identifier
-            ) from e
+            raise _catalog_error(name, e, f"did not give table {identifier}", table=identifier) from None
 
     return pointer
+
+
+def _catalog_error(name: str, e: Exception, what: str, table: str | None = None) -> StorageError:
+    """The error of a catalog that failed: refused credentials, unreachable, or failed otherwise."""
+    kind = type(e).__name__
+    if kind in _REFUSED:
+        return StorageError(f"Iceberg catalog {name} refused the credentials configured for it ({kind})", table=table)
+    if isinstance(e, OSError):
+        return StorageError(f"Iceberg catalog {name} cannot be reached ({kind})", transient=True, table=table)
+    return StorageError(f"Iceberg catalog {name} {what} ({kind})", transient=True, table=table)
 
 
 def _load_catalog(name: str, load: Callable[[str], Any] | None) -> Any:
@@ -73,8 +89,10 @@ def _load_catalog(name: str, load: Callable[[str], Any] | None) -> Any:
         return load(name)
     except ImportError as e:
         raise ConfigError("reading Iceberg tables needs pyiceberg: pip install 'deltatail[iceberg]'") from e
-    except Exception as e:  # pyiceberg: no such catalog configured, a bad URI
+    except Exception as e:  # pyiceberg: no such catalog configured, a bad URI; a REST catalog's first request
+        if isinstance(e, OSError) or type(e).__name__ in _REFUSED:
+            raise _catalog_error(name, e, "failed") from None
         raise ConfigError(
             f"Iceberg catalog {name} cannot be loaded ({type(e).__name__}): configure it in ~/.pyiceberg.yaml or "
             f"PYICEBERG_CATALOG__{name.upper()}__* environment variables"
-        ) from e
+        ) from None

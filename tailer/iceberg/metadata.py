@@ -21,16 +21,25 @@ metadata names must be under it (or under an external root the user allowed): :m
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
-from state.errors import ConfigError, DeltaTailError, InvalidLogError, MissingFileError, TableNotFoundError
-from state.iceberg.model import ContentFile, SnapshotInfo, TableState
+from state.errors import (
+    ConfigError,
+    DeltaTailError,
+    InvalidLogError,
+    MissingFileError,
+    TableNotFoundError,
+    UnsupportedFeatureError,
+)
+from state.iceberg.model import SUPPORTED_FORMAT_VERSIONS, ContentFile, SnapshotInfo, TableState
 from state.iceberg.planning import live_files
 from state.paths import resolve_logged_path
 from tailer.storage import Storage, to_local_path
@@ -41,6 +50,8 @@ VERSION_HINT = "version-hint.text"
 _METADATA_NAME = re.compile(r"^(?:v(\d{1,18})|(\d{1,18})-[0-9a-fA-F-]{36})\.metadata\.json$")
 #: The most manifests whose parsed entries are kept (they never change once written).
 MANIFEST_CACHE = 4096
+#: The manifest schema manifests are read with: the newest, whose extra fields read as null from older ones.
+V3 = 3
 #: The largest metadata file, manifest list or manifest read (bytes): a bound on what a table can make us hold.
 MAX_METADATA_BYTES = 512 << 20
 
@@ -210,13 +221,17 @@ class IcebergTable:
             return found
         try:
             raw = _Input(self.storage, location)._bytes()
-            md = self._modules.parse_metadata(raw.decode("utf-8"))
         except DeltaTailError as e:
             raise e.at(table=self.root, file=location) from None
+        try:
+            md = self._modules.parse_metadata(raw.decode("utf-8"))
         except Exception as e:  # pyiceberg's ValidationError, pydantic's, a bad encoding
+            _require_known_version(raw, self.root, location)
             raise InvalidLogError(f"Iceberg metadata does not parse: {e}", table=self.root, file=location) from e
         state = _table_state(md)
         state.require_supported(self.root)
+        if state.format_version >= V3:
+            _require_no_initial_defaults(md, self.root, location)
         self._states[location] = (state, md)
         while len(self._states) > 8:
             self._states.popitem(last=False)
@@ -290,11 +305,12 @@ def _manifest_entries(
 
     The spec's inheritance: "When reading v1 manifests with no sequence number column, sequence
     numbers for all files must default to 0"; an ``ADDED`` entry with a null sequence number takes
-    the manifest's (the snapshot that added it); the spec id is the manifest's.
+    the manifest's (the snapshot that added it); the spec id is the manifest's. Entries are read
+    with the v3 ``data_file`` fields (``referenced_data_file``, ``content_offset``,
+    ``content_size_in_bytes``: null where an older manifest has none).
     """
     from pyiceberg.avro.file import AvroFile
     from pyiceberg.manifest import (
-        DEFAULT_READ_VERSION,
         MANIFEST_ENTRY_SCHEMAS,
         DataFile,
         DataFileContent,
@@ -307,7 +323,7 @@ def _manifest_entries(
     try:
         with AvroFile[ManifestEntry](
             source,  # type: ignore[arg-type]  # duck-typed InputFile over deltatail's storage
-            MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION],
+            MANIFEST_ENTRY_SCHEMAS[V3],
             read_types={-1: ManifestEntry, 2: DataFile},
             read_enums={0: modules.ManifestEntryStatus, 101: FileFormat, 134: DataFileContent},
         ) as reader:
@@ -322,9 +338,27 @@ def _manifest_entries(
     return tuple(out)
 
 
+@functools.cache
+def _v3_names() -> tuple[str, ...]:
+    from pyiceberg.manifest import DATA_FILE_TYPE
+
+    return tuple(f.name for f in DATA_FILE_TYPE[V3].fields)
+
+
+def _v3_field(df: Any, name: str) -> Any:
+    """A field of a ``data_file`` record read with the v3 schema, by name (pyiceberg's records are positional)."""
+    names = _v3_names()
+    return df[names.index(name)] if len(df) == len(names) else None
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _content_file(entry: Any, spec_id: int, manifest_sequence: int) -> ContentFile:
     df = entry.data_file
     sequence = entry.sequence_number if entry.sequence_number is not None else manifest_sequence
+    referenced = _v3_field(df, "referenced_data_file")
     return ContentFile(
         path=str(df.file_path),
         content=int(df.content or 0),
@@ -335,7 +369,52 @@ def _content_file(entry: Any, spec_id: int, manifest_sequence: int) -> ContentFi
         data_sequence=int(sequence),
         file_format=str(df.file_format.value).upper(),
         equality_ids=tuple(df.equality_ids or ()),
+        referenced_data_file=None if referenced is None else str(referenced),
+        content_offset=_optional_int(_v3_field(df, "content_offset")),
+        content_size=_optional_int(_v3_field(df, "content_size_in_bytes")),
     )
+
+
+def _require_known_version(raw: bytes, table: str, location: str) -> None:
+    """Refuse metadata that pyiceberg could not parse because of its ``format-version`` (a newer format).
+
+    Raises:
+        UnsupportedFeatureError: if the document's ``format-version`` is not one deltatail reads.
+    """
+    try:
+        version = orjson.loads(raw).get("format-version")
+    except (orjson.JSONDecodeError, AttributeError):
+        return
+    if isinstance(version, int) and version not in SUPPORTED_FORMAT_VERSIONS:
+        raise UnsupportedFeatureError(
+            f"Iceberg format version {version} is not supported (deltatail reads v1 to v3)",
+            features=frozenset({f"format-version {version}"}),
+            table=table,
+            file=location,
+        )
+
+
+def _require_no_initial_defaults(md: Any, table: str, location: str) -> None:
+    """Refuse a v3 schema field with an ``initial-default``.
+
+    The spec: "``initial-default``: default value for the field for all records that were written
+    before the field was added to the schema": rows of older files would need it, not nulls.
+
+    Raises:
+        UnsupportedFeatureError: naming the field, the table and the metadata file.
+    """
+    from pyiceberg.schema import index_by_id
+
+    for schema in md.schemas:
+        for field in index_by_id(schema).values():
+            if field.initial_default is not None:
+                raise UnsupportedFeatureError(
+                    f"column {field.name} (field id {field.field_id}) has an initial-default value: "
+                    "default values (format v3) are not read yet",
+                    features=frozenset({"initial-default"}),
+                    table=table,
+                    file=location,
+                )
 
 
 def _table_state(md: Any) -> TableState:

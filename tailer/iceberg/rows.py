@@ -8,7 +8,9 @@ does. Delete files are applied as the spec says:
   ``file_path`` of the target data file in a manifest entry"; "``pos``: Ordinal position of a deleted
   row in the target data file identified by ``file_path``, starting at 0";
 - equality deletes: "A data row is deleted if its values are equal to all the equality columns for
-  any row in an equality delete file"; a null matches a null ("equality deletes use ``IS NULL``").
+  any row in an equality delete file"; a null matches a null ("equality deletes use ``IS NULL``");
+- deletion vectors (format v3): the positions of one ``deletion-vector-v1`` blob
+  (:mod:`tailer.iceberg.vectors`), of the data file its ``referenced_data_file`` names.
 
 Columns are matched by field id (``PARQUET:field_id``), never by name, so renamed columns read
 right; a column the file does not have (added later) is null; values are cast to the snapshot's
@@ -25,11 +27,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.errors import DataFileError, DeltaTailError, UnsupportedFeatureError
+from state.errors import DataFileError, DeletionVectorError, DeltaTailError, UnsupportedFeatureError
 from state.feed import COMMIT_TIMESTAMP_TYPE
 from state.iceberg.model import EQUALITY_DELETES, ContentFile
 from state.iceberg.planning import IcebergPlan, RowTask
 from tailer.iceberg.metadata import IcebergTable
+from tailer.iceberg.vectors import read_vector, vector_positions
 from tailer.read.parquet_file import open_parquet
 
 FIELD_ID = b"PARQUET:field_id"
@@ -95,6 +98,7 @@ class IcebergRows:
         self.table = table
         self._positions: OrderedDict[str, dict[str, pa.Array]] = OrderedDict()
         self._equality: OrderedDict[str, set[bytes]] = OrderedDict()
+        self._vectors: OrderedDict[tuple[str, int | None], pa.Array] = OrderedDict()
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -155,6 +159,24 @@ class IcebergRows:
             self._equality.move_to_end(delete.path)
         return found
 
+    def _vector_positions(self, delete: ContentFile) -> pa.Array:
+        key = (delete.path, delete.content_offset)
+        found = self._vectors.get(key)
+        if found is None:
+            found = vector_positions(read_vector(self.table.storage, self.table.resolve(delete.path), delete))
+            self._vectors[key] = found
+            while len(self._vectors) > DELETE_CACHE:
+                self._vectors.popitem(last=False)
+        else:
+            self._vectors.move_to_end(key)
+        return found
+
+    def _positions_in(self, delete: ContentFile, data: ContentFile) -> pa.Array | None:
+        """The positions ``delete`` (a position delete file or a deletion vector) deletes in ``data``."""
+        if delete.is_deletion_vector:
+            return self._vector_positions(delete) if delete.referenced_data_file == data.path else None
+        return self._position_deletes(delete).get(data.path)
+
     def _deleted(
         self, deletes: Iterable[ContentFile], data: ContentFile, rows: pa.Table, ids: dict[int, int]
     ) -> pa.Array:
@@ -171,16 +193,18 @@ class IcebergRows:
                     columns = [rows.column(ids[i]) for i in d.equality_ids]
                 hit = pa.array([k in keys for k in _row_keys(columns)], pa.bool_())
             else:
-                positions = self._position_deletes(d).get(data.path)
+                positions = self._positions_in(d, data)
                 if positions is None or not len(positions):
                     continue
                 top = pc.max(positions).as_py()
                 if top >= n or pc.min(positions).as_py() < 0:
-                    raise DataFileError(
-                        f"position delete file names row {top} of a {n}-row data file {data.path}",
-                        file=d.path,
+                    kind, error = (
+                        ("deletion vector", DeletionVectorError)
+                        if d.is_deletion_vector
+                        else ("position delete file", DataFileError)
                     )
-                hit = pc.is_in(pa.array(range(n), pa.int64()), value_set=positions)
+                    raise error(f"{kind} names row {top} of a {n}-row data file {data.path}", file=d.path)
+                hit = pc.is_in(pa.array(range(n), positions.type), value_set=positions)
             mask = pc.or_(mask, hit)
         return mask
 
@@ -192,6 +216,11 @@ class IcebergRows:
         Raises:
             MissingFileError: if the data or a delete file is gone.
             DataFileError: if one cannot be read, or a delete file disagrees with its data file.
+            DeletionVectorError: if a deletion vector does not decode or disagrees with its data file
+                (:func:`tailer.iceberg.vectors.read_vector`).
+            InvalidLogError: if a deletion vector's manifest entry lacks its place in its Puffin file
+                (:func:`tailer.iceberg.vectors.check_vector_entry`).
+            UnsafePathError: if a delete file is outside the table root.
             UnsupportedFeatureError: for a data file without field ids.
         """
         f = task.file
@@ -208,11 +237,20 @@ class IcebergRows:
             raise e.at(file=f.path) from None
 
     def plan_table(self, plan: IcebergPlan, schema: pa.Schema) -> pa.Table:
-        """Every row of ``plan`` in task order, with the change columns (before cancellation)."""
+        """Every row of ``plan`` in task order, with the change columns (before cancellation).
+
+        Raises:
+            As :meth:`task_rows`; a deletion vector's error names the snapshot id.
+        """
         out = output_schema(schema)
         parts = []
         for task in plan.tasks:
-            rows = self.task_rows(task, schema)
+            try:
+                rows = self.task_rows(task, schema)
+            except DeletionVectorError as e:
+                raise DeletionVectorError(
+                    f"snapshot {plan.snapshot.snapshot_id}: {e.message}", table=e.table, version=e.version, file=e.file
+                ) from None
             n = rows.num_rows
             if not n:
                 continue

@@ -67,18 +67,52 @@ def test_delete_files_apply_by_sequence_number_and_partition() -> None:
     assert set(index.for_data(data)) == {pos_same, eq_new, unpartitioned}
 
 
+def dv(path: str, data: str, seq: int, offset: int | None = 4) -> ContentFile:
+    return ContentFile(path, POSITION_DELETES, 1, (1,), 2, 100, seq, "PUFFIN", (), data, offset, 40)
+
+
+def test_a_deletion_vector_applies_to_its_data_file_and_replaces_position_delete_files() -> None:
+    data = f("d", seq=3)
+    pos = f("p1", POSITION_DELETES, seq=3)
+    eq = f("e1", EQUALITY_DELETES, seq=4, equality_ids=(1,))
+    vector, other, old = dv("v.puffin", "d", 4), dv("w.puffin", "other", 4), dv("o.puffin", "d", 2)
+    # the vector of another file and one older than the data file do not apply; the position delete file is
+    # ignored once a vector applies ("such a vector must contain all deletes from existing position delete files")
+    index = DeleteIndex([pos, eq, vector, other, old], frozenset({0}))
+    assert set(index.for_data(data)) == {eq, vector}
+    assert set(DeleteIndex([pos, eq, other, old], frozenset({0})).for_data(data)) == {pos, eq}
+    with pytest.raises(InvalidLogError, match="2 deletion vectors") as e:
+        DeleteIndex([vector, dv("v.puffin", "d", 5, offset=60)], frozenset({0})).for_data(data)
+    assert e.value.file == "d"
+
+
+def test_a_replaced_deletion_vector_deletes_only_its_new_positions() -> None:
+    data = f("d", seq=1)
+    first, second = dv("v1.puffin", "d", 2), dv("v2.puffin", "d", 3)
+    plan = plan_snapshot([data, first], [data, second], snap(3, 2, 3, "delete"), 3, frozenset({0}))
+    # rows the new vector deletes and the old did not; and rows the old deleted and the new does not
+    assert [(t.change_type, t.minus, t.within) for t in plan.tasks] == [
+        ("delete", (first,), (second,)),
+        ("insert", (second,), (first,)),
+    ]
+
+
 def test_files_deltatail_cannot_read_are_refused_before_reading() -> None:
-    with pytest.raises(UnsupportedFeatureError, match="deletion vector") as e:
-        check_files([f("dv.puffin", POSITION_DELETES, file_format="PUFFIN")], table="/t", version=4)
+    with pytest.raises(InvalidLogError, match="content_offset") as e:
+        check_files([dv("dv.puffin", "d", 2, offset=None)], table="/t", version=4)
     assert (e.value.table, e.value.version, e.value.file) == ("/t", 4, "dv.puffin")
-    with pytest.raises(UnsupportedFeatureError, match="ORC file"):
+    check_files([dv("dv.puffin", "d", 2)], table="/t", version=4)  # a whole entry: read
+    with pytest.raises(UnsupportedFeatureError, match="ORC data file") as u:
         check_files([f("d.orc", file_format="ORC")], table="/t", version=4)
+    assert (u.value.table, u.value.version, u.value.file) == ("/t", 4, "d.orc")
+    with pytest.raises(UnsupportedFeatureError, match="PUFFIN delete file"):  # equality deletes in Puffin
+        check_files([f("e.puffin", EQUALITY_DELETES, file_format="PUFFIN", equality_ids=(1,))], table="/t", version=4)
     with pytest.raises(InvalidLogError, match="no equality field ids"):
         check_files([f("e", EQUALITY_DELETES)], table="/t", version=4)
-    # a snapshot adding a deletion vector for a live data file is refused when planned
+    # a snapshot adding a deletion vector without its place in the Puffin file is refused when planned
     s1, s2 = snap(1, None, 1), snap(2, 1, 2, "delete")
     data = f("d", seq=1)
-    with pytest.raises(UnsupportedFeatureError):
-        plan_snapshot([data], [data, f("dv", POSITION_DELETES, seq=2, file_format="PUFFIN")], s2, 2, frozenset({0}))
+    with pytest.raises(InvalidLogError):
+        plan_snapshot([data], [data, dv("dv", "d", 2, offset=None)], s2, 2, frozenset({0}))
     assert plan_snapshot(None, [data], s1, 1, frozenset({0})).tasks[0].change_type == "insert"
     assert plan_snapshot([data], [f("z", seq=2)], snap(3, 2, 3, "replace"), 3, frozenset({0})).tasks == ()

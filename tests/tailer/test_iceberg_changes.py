@@ -4,9 +4,7 @@ against pyiceberg's own scans (the difference of a snapshot's scan and its paren
 
 from __future__ import annotations
 
-import json
 import random
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -334,18 +332,6 @@ def test_files_outside_the_table_are_refused_unless_allowed(tmp_path: Path) -> N
     # allowed, the file is read, but it has no field ids (add_files relies on a name mapping): refused clearly
     with pytest.raises(UnsupportedFeatureError, match="name mapping"):
         changes(t, external_roots=(str(tmp_path / "elsewhere"),))
-
-
-def test_format_v3_is_refused(tmp_path: Path) -> None:
-    t = new_table(tmp_path)
-    t.append(rows([1]))
-    # pyiceberg 0.12 cannot write v3 metadata: the same metadata, marked v3, as the newest file
-    doc = json.loads(Path(t.metadata_location.split("://", 1)[-1]).read_text())
-    doc.update({"format-version": 3, "next-row-id": 1})
-    Path(table_dir(t), "metadata", f"00099-{uuid.uuid4()}.metadata.json").write_text(json.dumps(doc))
-    with pytest.raises(UnsupportedFeatureError, match="format version 3") as e:
-        IcebergFeed(table_dir(t)).read_table()
-    assert e.value.table == table_dir(t)
 
 
 # -- damaged tables ------------------------------------------------------------------------------
