@@ -22,7 +22,9 @@ Errors that stop it (after checkpointing what was audited), never a silent skip:
 - the snapshot audited up to is no longer on ``main`` (a rollback or branch reset): ``StateError``;
 - snapshots after it were expired before they were audited: ``VersionGapError``;
 - the table's uuid changed (dropped and re-created), or the state directory is another table's or
-  a tailer's: ``StateError``.
+  a tailer's: ``StateError``;
+- the newest metadata file does not parse (``InvalidLogError``): at once when starting, else once
+  it has not parsed for :data:`TORN_SECONDS` (a file a local writer is still writing parses then).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from state.cursor import Position
-from state.errors import DeltaTailError, StateError, VersionGapError
+from state.errors import DeltaTailError, InvalidLogError, StateError, VersionGapError
 from state.iceberg.ancestry import Ancestry
 from state.iceberg.model import SnapshotInfo, TableState
 from tailer.audit.alerts import AlertNotifier
@@ -48,6 +50,11 @@ from tailer.runtime.faults import crash_point
 from tailer.runtime.status import status
 
 log = logging.getLogger("deltatail.audit")
+
+#: How long a newest metadata file may not parse before that is an error. A writer on a local file
+#: system writes it in place (pyiceberg does), so a look can find it empty or cut short; an object
+#: store's put is whole.
+TORN_SECONDS = 10.0
 
 #: What the auditor tells a user to do when ``main`` no longer holds the snapshot audited up to.
 RESET_HINT = (
@@ -99,6 +106,7 @@ class IcebergAuditFollower(FollowLoop[AuditOutputs]):
         self._base: SnapshotInfo | None = None  # the snapshot audited up to
         self._base_version = -1
         self._seen: tuple[str, TableState, Ancestry] | None = None  # the last look's metadata
+        self._torn: tuple[str, float] | None = None  # a newest metadata file that did not parse, since when
         self._since = 0
         self._last_checkpoint = clock()
 
@@ -123,11 +131,34 @@ class IcebergAuditFollower(FollowLoop[AuditOutputs]):
         return self.progress
 
     def _look(self) -> tuple[str, TableState, Ancestry]:
+        """The newest metadata: its location (one request), parsed only when it changed.
+
+        A newest file that does not parse yet while an older one was read is taken as still being
+        written (see :data:`TORN_SECONDS`): the older one stands until it parses, or until that time
+        is up and the error is raised.
+        """
         where = self.feed.iceberg.metadata_location()
-        if self._seen is None or self._seen[0] != where:
+        if self._seen is not None and self._seen[0] == where:
+            return self._seen
+        try:
             state, ancestry, _ = self.feed.current(where)
-            self._seen = (where, state, ancestry)
+        except InvalidLogError:
+            if self._seen is None or not self._being_written(where):
+                raise
+            return self._seen
+        self._torn = None
+        self._seen = (where, state, ancestry)
         return self._seen
+
+    def _being_written(self, where: str) -> bool:
+        """Whether ``where``, which does not parse, was first seen so less than :data:`TORN_SECONDS` ago."""
+        now = self._clock()
+        if self._torn is None or self._torn[0] != where:
+            self._torn = (where, now)
+        if now - self._torn[1] >= TORN_SECONDS:
+            return False
+        log.info("%s: the newest metadata file %s does not parse yet; looking again", self.table, where)
+        return True
 
     # -- start ---------------------------------------------------------------------------------
 

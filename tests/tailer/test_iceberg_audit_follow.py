@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +35,13 @@ from pyiceberg.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import strike
 
-from state.errors import StateError, VersionGapError
+from state.errors import InvalidLogError, StateError, VersionGapError
 from tailer.audit.log import JsonlAuditLog, read_audit_log
 from tailer.cli.main import main
 from tailer.follow.audit import AuditFollowConfig
 from tailer.follow.state_store import StateStore
 from tailer.formats.registry import open_table
-from tailer.iceberg.audit_follow import IcebergAuditFollower
+from tailer.iceberg.audit_follow import TORN_SECONDS, IcebergAuditFollower
 
 DELTATAIL = [sys.executable, "-m", "tailer.cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -289,3 +290,29 @@ def test_start_at_latest_audits_only_new_snapshots(tmp_path: Path, capsys: pytes
     events = [e.to_json() for e in read_audit_log(str(log))]
     assert [(e["version"], e["operation"]) for e in events] == [(3, "append"), (4, "delete")]
     assert events[1]["counts"]["rows_deleted"] == 1 and events[1]["counts"]["table_rows_after"] == 2
+
+
+def test_a_newest_metadata_file_being_written_is_looked_at_again_then_refused(tmp_path: Path) -> None:
+    t = create(tmp_path / "cat")
+    state, log = tmp_path / "state", tmp_path / "a.jsonl"
+    now = [0.0]
+    ref = open_table(table_dir(t))
+    config = AuditFollowConfig(table=table_dir(t), state_dir=str(state), until_caught_up=True, watch=False)
+    loop = ref.format.audit_follower(ref, config, [JsonlAuditLog(str(log))], None)
+    assert isinstance(loop, IcebergAuditFollower)
+    loop._clock = lambda: now[0]
+    loop.open()
+    try:
+        assert loop.step() == 1
+        torn = Path(table_dir(t)) / "metadata" / f"99999-{uuid.uuid4()}.metadata.json"
+        torn.write_bytes(b"")  # a writer has created the file and not written it yet
+        assert loop.step() == 0  # the older metadata stands
+        now[0] = TORN_SECONDS - 0.5
+        assert loop.step() == 0
+        now[0] = TORN_SECONDS
+        with pytest.raises(InvalidLogError, match="does not parse") as e:
+            loop.step()
+        assert e.value.file is not None and e.value.file.endswith(torn.name)
+    finally:
+        loop.close()
+    assert [ev.version for ev in read_audit_log(str(log))] == [1]
