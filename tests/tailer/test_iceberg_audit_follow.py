@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,16 @@ def follow_args(state: Path, *extra: str) -> list[str]:
     return ["--follow", "--state-dir", str(state), "--poll-interval", "0.05", *extra]
 
 
+def log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def grown(path: Path) -> Callable[[], bool]:
+    """Whether ``path`` has grown since now (a run's progress: it wrote an event)."""
+    size = log_size(path)
+    return lambda: log_size(path) != size
+
+
 def deleted_steps(last: int) -> list[int]:
     return [i for i in range(1, last + 1) if i % 4 == 3]
 
@@ -161,7 +172,7 @@ def test_follow_a_writer_in_another_process_then_resume(tmp_path: Path) -> None:
     assert [e["counts"]["rows_deleted"] for e in events[1:] if e["operation"] == "delete"] == [1] * 4
     assert {e["actor"]["engine_info"] for e in events[1:] if e["operation"] == "append"} == {"writer 1.0"}
     changed = {e["version"]: e["property_changes"] for e in events if e["property_changes"]}
-    assert changed == {6: [{"key": "owner", "old": None, "new": "ops"}]}  # step 5 is snapshot 6
+    assert changed == {6: [{"key": "owner", "old": None, "new": "ops", "change": "added"}]}  # step 5 is snapshot 6
     spec = {e["version"]: e["metadata_changes"] for e in events if e["metadata_changes"]}
     assert list(spec) == [10] and "grp=identity(field 3)" in spec[10][0]["new"]
     raised = [json.loads(line) for line in alerts.read_text().splitlines()]
@@ -184,9 +195,9 @@ def test_killed_at_every_point_and_restarted(tmp_path: Path) -> None:
     step = 9
     for spec in ["after_write:3", "after_flush:1", "after_save:2", "after_write:1", "kill:0.5", "after_flush:2"]:
         env = {"DELTATAIL_CRASH_AT": spec} if spec.startswith("after_") else {}
-        size = log.stat().st_size if log.exists() else 0
+        grew = grown(log)
         proc = audit(table, *args, env=env)
-        strike(proc, spec, rng, lambda s=size: (log.stat().st_size if log.exists() else 0) != s, wait=WAIT, tick=0.01)
+        strike(proc, spec, rng, grew, wait=WAIT, tick=0.01)
         code, err = finish(proc)
         assert code in (0, -signal.SIGKILL) and "Traceback" not in err, err
         codes.append((spec, code))
@@ -256,7 +267,7 @@ def test_recreated_table_expired_snapshots_and_a_tailers_state(tmp_path: Path) -
     # expired: snapshots after the position are gone from main's history
     t.append(rows([2]))
     t.append(rows([3]))
-    with t.maintenance.expire_snapshots() as ex:  # type: ignore[attr-defined]
+    with t.maintenance.expire_snapshots() as ex:
         for s in t.refresh().metadata.snapshots[:-1]:
             ex.by_id(s.snapshot_id)
     with pytest.raises(VersionGapError, match="audited up to, and the snapshots after it are gone") as gap:
