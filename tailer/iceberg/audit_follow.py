@@ -266,7 +266,7 @@ class IcebergAuditFollower(FollowLoop[AuditOutputs]):
             first = 0 if index is None else index + 1
         else:
             first = ancestry.index_of_version(self._cursor.version)
-        found = list(ancestry.versions[first:])
+        found = [v for v in ancestry.versions[first:] if v >= self._cursor.version]  # a start past the newest
         return found if limit is None else found[:limit]
 
     def _deliver_versions(self, versions: list[int]) -> None:

@@ -301,6 +301,13 @@ def test_start_at_latest_audits_only_new_snapshots(tmp_path: Path, capsys: pytes
     events = [e.to_json() for e in read_audit_log(str(log))]
     assert [(e["version"], e["operation"]) for e in events] == [(3, "append"), (4, "delete")]
     assert events[1]["counts"]["rows_deleted"] == 1 and events[1]["counts"]["table_rows_after"] == 2
+    # a start past the newest version: the snapshots before it are not audited
+    later = ["audit", table_dir(t), "--follow", "--state-dir", str(tmp_path / "s2"), "--until-caught-up"]
+    assert main([*later, "--no-watch", "--starting-version", "6", "--output", str(tmp_path / "b.jsonl")]) == 0
+    t.append(rows([5]))  # version 5
+    t.append(rows([6]))  # version 6
+    assert main([*later, "--no-watch", "--output", str(tmp_path / "b.jsonl")]) == 0
+    assert [e.version for e in read_audit_log(str(tmp_path / "b.jsonl"))] == [6]
 
 
 def test_a_newest_metadata_file_being_written_is_looked_at_again_then_refused(tmp_path: Path) -> None:
