@@ -193,7 +193,8 @@ def test_default_start_is_an_initial_snapshot_then_new_snapshots(tmp_path: Path)
     t.append(rows([3]))
     reader = stream_reader(table_dir(t))
     start = reader.initialOffset()
-    assert start == {"tableId": start["tableId"], "version": 2, "index": 0, "snapshot": True}
+    head = t.refresh().metadata.current_snapshot_id  # the snapshot the offset reads: named in it
+    assert start == {"tableId": start["tableId"], "version": 2, "index": 0, "snapshot": True, "baseSnapshotId": head}
     first = run_batches(reader, start, reader.getDefaultReadLimit())
     assert Counter((r["id"], r["_change_type"]) for r in concat(first, reader).to_pylist()) == Counter(
         [(1, "insert"), (2, "insert"), (3, "insert")]
