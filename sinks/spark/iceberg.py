@@ -15,8 +15,11 @@ The same offsets and options as on a Delta table (:mod:`sinks.spark.source`), wi
   with the feed's rows (:meth:`~tailer.iceberg.feed.IcebergFeed.plan_table`): one partition per
   snapshot.
 
-Offsets carry versions, not snapshot ids: a rollback made while a query is stopped is not noticed
-when it restarts (it reads on from the snapshot of ``main`` before the saved version).
+Offsets carry versions and the id of the snapshot they read on from (``baseSnapshotId``,
+:mod:`sinks.spark.offsets`): a query restarted after ``main`` was rolled back or reset while it was
+stopped finds that snapshot no longer where ``main`` has the offset's version, and stops with a
+``StateError`` naming the snapshot (never reading on from another snapshot, which would skip or
+repeat rows). Offsets written without the id (by an older deltatail) are not checked.
 
 Rows carry ``_change_type``, ``_commit_version``, ``_commit_timestamp`` and ``_snapshot_id``. A
 snapshot needing expired snapshots is a ``VersionGapError`` (``failOnDataLoss=false`` is refused:
@@ -106,6 +109,15 @@ def snapshot_at(ancestry: Ancestry, version: int, table: str) -> tuple[int, Snap
             version=version,
         )
     return index, ancestry.snapshots[index]
+
+
+def _base_of(ancestry: Ancestry, version: int, snapshot: bool) -> int | None:
+    """The id of the snapshot of ``main`` an offset at ``version`` reads on from (``None``: none before it).
+
+    That is the snapshot of ``version`` itself for an initial snapshot's offset, else the last one before it.
+    """
+    index = ancestry.index_of_version(version + 1 if snapshot else version)
+    return ancestry.snapshots[index - 1].snapshot_id if index else None
 
 
 def plan_schema(feed: IcebergFeed, plan: IcebergPlan) -> pa.Schema:
@@ -292,7 +304,8 @@ class IcebergStreamPlanner(PlanCache[IcebergPlan]):
             version = latest if snapshot_first else (ancestry.versions[0] if ancestry.versions else 1)
         if not ancestry.versions:
             version, snapshot_first = 1, False
-        start = Offset(self.table_id, version, 0, snapshot_first and version <= latest)
+        snapshot = snapshot_first and version <= latest
+        start = Offset(self.table_id, version, 0, snapshot, _base_of(ancestry, version, snapshot))
         self.build(start)
         return start
 
@@ -301,6 +314,7 @@ class IcebergStreamPlanner(PlanCache[IcebergPlan]):
     def _rebuild(self, start: Offset) -> None:
         self._built = False
         _, state, ancestry = self._look()
+        self._check_base(start, ancestry)
         if start.snapshot:
             index, snap = snapshot_at(ancestry, start.version, self.table)
             plan = self.feed.plan_initial(state, ancestry, index)
@@ -313,6 +327,37 @@ class IcebergStreamPlanner(PlanCache[IcebergPlan]):
             self._head_version = ancestry.versions[index - 1] if index else start.version - 1
         self.jump = (start.position, start)
         self._built = True
+
+    def check_end(self, end: Offset) -> None:
+        """Check that ``main`` still holds the snapshot a micro-batch ending at ``end`` read up to.
+
+        Raises:
+            StateError: if ``main`` holds another snapshot there, or none (rolled back or reset).
+        """
+        self._check_base(end, self._look()[2])
+
+    def _check_base(self, start: Offset, ancestry: Ancestry) -> None:
+        """Check that ``main`` still holds the snapshot ``start`` reads on from (when the offset names it).
+
+        Where ``main`` holds no snapshot before the offset's version because older ones were expired, the
+        plan of that version says so (``VersionGapError``).
+
+        Raises:
+            StateError: if ``main`` holds another snapshot there, or none (rolled back or reset).
+        """
+        found = _base_of(ancestry, start.version, start.snapshot)
+        if start.base_snapshot is None or start.base_snapshot == found:
+            return
+        if found is None and not ancestry.complete:
+            return
+        now = "no snapshot" if found is None else f"snapshot {found}"
+        raise StateError(
+            f"the stream's offset reads on from snapshot {start.base_snapshot} (version {start.base_version}), but "
+            f"the main branch now has {now} there: it was rolled back or reset after that snapshot was read, and "
+            "reading on would skip or repeat rows; " + RESTART_HINT + " (startingVersion to choose where it starts)",
+            table=self.table,
+            version=start.base_version,
+        )
 
     # -- planning ------------------------------------------------------------------------------
 

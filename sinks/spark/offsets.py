@@ -1,12 +1,18 @@
 """Stream offsets: the next file task to read, as Spark stores them in its offset log.
 
-The same for both formats: a Delta plan's tasks are file tasks, a Lance plan's are row tasks
-(:class:`~state.lance.planning.RowTask`: rows of one fragment).
+The same for every format: a Delta plan's tasks are file tasks, a Lance plan's are row tasks
+(:class:`~state.lance.planning.RowTask`: rows of one fragment), an Iceberg plan's row tasks.
+
+An Iceberg offset also names the snapshot it reads on from (``baseSnapshotId``: the snapshot of
+:attr:`Offset.base_version`), since a version (a sequence number, or an ordinal on a format v1
+table) does not say which snapshot it was once ``main`` was rolled back or reset: a restarted query
+checks that this snapshot is still the one ``main`` holds there (:mod:`sinks.spark.iceberg`).
+Offsets of Delta tables and Lance datasets, and Iceberg offsets written before it was kept, have none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from state.errors import StateError
@@ -28,6 +34,8 @@ class Offset:
     version: int
     index: int
     snapshot: bool = False
+    #: The id of the Iceberg snapshot the offset reads on from (``None``: not an Iceberg offset, or not known).
+    base_snapshot: int | None = field(default=None, compare=False)
 
     @property
     def base_version(self) -> int:
@@ -45,8 +53,16 @@ class Offset:
         return (*self.key, self.index)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object Spark stores in its offset log."""
-        return {"tableId": self.table_id, "version": self.version, "index": self.index, "snapshot": self.snapshot}
+        """The JSON object Spark stores in its offset log (``baseSnapshotId`` only when known)."""
+        out: dict[str, Any] = {
+            "tableId": self.table_id,
+            "version": self.version,
+            "index": self.index,
+            "snapshot": self.snapshot,
+        }
+        if self.base_snapshot is not None:
+            out["baseSnapshotId"] = self.base_snapshot
+        return out
 
     @staticmethod
     def from_json(raw: Any) -> Offset:
@@ -60,9 +76,11 @@ class Offset:
         except (KeyError, TypeError) as e:
             raise StateError(f"invalid deltatail offset {raw!r}: missing {e}") from e
         ints = type(version) is int and type(index) is int and version >= 0 and index >= 0
-        if not (isinstance(table_id, str) and ints and isinstance(snap, bool)):
+        base = raw.get("baseSnapshotId")
+        base_ok = base is None or (type(base) is int and -(2**63) <= base < 2**63)
+        if not (isinstance(table_id, str) and ints and isinstance(snap, bool) and base_ok):
             raise StateError(f"invalid deltatail offset {raw!r}")
-        return Offset(table_id, version, index, snap)
+        return Offset(table_id, version, index, snap, base)
 
 
 def plan_version(plan: AnyPlan) -> int:
@@ -81,5 +99,6 @@ def plan_key(plan: AnyPlan) -> Key:
 
 
 def after(plan: AnyPlan, table_id: str) -> Offset:
-    """The offset just after every task of ``plan``."""
-    return Offset(table_id, plan_version(plan) + 1, 0, False)
+    """The offset just after every task of ``plan`` (reading on from an Iceberg plan's snapshot)."""
+    base = plan.snapshot.snapshot_id if isinstance(plan, IcebergPlan) else None
+    return Offset(table_id, plan_version(plan) + 1, 0, False, base)

@@ -113,6 +113,13 @@ class PlanCache(ABC, Generic[P]):
         if not self._covers(start):
             self.build(start)
 
+    def check_end(self, end: Offset) -> None:
+        """Check that the table still holds what a micro-batch ending at ``end`` read (Spark replays batches).
+
+        Nothing to check by default: a Delta or Lance version never changes. An Iceberg planner checks the
+        snapshot the offset names (:meth:`sinks.spark.iceberg.IcebergStreamPlanner.check_end`).
+        """
+
     def build(self, start: Offset) -> None:
         """Build the state for ``start`` from the table, dropping every cached plan and a sticky failure."""
         log.info("%s: building the stream's state for offset %s", self.options.path, start.to_json())

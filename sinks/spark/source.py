@@ -220,11 +220,13 @@ class DeltaTailStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         """One partition per file task between the offsets (per commit under ``netChanges``).
 
         Raises:
-            StateError: if an offset is not a deltatail offset or belongs to a recreated table.
+            StateError: if an offset is not a deltatail offset or belongs to a recreated table, or an
+                Iceberg table's ``main`` no longer holds the snapshot ``end`` names (a rollback).
         """
         first, last = Offset.from_json(start), Offset.from_json(end)
         if last.position <= first.position:
             return []
+        self.planner.check_end(last)  # a batch replayed after a restart reads what it read before, or fails
         stop = (last.version, last.key[1] + (1 if last.index else 0))
         out: list[InputPartition] = []
         for plan in self.planner.plans_from(first, stop):

@@ -191,9 +191,6 @@ class AuditTracker:
 class AuditSource(Protocol):
     """What ``deltatail audit`` asks of a table format's audit events (:class:`AuditFeed` for Delta)."""
 
-    #: Whether ``audit --follow`` reads the format (a follower of its own).
-    follows: bool
-
     def latest_version(self) -> int:
         """The table's newest version."""
         ...
@@ -236,9 +233,6 @@ class AuditFeed:
         self.log: DeltaLog = self._changes.log
         self.storage = self.log.storage
         self.table = self.log.table
-
-    #: ``audit --follow`` reads Delta tables (:class:`~tailer.follow.audit.AuditFollower`).
-    follows = True
 
     def latest_version(self) -> int:
         """The log's latest version."""

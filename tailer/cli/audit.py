@@ -6,7 +6,8 @@ standard output, as a table on a terminal and as JSON lines otherwise (``--forma
 ``--output FILE.jsonl|FILE.parquet`` writes the audit log instead, ``--html FILE`` the report
 (:mod:`tailer.audit.report`); ``--alert-output FILE.jsonl`` appends the alerts raised.
 
-Follow (``--follow --state-dir DIR``): :class:`~tailer.follow.audit.AuditFollower` goes on as
+Follow (``--follow --state-dir DIR``): the format's audit loop (:class:`~tailer.follow.audit.AuditFollower`,
+:class:`~tailer.iceberg.audit_follow.IcebergAuditFollower`) goes on as
 commits land and restarts where it stopped; ``--output`` appends to the audit log exactly once
 (a ``.parquet`` log is then a directory of part files, see :mod:`tailer.audit.log`), and alerts
 also go to the webhooks of ``[audit.webhook]``.
@@ -41,7 +42,7 @@ from tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_
 from tailer.audit.report import require_report_extra, write_report
 from tailer.cli.process import stop_on_signals
 from tailer.cli.settings import STORAGE, audit_config, external_root_option, flag_type, merge
-from tailer.follow.audit import AuditFollowConfig, AuditFollower
+from tailer.follow.audit import AuditFollowConfig
 from tailer.formats.registry import open_table
 from tailer.parse import parse_timestamp_ms
 from tailer.table import TableRef
@@ -413,8 +414,6 @@ def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSett
         raise ConfigError("--html writes the report of a range; it cannot be used with --follow")
     storage_options = settings.get(STORAGE, {})
     table = _open(args, settings)
-    if not table.format.audit_feed(table).follows:  # refuses a format without audit events
-        raise ConfigError(f"audit --follow reads Delta tables, not {table.format.noun}s", table=table.uri)
     starting = settings.get("starting_version")
     if starting == "latest":  # only the commits after the latest now
         starting = table.format.start_of(table, starting)
@@ -449,7 +448,7 @@ def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSett
         outputs.append(watch)
     notifier = AlertNotifier.from_settings(audit) if audit.rules else None  # its webhooks start here
     try:
-        follower = AuditFollower(config, outputs, notifier, storage=table.storage)
+        follower = table.format.audit_follower(table, config, outputs, notifier)
     except BaseException:
         if notifier is not None:
             notifier.close(0)

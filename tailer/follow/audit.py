@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from state.alerts import Alert, Evaluation
 from state.audit import AuditEvent
@@ -103,23 +104,56 @@ class AuditProgress(Progress):
     alerts: int = 0
 
 
-class _Outputs:
+class AuditLoop(Protocol):
+    """What ``deltatail audit --follow`` runs: :class:`AuditFollower`, or a format's own (an Iceberg table's)."""
+
+    def run(self) -> AuditProgress:
+        """Audit until caught up (``until_caught_up``), stopped, or an error."""
+        ...
+
+    def stop(self) -> None:
+        """Ask it to finish the version in hand, checkpoint and return (thread- and signal-safe)."""
+        ...
+
+
+def mark_audit_state(state_dir: str, saved: SavedState | None) -> None:
+    """Refuse a tailer's state directory (one with a cursor but no ``KIND`` of ``audit``); mark a new one.
+
+    Raises:
+        StateError: if the state directory holds a ``deltatail run`` tailer's cursor.
+    """
+    kind_file = Path(state_dir) / KIND_FILE
+    kind = kind_file.read_text().strip() if kind_file.is_file() else None
+    if saved is not None and kind != KIND:
+        raise StateError(
+            "this state directory belongs to a `deltatail run` tailer, not to an auditor; "
+            "give `deltatail audit --follow` its own --state-dir",
+            file=state_dir,
+        )
+    if saved is None:
+        atomic_write(kind_file, KIND.encode())
+
+
+class AuditOutputs:
     """Every output as one: what the loop delivers to and the checkpointer flushes."""
 
     def __init__(self, outputs: Sequence[AuditOutput]) -> None:
         self.outputs = tuple(outputs)
 
     def open(self, table_id: str, cursor: Position) -> None:
+        """Open every output for ``table_id`` (each says which versions it already holds, up to ``cursor``)."""
         for out in self.outputs:
             held = out.open(table_id)
             if held is not None and held >= cursor.version:  # a stop between its flush and the cursor
                 log.info("%s already holds events up to version %d; they are not written again", out.path, held)
 
     def write(self, event: AuditEvent, alerts: Sequence[Alert]) -> None:
+        """Write ``event`` and its alerts to every output (each skips what it already holds)."""
         for out in self.outputs:
             out.write(event, alerts)
 
     def flush(self) -> None:
+        """Make what every output was given durable."""
         for out in self.outputs:
             out.flush()
 
@@ -127,11 +161,12 @@ class _Outputs:
         """Audit outputs have no heartbeat: a quiet table writes no event."""
 
     def close(self) -> None:
+        """Close every output."""
         for out in self.outputs:
             out.close()
 
 
-class AuditFollower(FollowLoop[_Outputs]):
+class AuditFollower(FollowLoop[AuditOutputs]):
     """Follows one table's audit events into outputs. Not reusable: construct one per run.
 
     A :class:`~tailer.follow.loop.FollowLoop` whose output is audit events: the same life cycle,
@@ -165,7 +200,7 @@ class AuditFollower(FollowLoop[_Outputs]):
             storage = table_storage(config.table, config.storage_options)
         self.log = DeltaLog(config.table, storage)
         super().__init__(
-            config, _Outputs(outputs), self.log.table, store=None, watcher=watcher, clock=clock, status_file=False
+            config, AuditOutputs(outputs), self.log.table, store=None, watcher=watcher, clock=clock, status_file=False
         )
         self.outputs = self.sink
         self.notifier = notifier
@@ -201,19 +236,12 @@ class AuditFollower(FollowLoop[_Outputs]):
     def _start(self) -> None:
         self._open = True  # the outputs are closed on the way out, whatever fails from here
         c = self.config
-        kind_file = Path(c.state_dir) / KIND_FILE
         saved = self.store.load()
-        kind = kind_file.read_text().strip() if kind_file.is_file() else None
-        if saved is not None and kind != KIND:
-            raise StateError(
-                "this state directory belongs to a `deltatail run` tailer, not to an auditor; "
-                "give `deltatail audit --follow` its own --state-dir",
-                file=c.state_dir,
-            )
+        mark_audit_state(c.state_dir, saved)
         if saved is not None:
             snap, prev, cursor, owner = self._resume_saved(saved)
         else:
-            snap, prev, cursor, owner = self._start_new(kind_file)
+            snap, prev, cursor, owner = self._start_new()
         self._table_id, self._snap, self._prev_ts, self._cursor = owner, snap, prev, cursor
         self._follower = self._new_follower(snap, prev, owner, self._tracker(snap))
         if c.counted:
@@ -249,13 +277,12 @@ class AuditFollower(FollowLoop[_Outputs]):
         log.info("resuming the audit of %s at version %d", self.log.table, saved.cursor.version)
         return snap, saved.previous_timestamp_ms, saved.cursor, saved.table_id
 
-    def _start_new(self, kind_file: Path) -> tuple[Snapshot, int | None, Position, str]:
-        """The snapshot before the first version, its commit time, the cursor and the table id; marks the directory."""
+    def _start_new(self) -> tuple[Snapshot, int | None, Position, str]:
+        """The snapshot before the first version, its commit time, the cursor and the table id."""
         start = self._first_version()
         snap = self.log.snapshot(start - 1) if start > 0 else Snapshot.empty(self.log.table)
         prev = snapshot_time(self.log, snap) if start > 0 else None
         owner = table_id(self.log, snap)
-        atomic_write(kind_file, KIND.encode())
         log.info("auditing %s from version %d", self.log.table, start)
         return snap, prev, Position.change(start, 0), owner
 

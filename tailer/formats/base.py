@@ -16,7 +16,7 @@ storage once and detects the format) and then ask ``table.format`` for what they
 - :meth:`TableFormat.refused`: the settings it does not support (the front end raises a
   ``ConfigError`` in its own words: ``--net-changes``, ``net_changes``, ``netChanges``);
 - :meth:`TableFormat.audit_feed`: ``deltatail audit``'s events, or a ``ConfigError`` for a format
-  without them.
+  without them; :meth:`TableFormat.audit_follower`: ``deltatail audit --follow``'s loop.
 
 How a format registers (adding a format = one sub-package + one registry entry):
 
@@ -51,7 +51,10 @@ import pyarrow as pa
 
 from state.errors import ConfigError
 from state.feed import ChangeBatch, TableInfo
+from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditSource
+from tailer.audit.log import AuditOutput
+from tailer.follow.audit import AuditFollowConfig, AuditLoop
 from tailer.follow.change_loop import ChangeLoop
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig
@@ -231,6 +234,20 @@ class TableFormat(Protocol):
 
     def audit_feed(self, table: TableRef) -> AuditSource:
         """The table's audit events (``deltatail audit``).
+
+        Raises:
+            ConfigError: if the format has no audit events.
+        """
+        ...
+
+    def audit_follower(
+        self,
+        table: TableRef,
+        config: AuditFollowConfig,
+        outputs: Sequence[AuditOutput],
+        notifier: AlertNotifier | None,
+    ) -> AuditLoop:
+        """The loop of ``deltatail audit --follow``: events of new versions into ``outputs`` (nothing read yet).
 
         Raises:
             ConfigError: if the format has no audit events.

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from state.feed import TableInfo, change_schema
+from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditFeed, AuditSource
+from tailer.audit.log import AuditOutput
+from tailer.follow.audit import AuditFollowConfig, AuditFollower
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
 from tailer.formats.base import ChangeRequest, ChangeRun, starting_version
@@ -123,6 +126,16 @@ class DeltaFormat:
     def audit_feed(self, table: TableRef) -> AuditSource:
         """The :class:`~tailer.audit.feed.AuditFeed` of the table's log."""
         return AuditFeed(table.uri, table.storage, external_roots=table.external_roots)
+
+    def audit_follower(
+        self,
+        table: TableRef,
+        config: AuditFollowConfig,
+        outputs: Sequence[AuditOutput],
+        notifier: AlertNotifier | None,
+    ) -> AuditFollower:
+        """An :class:`~tailer.follow.audit.AuditFollower` of the table's log."""
+        return AuditFollower(config, outputs, notifier, storage=table.storage)
 
 
 #: The Delta format (the registry's fallback entry).

@@ -20,11 +20,15 @@ from typing import Any
 
 from state.errors import ConfigError, MissingFileError, VersionNotFoundError
 from state.feed import TableInfo
+from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditSource
+from tailer.audit.log import AuditOutput
+from tailer.follow.audit import AuditFollowConfig
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
 from tailer.formats.base import DATA_LOSS, MAX_BYTES, ChangeRequest, ChangeRun
 from tailer.iceberg.audit import IcebergAuditFeed
+from tailer.iceberg.audit_follow import IcebergAuditFollower
 from tailer.iceberg.catalog import catalog_pointer, parse_catalog_name
 from tailer.iceberg.feed import IcebergFeed, IcebergOptions
 from tailer.iceberg.follow import IcebergTailer, iceberg_table_id
@@ -267,6 +271,17 @@ class IcebergFormat:
     def audit_feed(self, table: TableRef) -> AuditSource:
         """An :class:`~tailer.iceberg.audit.IcebergAuditFeed`: one event per snapshot of ``main``."""
         return IcebergAuditFeed(open_feed(table, ChangeOptions(allow_non_additive=True)))
+
+    def audit_follower(
+        self,
+        table: TableRef,
+        config: AuditFollowConfig,
+        outputs: Sequence[AuditOutput],
+        notifier: AlertNotifier | None,
+    ) -> IcebergAuditFollower:
+        """An :class:`~tailer.iceberg.audit_follow.IcebergAuditFollower`: one event per new snapshot of ``main``."""
+        feed = open_feed(table, ChangeOptions(allow_non_additive=True, external_roots=config.external_roots))
+        return IcebergAuditFollower(config, outputs, feed=feed, notifier=notifier)
 
 
 #: The Iceberg format.

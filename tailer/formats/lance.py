@@ -17,7 +17,10 @@ from typing import Any
 from state.errors import ConfigError
 from state.feed import TableInfo
 from state.lance.manifest import Manifest
+from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditSource
+from tailer.audit.log import AuditOutput
+from tailer.follow.audit import AuditFollowConfig, AuditLoop
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
 from tailer.formats.base import DATA_LOSS, KEY, MAX_BYTES, NET_CHANGES, ChangeRequest, ChangeRun, starting_version
@@ -189,6 +192,20 @@ class LanceFormat:
         return FollowedLance(self._feed(table, options))
 
     def audit_feed(self, table: TableRef) -> AuditSource:
+        """Lance datasets have no audit events.
+
+        Raises:
+            ConfigError: always.
+        """
+        raise ConfigError("deltatail audit reads Delta tables' logs, not Lance datasets", table=table.uri)
+
+    def audit_follower(
+        self,
+        table: TableRef,
+        config: AuditFollowConfig,
+        outputs: Sequence[AuditOutput],
+        notifier: AlertNotifier | None,
+    ) -> AuditLoop:
         """Lance datasets have no audit events.
 
         Raises:

@@ -8,7 +8,7 @@ its newest entries are read, each once); an entry whose file is gone leaves the 
 snapshots it made current unknown (no property or spec change is reported for them).
 
 ``counted=True`` counts each snapshot's change rows (as ``deltatail changes`` reads them) instead of
-the summary's figures. Following (``audit --follow``) reads Delta tables only.
+the summary's figures. Following (``audit --follow``): :mod:`tailer.iceberg.audit_follow`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from state.audit import AuditEvent
 from state.errors import DeltaTailError, MissingFileError, VersionGapError
 from state.iceberg.ancestry import Ancestry
 from state.iceberg.audit import Column, Settings, SnapshotFacts, build_iceberg_event, schema_diff
-from state.iceberg.model import SnapshotInfo
+from state.iceberg.model import SnapshotInfo, TableState
 from state.schema_diff import SchemaDiff
 from tailer.iceberg.feed import IcebergFeed
 from tailer.iceberg.follow import iceberg_table_id
@@ -64,12 +64,11 @@ class IcebergAuditFeed:
         feed: the table's change feed (its metadata reader, and the rows ``counted`` counts).
     """
 
-    #: ``audit --follow`` does not read Iceberg tables.
-    follows = False
-
     def __init__(self, feed: IcebergFeed) -> None:
         self.feed = feed
         self.table = feed.table
+        self._settings: dict[str, tuple[int | None, Settings] | None] = {}
+        self._made: tuple[str, dict[int | None, Settings]] | None = None
 
     def latest_version(self) -> int:
         """The newest version of ``main`` (0 before the first snapshot)."""
@@ -101,29 +100,37 @@ class IcebergAuditFeed:
         first, last = self.feed.range_indexes(
             ancestry, starting_version, ending_version, starting_timestamp_ms=starting_timestamp_ms
         )
-        table_id = iceberg_table_id(state.table_uuid)
-        made_current = self._made_current(where)
         for index in range(first, last):
-            snap, version = ancestry.snapshots[index], ancestry.versions[index]
-            parent = ancestry.snapshots[index - 1] if index else None
-            is_first = index == 0 and ancestry.complete
-            facts = SnapshotFacts(
-                table=self.table,
-                table_id=table_id,
-                version=version,
-                parent=parent,
-                first=is_first,
-                schema_change=self._schema_change(parent, snap, where),
-                before=made_current.get(None if is_first else (parent.snapshot_id if parent else -1)),
-                after=made_current.get(snap.snapshot_id),
-            )
-            try:
-                event = build_iceberg_event(snap, facts)
-                if counted:
-                    event = event.with_counted(self._count(state, ancestry, index, where))
-            except DeltaTailError as e:
-                raise e.at(table=self.table, version=version) from None
-            yield event
+            yield self.event(state, ancestry, index, where, counted=counted)
+
+    def event(self, state: TableState, ancestry: Ancestry, index: int, where: str, *, counted: bool) -> AuditEvent:
+        """The event of the snapshot at ``index`` of ``ancestry``, as the metadata file at ``where`` tells it.
+
+        Raises:
+            InvalidLogError: if a summary count is not a number, or metadata does not parse.
+            MissingFileError, VersionGapError: with ``counted``, as :meth:`IcebergFeed.plan_table`.
+        """
+        snap, version = ancestry.snapshots[index], ancestry.versions[index]
+        parent = ancestry.snapshots[index - 1] if index else None
+        is_first = index == 0 and ancestry.complete
+        made_current = self._made_current(where)
+        facts = SnapshotFacts(
+            table=self.table,
+            table_id=iceberg_table_id(state.table_uuid),
+            version=version,
+            parent=parent,
+            first=is_first,
+            schema_change=self._schema_change(parent, snap, where),
+            before=made_current.get(None if is_first else (parent.snapshot_id if parent else -1)),
+            after=made_current.get(snap.snapshot_id),
+        )
+        try:
+            event = build_iceberg_event(snap, facts)
+            if counted:
+                event = event.with_counted(self._count(state, ancestry, index, where))
+        except DeltaTailError as e:
+            raise e.at(table=self.table, version=version) from None
+        return event
 
     def _schema_change(self, parent: SnapshotInfo | None, snap: SnapshotInfo, where: str) -> SchemaDiff | None:
         if parent is None or parent.schema_id == snap.schema_id:
@@ -143,15 +150,33 @@ class IcebergAuditFeed:
         return Counter(str(v) for v in rows.column("_change_type").to_pylist())
 
     def _made_current(self, where: str) -> dict[int | None, Settings]:
-        """The settings of the metadata file that first made each snapshot ``main``'s head (``None``: no head yet)."""
+        """The settings of the metadata file that first made each snapshot ``main``'s head (``None``: no head yet).
+
+        Kept per newest metadata file; each metadata file of the log is read once while it stays in the window.
+        """
+        if self._made is not None and self._made[0] == where:
+            return self._made[1]
         newest = self.feed.iceberg.document(where)
         entries = [e.metadata_file for e in newest.metadata_log][-MAX_METADATA_FILES:]
+        read: dict[str, tuple[int | None, Settings] | None] = {}
         out: dict[int | None, Settings] = {}
         for location in [*entries, where]:
+            found = self._read_settings(location, newest if location == where else None)
+            read[location] = found
+            if found is not None:
+                out.setdefault(found[0], found[1])
+        self._settings = read  # only the window's files are kept
+        self._made = (where, out)
+        return out
+
+    def _read_settings(self, location: str, md: Any) -> tuple[int | None, Settings] | None:
+        """``main``'s head and the settings of the metadata file at ``location`` (``None``: the file is gone)."""
+        if location in self._settings:
+            return self._settings[location]
+        if md is None:
             try:
-                md = newest if location == where else self.feed.iceberg.document(self.feed.iceberg.resolve(location))
+                md = self.feed.iceberg.document(self.feed.iceberg.resolve(location))
             except MissingFileError:
                 log.info("%s: metadata file %s is gone: the settings it made are unknown", self.table, location)
-                continue
-            out.setdefault(_head(md), settings(md))
-        return out
+                return None
+        return _head(md), settings(md)

@@ -193,7 +193,8 @@ def test_default_start_is_an_initial_snapshot_then_new_snapshots(tmp_path: Path)
     t.append(rows([3]))
     reader = stream_reader(table_dir(t))
     start = reader.initialOffset()
-    assert start == {"tableId": start["tableId"], "version": 2, "index": 0, "snapshot": True}
+    head = t.refresh().metadata.current_snapshot_id  # the snapshot the offset reads: named in it
+    assert start == {"tableId": start["tableId"], "version": 2, "index": 0, "snapshot": True, "baseSnapshotId": head}
     first = run_batches(reader, start, reader.getDefaultReadLimit())
     assert Counter((r["id"], r["_change_type"]) for r in concat(first, reader).to_pylist()) == Counter(
         [(1, "insert"), (2, "insert"), (3, "insert")]
@@ -371,3 +372,90 @@ def test_a_catalog_table_by_name(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", CATALOG_READ], cwd=root, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "3 [1, 1, 2]"  # insert 1, 2; delete 1
+
+
+# ---------------------------------------------------------------- a rollback while the query is stopped --
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_rollback_while_stopped_is_a_state_error_on_restart(tmp_path: Path, version: int) -> None:
+    """The saved offset names the snapshot it reads on from; a restarted driver finds another one there.
+
+    Format v2: after the rollback to snapshot 1 and one append, ``main`` is snapshot 1 then a snapshot of
+    sequence number 3 (the offset's version): without the check, the restart would read that snapshot
+    against snapshot 1 and never say that the rows of snapshot 2 it delivered are gone. Format v1
+    (versions are ordinals): the new snapshot takes ordinal 2, before the offset's version 3, and would
+    be skipped.
+    """
+    t = new_table(tmp_path, version=version)
+    t.append(rows([1]))
+    first_id = t.refresh().metadata.snapshots[0].snapshot_id
+    t.append(rows([2]))
+    reader = stream_reader(table_dir(t), startingVersion=1)
+    done = run_batches(reader, reader.initialOffset(), ReadMaxFiles(1000))
+    saved = done[-1][1]
+    second_id = t.refresh().metadata.snapshots[1].snapshot_id
+    assert saved == {
+        "tableId": saved["tableId"],
+        "version": 3,
+        "index": 0,
+        "snapshot": False,
+        "baseSnapshotId": second_id,
+    }
+    t.manage_snapshots().rollback_to_snapshot(first_id).commit()
+    t.refresh().append(rows([3]))
+    fresh = stream_reader(table_dir(t), startingVersion=1)  # the query restarted from its checkpoint
+    with pytest.raises(StateError, match=f"reads on from snapshot {second_id} \\(version 2\\)") as e:
+        fresh.latestOffset(saved, ReadMaxFiles(1000))
+    assert "rolled back or reset" in str(e.value) and "new checkpointLocation" in str(e.value)
+    assert e.value.table == table_dir(t) and e.value.version == 2
+    with pytest.raises(StateError, match=f"snapshot {second_id}"):
+        stream_reader(table_dir(t), startingVersion=1).partitions(done[-1][0], saved)  # a replayed batch too
+
+
+def test_offsets_without_a_snapshot_id_are_read_on_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    t = new_table(tmp_path)
+    t.append(rows([1]))
+    t.append(rows([2]))
+    reader = stream_reader(table_dir(t), startingVersion=1)
+    start = reader.initialOffset()
+    assert start == {"tableId": start["tableId"], "version": 1, "index": 0, "snapshot": False}  # nothing before it
+    old = {"tableId": start["tableId"], "version": 2, "index": 0, "snapshot": False}  # an older deltatail's offset
+    got = run_batches(stream_reader(table_dir(t), startingVersion=1), old, ReadMaxFiles(1000))
+    assert [r["id"] for b in got for r in b[2].to_pylist()] == [2]
+    with pytest.raises(StateError, match="invalid deltatail offset"):
+        reader.latestOffset({**old, "baseSnapshotId": "x"}, ReadMaxFiles(1000))
+
+
+@pytest.mark.slow
+def test_spark_restart_after_a_rollback_while_stopped_fails_naming_the_snapshot(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    t = new_table(tmp_path / "t")
+    t.append(rows([1]))
+    t.append(rows([2]))
+    first_id, second_id = (s.snapshot_id for s in t.refresh().metadata.snapshots)
+    seen: list[pa.Table] = []
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        seen.append(df.toArrow())
+
+    def start() -> Any:
+        stream = spark.readStream.format("deltatail").option("startingVersion", 1)
+        return (
+            stream.load(f"iceberg://{table_dir(t)}")
+            .writeStream.foreachBatch(collect)
+            .trigger(availableNow=True)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .start()
+        )
+
+    assert start().awaitTermination(180)
+    assert sorted(r["id"] for b in seen for r in b.to_pylist()) == [1, 2]
+    t.manage_snapshots().rollback_to_snapshot(first_id).commit()
+    t.refresh().append(rows([3]))
+    query = start()
+    with pytest.raises(Exception, match=f"reads on from snapshot {second_id}") as e:
+        query.awaitTermination(180)
+    assert "rolled back or reset" in str(e.value)
+    assert sorted(r["id"] for b in seen for r in b.to_pylist()) == [1, 2]  # nothing read after the rollback

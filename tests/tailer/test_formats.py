@@ -128,6 +128,8 @@ def test_audit_refuses_a_format_without_audit_events(tmp_path: Path, capsys: pyt
     ds = lance_dataset(tmp_path / "l")
     assert main(["audit", str(ds)]) == 2
     assert "not Lance datasets" in capsys.readouterr().err
+    assert main(["audit", str(ds), "--follow", "--state-dir", str(tmp_path / "st")]) == 2
+    assert "not Lance datasets" in capsys.readouterr().err
 
 
 def test_an_unreachable_store_is_a_transient_error_only_when_the_format_must_be_looked_at() -> None:
