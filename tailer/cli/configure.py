@@ -6,6 +6,7 @@ from typing import TypedDict
 
 from state.errors import ConfigError
 from tailer.cli.model import (
+    DEFAULT_ON_SCHEMA_CHANGE,
     DEFAULT_SINK,
     FOLLOW_DEFAULTS,
     READ_DEFAULTS,
@@ -24,8 +25,6 @@ __all__ = ["DEFAULT_SINK", "READ_DEFAULTS", "RUN_DEFAULTS", "crosses_schema_chan
 
 #: The defaults of every setting, from the config types themselves.
 RUN_DEFAULTS = FOLLOW_DEFAULTS
-#: What ``run`` and ``serve`` do at a non-additive schema change when nothing is set.
-DEFAULT_ON_SCHEMA_CHANGE = "evolve"
 
 
 def crosses_schema_changes(s: TableSettings) -> bool:
@@ -40,7 +39,7 @@ def crosses_schema_changes(s: TableSettings) -> bool:
     """
     if s.allow_non_additive and s.on_schema_change == "stop":
         raise ConfigError('allow_non_additive contradicts on_schema_change = "stop"; give only on_schema_change')
-    return (s.on_schema_change or DEFAULT_ON_SCHEMA_CHANGE) == "evolve"
+    return s.on_schema_change == DEFAULT_ON_SCHEMA_CHANGE
 
 
 class FollowFields(TypedDict):

@@ -8,8 +8,9 @@ from and the range): :func:`run_settings`, :func:`changes_settings`, :func:`snap
 (its ``[service]``, ``[defaults]``, ``[[tables]]`` and ``[[discover]]``). Past that step no command
 reads a settings dictionary: each config (:class:`~tailer.follow.config.TailerConfig`,
 :class:`~tailer.follow.audit.AuditFollowConfig`, :class:`~tailer.serve.service.ServiceOptions`) is
-built from the model (:mod:`tailer.cli.configure`). The model's defaults are the config types' own,
-so that each default is written once; the options page shows them (``docs/gen_options.py``).
+built from the model (:mod:`tailer.cli.configure`, :mod:`tailer.cli.audit`). The model's defaults
+are the config types' own, so that each default is written once; the options page shows them
+(``docs/gen_options.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from state.errors import ConfigError
 from state.filters import ChangeFilter
 from tailer.audit.alerts import AuditSettings
 from tailer.cli.settings import audit_config, merge, names
-from tailer.follow.audit import AuditFollowConfig
 from tailer.follow.tailer import TailerConfig
 from tailer.parse import parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
@@ -36,7 +36,8 @@ DEFAULT_SINK = "jsonl:-"
 #: The defaults of the follow loop and of the change reader: the config types' own.
 FOLLOW_DEFAULTS = TailerConfig(table="", state_dir="")
 READ_DEFAULTS = ChangeOptions()
-AUDIT_DEFAULTS = AuditFollowConfig(table="", state_dir="")
+#: What ``run`` and ``serve`` do at a non-additive schema change when nothing is set.
+DEFAULT_ON_SCHEMA_CHANGE = "evolve"
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class TableSettings:
     until_caught_up: bool = FOLLOW_DEFAULTS.until_caught_up
     net_changes: bool = READ_DEFAULTS.net_changes
     key: str | None = None
-    on_schema_change: str | None = None
+    on_schema_change: str = DEFAULT_ON_SCHEMA_CHANGE
     allow_non_additive: bool = False
     columns: tuple[str, ...] | None = None
     where: str | None = None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -70,6 +72,19 @@ def test_models_are_frozen() -> None:
         RunSettings(table="t", state_dir="s").poll_interval = 2.0  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         DiscoverSettings(root="/r").max_depth = 1  # type: ignore[misc]
+
+
+def test_the_options_page_shows_each_settings_default_from_the_model() -> None:
+    spec = importlib.util.spec_from_file_location("gen_options", Path(__file__).parents[2] / "docs" / "gen_options.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = module.options_markdown()
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| `(\w+)` \| [^|]* \| ([^|]*) \|$", page, re.MULTILINE)}
+    assert rows["poll_interval"] == "`1`" and rows["snapshot_commits"] == "`1000`" and rows["sink"] == "`jsonl:-`"
+    assert rows["on_schema_change"] == "`evolve`" and rows["no_watch"] == "`false`" and rows["where"] == ""
+    assert rows["workers"] == "`2`" and rows["state_root"] == "required" and rows["listen"] == "`127.0.0.1:9108`"
+    assert rows["include"] == "`*`" and rows["max_depth"] == "`8`"
 
 
 # ---------------------------------------------------------------- run
