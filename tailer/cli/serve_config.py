@@ -10,14 +10,22 @@ range. The file's layout is told in :mod:`tailer.cli.serve`.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from state.errors import ConfigError
 from tailer.cli.model import ServeTableSettings
-from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, STORAGE, coerce, storage_table
+from tailer.cli.settings import (
+    DISCOVER_SETTINGS,
+    RUN_SETTINGS,
+    SERVICE_SETTINGS,
+    STORAGE,
+    at_line,
+    coerce,
+    read_toml,
+    storage_table,
+)
 from tailer.follow.tailer import table_name
 from tailer.formats.registry import format_names, split_prefix
 from tailer.serve.http import load_auth_token
@@ -93,18 +101,16 @@ def load_serve_config(path: str) -> ServeConfig:
     Raises:
         ConfigError: naming the file and the key or table at fault.
     """
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file: {e}", file=path) from e
+    data, lines = read_toml(path)
     unknown = set(data) - {"service", "defaults", STORAGE, "tables", "discover"}
     if unknown:
         raise ConfigError(
             f"unknown section {sorted(unknown)[0]!r} (known: service, defaults, storage, tables, discover)", file=path
         )
-    service = _service(_table(data, "service", path), path)
-    defaults = ServeTableSettings(**_settings(_table(data, "defaults", path), "[defaults]", path))
+    service = _service(_table(data, "service", path), path, lines.get(("service", 0), {}))
+    defaults = ServeTableSettings(
+        **_settings(_table(data, "defaults", path), "[defaults]", path, lines.get(("defaults", 0), {}))
+    )
     storage = storage_table(data.get(STORAGE, {}), "[storage]", path)
     if storage:
         defaults = replace(defaults, storage=storage)
@@ -117,25 +123,30 @@ def load_serve_config(path: str) -> ServeConfig:
         defaults=defaults,
         auth_token=load_auth_token(service.auth_token_file, service.auth_token_env, file=path),
     )
-    config.tables.extend(_tables(_array(data, "tables", path), defaults, path))
-    config.discover.extend(_discover(raw, i, path) for i, raw in enumerate(_array(data, "discover", path)))
+    config.tables.extend(_tables(_array(data, "tables", path), defaults, path, lines))
+    config.discover.extend(
+        _discover(raw, i, path, lines.get(("discover", i), {})) for i, raw in enumerate(_array(data, "discover", path))
+    )
     if not config.tables and not config.discover:
         raise ConfigError("the file names no tables ([[tables]]) and no discovery roots ([[discover]])", file=path)
     return config
 
 
-def _service(raw: Mapping[str, Any], path: str) -> ServiceSettings:
-    """The ``[service]`` table, each key checked against :data:`SERVICE_SETTINGS`."""
+def _service(raw: Mapping[str, Any], path: str, lines: Mapping[str, int]) -> ServiceSettings:
+    """The ``[service]`` table, each key checked against :data:`SERVICE_SETTINGS` (``lines``: where each key is)."""
     for key in raw:
         if key not in SERVICE_KEYS:
-            raise ConfigError(f"unknown key {key!r} in [service] (known: {', '.join(SERVICE_KEYS)})", file=path)
-    values = {k: _typed(k, v, "[service]", path) for k, v in raw.items()}
+            known = ", ".join(SERVICE_KEYS)
+            raise ConfigError(f"unknown key {key!r} in [service] (known: {known}){at_line(lines.get(key))}", file=path)
+    values = {k: _typed(k, v, "[service]", path, lines.get(k)) for k, v in raw.items()}
     if "state_root" not in values:
         raise ConfigError("[service] needs state_root (where each table's state lives)", file=path)
     return ServiceSettings(**values)
 
 
-def _tables(raw_tables: list[Any], defaults: ServeTableSettings, path: str) -> list[tuple[str, ServeTableSettings]]:
+def _tables(
+    raw_tables: list[Any], defaults: ServeTableSettings, path: str, lines: Mapping[tuple[str, int], Mapping[str, int]]
+) -> list[tuple[str, ServeTableSettings]]:
     """The ``[[tables]]`` entries by name, each the defaults with its own settings over them."""
     out: list[tuple[str, ServeTableSettings]] = []
     seen: dict[str, str] = {}
@@ -150,7 +161,7 @@ def _tables(raw_tables: list[Any], defaults: ServeTableSettings, path: str) -> l
         if fmt is not None and fmt not in format_names():
             raise ConfigError(f"{where}: format must be one of {', '.join(format_names())}, got {fmt!r}", file=path)
         own_storage = storage_table(raw.pop(STORAGE, {}), f"{where} storage", path)
-        settings = replace(defaults, **_settings(raw, where, path), path=table_path)
+        settings = replace(defaults, **_settings(raw, where, path, lines.get(("tables", i), {})), path=table_path)
         if fmt is not None:
             settings = replace(settings, format=fmt)
         if own_storage:
@@ -164,15 +175,16 @@ def _tables(raw_tables: list[Any], defaults: ServeTableSettings, path: str) -> l
     return out
 
 
-def _discover(raw: Any, i: int, path: str) -> DiscoverSettings:
+def _discover(raw: Any, i: int, path: str, lines: Mapping[str, int]) -> DiscoverSettings:
     """The ``[[discover]]`` entry ``raw`` (the ``i``-th), each key checked against :data:`DISCOVER_SETTINGS`."""
     where = f"[[discover]] #{i + 1}"
     if not isinstance(raw, dict) or not isinstance(raw.get("root"), str):
         raise ConfigError(f"{where} needs a root", file=path)
     for key in raw:
         if key not in DISCOVER_KEYS:
-            raise ConfigError(f"unknown key {key!r} in {where} (known: {', '.join(sorted(DISCOVER_KEYS))})", file=path)
-    return DiscoverSettings(**{k: _typed(k, v, where, path) for k, v in raw.items()})
+            known = ", ".join(sorted(DISCOVER_KEYS))
+            raise ConfigError(f"unknown key {key!r} in {where} (known: {known}){at_line(lines.get(key))}", file=path)
+    return DiscoverSettings(**{k: _typed(k, v, where, path, lines.get(k)) for k, v in raw.items()})
 
 
 def _table(data: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
@@ -189,22 +201,23 @@ def _array(data: Mapping[str, Any], key: str, path: str) -> list[Any]:
     return value
 
 
-def _typed(name: str, value: Any, where: str, path: str) -> Any:
+def _typed(name: str, value: Any, where: str, path: str, line: int | None) -> Any:
     """A ``[service]`` or ``[[discover]]`` setting in its type and bounds (:mod:`tailer.cli.settings`)."""
     try:
-        return coerce(name, value, where)
+        return coerce(name, value, where, line)
     except ConfigError as e:
         raise e.at(file=path) from None
 
 
-def _settings(raw: Mapping[str, Any], where: str, path: str) -> dict[str, Any]:
+def _settings(raw: Mapping[str, Any], where: str, path: str, lines: Mapping[str, int]) -> dict[str, Any]:
+    """A table's settings (``[defaults]``, a ``[[tables]]`` entry) in their types and bounds, by name."""
     out: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
         if name not in TABLE_SETTINGS:
-            raise ConfigError(f"unknown setting {key!r} in {where}", file=path)
+            raise ConfigError(f"unknown setting {key!r} in {where}{at_line(lines.get(key))}", file=path)
         try:
-            out[name] = coerce(name, value, where)
+            out[name] = coerce(name, value, where, lines.get(key))
         except ConfigError as e:
             raise e.at(file=path) from None
     return out

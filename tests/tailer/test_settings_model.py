@@ -41,7 +41,7 @@ from tailer.cli.serve_config import (
     ServiceSettings,
     load_serve_config,
 )
-from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS
+from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, key_lines
 from tailer.formats.registry import open_table
 from tailer.serve.service import ServiceOptions
 
@@ -351,3 +351,49 @@ def test_serve_unknown_keys_and_bounds_are_refused_naming_the_file_and_the_secti
     with pytest.raises(ConfigError) as info:
         load_serve_config(path)
     assert message in str(info.value) and info.value.file == path
+
+
+# ---------------------------------------------------------------- lines
+
+
+def test_key_lines_reads_tables_and_array_entries() -> None:
+    text = (
+        'sink = "jsonl:-"\n'  # 1
+        "[service]\n"  # 2
+        "workers = 2  # a comment\n"  # 3
+        "[[tables]]\n"  # 4
+        'path = "/a"\n'  # 5
+        "[tables.storage]\n"  # 6
+        'aws_region = "x"\n'  # 7
+        "[[tables]]\n"  # 8
+        '"poll-interval" = 1\n'  # 9
+    )
+    assert key_lines(text) == {
+        ("", 0): {"sink": 1},
+        ("service", 0): {"workers": 3},
+        ("tables", 0): {"path": 5},
+        ("tables.storage", 0): {"aws_region": 7},
+        ("tables", 1): {"poll-interval": 9},
+    }
+
+
+def test_a_bad_value_in_a_file_names_its_line(tmp_path: Path) -> None:
+    run = write(tmp_path / "run.toml", '# settings\n[run]\nstate_dir = "/s"\n\ncheckpoint-commits = 0\n')
+    with pytest.raises(ConfigError) as info:
+        run_settings(parse("run", "/t", "--config", run), env={})
+    assert info.value.message == f"invalid value for checkpoint_commits in {run}: must be at least 1, got 0 (line 5)"
+    typo = write(tmp_path / "typo.toml", 'state_dir = "/s"\npol_interval = 1\n')
+    with pytest.raises(ConfigError, match=r"unknown setting 'pol_interval' in config file \(line 2\)"):
+        run_settings(parse("run", "/t", "--config", typo), env={})
+    serve = write(
+        tmp_path / "serve.toml",
+        f'[service]\nstate_root = "{tmp_path}"\n[[tables]]\npath = "/a"\n[[tables]]\npath = "/b"\nworkers = 3\n'
+        '[[tables]]\npath = "/c"\nsnapshot_commits = -2\n',
+    )
+    with pytest.raises(ConfigError) as info:
+        load_serve_config(serve)
+    assert info.value.message == "unknown setting 'workers' in table 'b' (line 7)" and info.value.file == serve
+    fixed = write(tmp_path / "serve2.toml", Path(serve).read_text().replace("workers = 3\n", ""))
+    with pytest.raises(ConfigError) as info:
+        load_serve_config(fixed)
+    assert info.value.message == "invalid value for snapshot_commits in table 'c': must be at least 1, got -2 (line 9)"
