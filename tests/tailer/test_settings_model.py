@@ -195,6 +195,9 @@ def test_run_contradicting_settings_are_refused_when_the_config_is_built() -> No
     both = dataclasses.replace(s, starting_version=1)
     with pytest.raises(ConfigError, match="at most one of starting_version and starting_timestamp"):
         tailer_config("/t", s.state_dir, both)
+    s = run_settings(parse("run", "/t", "--state-dir", "/s", "--starting-timestamp", "yesterday"), env={})
+    with pytest.raises(ConfigError, match="starting_timestamp"):
+        tailer_config("/t", s.state_dir, s)
 
 
 # ---------------------------------------------------------------- changes and snapshot
