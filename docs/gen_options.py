@@ -1,7 +1,8 @@
 """The mkdocs hook that builds the generated pages of the docs site (``hooks:`` in ``mkdocs.yml``).
 
-``options.md`` is written at build time from the argument parser (``tailer.cli.main.build_parser``) and
-the settings tables (``tailer.cli.settings``), so the options reference cannot drift from ``--help``.
+``options.md`` is written at build time from the argument parser (``tailer.cli.main.build_parser``), the
+settings tables (``tailer.cli.settings``: types and bounds) and the settings model (``tailer.cli.model``,
+``tailer.cli.serve_config``: defaults), so the options reference cannot drift from ``--help`` or the code.
 ``index.md`` is the repository's ``README.md`` and ``benchmarks.md`` is ``benchmarks/README.md``, their
 links rewritten for the site, so the README stays the one copy of its text.
 """
@@ -9,6 +10,7 @@ links rewritten for the site, so the README stays the one copy of its text.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
 from tailer.cli.main import build_parser
+from tailer.cli.model import RunSettings
+from tailer.cli.serve_config import DiscoverSettings, ServiceSettings
 from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, Number
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,15 +72,37 @@ def _bounds(convert: Any) -> str:
     return doc.splitlines()[0].replace("``", "`").rstrip(".") if doc else ""
 
 
+def _defaults(model: type[Any]) -> dict[str, str]:
+    """Each setting's default as the settings model declares it (``required`` without one; blank for none)."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(model):
+        if f.default is dataclasses.MISSING:
+            out[f.name] = "required" if f.default_factory is dataclasses.MISSING else ""
+        elif f.default in (None, "", ()):
+            out[f.name] = ""
+        else:
+            out[f.name] = f"`{_shown(f.default)}`"
+    return out
+
+
+def _shown(value: object) -> str:
+    """A default as a user writes it: ``a, b``, ``false``, ``1``, ``0.5``."""
+    if isinstance(value, tuple):
+        return ", ".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def options_markdown() -> str:
     """The options reference page: every subcommand's arguments, then the TOML settings and their bounds."""
     parser = build_parser()
     out = [
         "# Options reference",
         "",
-        "Generated at build time from the argument parser (`tailer/cli/main.py`) and the settings tables",
-        "(`tailer/cli/settings.py`): it lists what `deltatail COMMAND --help` prints. What each feature",
-        "does with them is told on its own page.",
+        "Generated at build time from the argument parser (`tailer/cli/main.py`), the settings tables",
+        "(`tailer/cli/settings.py`) and the settings model (`tailer/cli/model.py`): it lists what",
+        "`deltatail COMMAND --help` prints. What each feature does with them is told on its own page.",
         "",
         "## `deltatail`",
         "",
@@ -89,13 +115,14 @@ def options_markdown() -> str:
         if sub.description:
             out += [_cell(sub.description), ""]
         out += ["| option | value | default | help |", "|---|---|---|---|", *_option_rows(sub)]
-    for title, table in (
-        ("`run` settings (flags, `DELTATAIL_*`, `--config` TOML, `serve` tables)", RUN_SETTINGS),
-        ("`[service]` settings of `deltatail serve`", SERVICE_SETTINGS),
-        ("`[[discover]]` settings of `deltatail serve`", DISCOVER_SETTINGS),
+    for title, table, model in (
+        ("`run` settings (flags, `DELTATAIL_*`, `--config` TOML, `serve` tables)", RUN_SETTINGS, RunSettings),
+        ("`[service]` settings of `deltatail serve`", SERVICE_SETTINGS, ServiceSettings),
+        ("`[[discover]]` settings of `deltatail serve`", DISCOVER_SETTINGS, DiscoverSettings),
     ):
-        out += ["", f"## {title}", "", "| setting | type and bounds |", "|---|---|"]
-        out += [f"| `{key}` | {_cell(_bounds(convert))} |" for key, convert in table.items()]
+        defaults = _defaults(model)
+        out += ["", f"## {title}", "", "| setting | type and bounds | default |", "|---|---|---|"]
+        out += [f"| `{key}` | {_cell(_bounds(convert))} | {defaults[key]} |" for key, convert in table.items()]
     return "\n".join(out) + "\n"
 
 

@@ -39,8 +39,8 @@ def test_compose_command_is_accepted_by_the_cli_and_its_config_loads() -> None:
     assert args.command == "serve"
     mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}  # container path -> host path
     config = load_serve_config(str(ROOT / mounts[args.config]))  # the file the container reads
-    assert config.state_root == "/state" and [d["root"] for d in config.discover] == ["/data/lake"]
-    sink = open_sink(config.defaults["sink"])  # parses the Kafka URI without connecting
+    assert config.state_root == "/state" and [d.root for d in config.discover] == ["/data/lake"]
+    sink = open_sink(config.defaults.sink)  # parses the Kafka URI without connecting
     assert type(sink).__name__ == "KafkaSink"
     host, _, port = str(config.listen).rpartition(":")
     assert host == "0.0.0.0" and f"{port}:{port}" in service["ports"]  # metrics reachable from outside

@@ -21,16 +21,24 @@ A table's storage is resolved in one place, where its handle is built (``storage
 :mod:`tailer.table` only), and a table format is a registry entry, not a branch: outside
 ``tailer/formats/`` no code compares a format setting with a format's name, asks ``is_lance``, or
 asks a storage's type (``type(s) is LocalStorage``: a storage says what it can do).
+
+Settings are parsed once, into one typed model per command (:mod:`tailer.cli.model`): outside the
+modules that parse them (:data:`SETTINGS_PARSERS`) no code of ``tailer/cli`` reads a setting from a
+dictionary (``s.get("poll_interval", default)``, ``settings["path"]``) or takes settings as
+``dict[str, Any]`` / ``Mapping[str, Any]``.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tailer.cli.settings import SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("state", "tailer", "sinks")
@@ -380,3 +388,54 @@ def test_the_storage_rule_itself() -> None:
 def test_the_layer_rule_itself(source: str, target: str, allowed: bool) -> None:
     # The checks above pass on a clean tree; this makes sure the rule they apply would catch a violation.
     assert (_layer_violation(source, target) is None) is allowed
+
+
+#: The modules that parse flags, environment and TOML into the settings model (and may read dictionaries).
+SETTINGS_PARSERS = frozenset({"tailer.cli.settings", "tailer.cli.model", "tailer.cli.serve_config"})
+#: Every setting's name, and the table keys parsed alongside them.
+SETTING_NAMES = frozenset(SETTINGS) | {"storage", "format", "path", "root"}
+_UNTYPED = re.compile(r"(dict|Mapping|MutableMapping)\[str, Any\]")
+
+
+def _untyped_settings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Settings read from a dictionary by name, and parameters typed as a dictionary of anything."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and first.value in SETTING_NAMES:
+                yield node.lineno, f".get({first.value!r}) of a setting"
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            if node.slice.value in SETTING_NAMES:
+                yield node.lineno, f"[{node.slice.value!r}] of a setting"
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            for param in params:
+                if param.annotation is not None and _UNTYPED.fullmatch(ast.unparse(param.annotation)):
+                    yield param.lineno, f"parameter {param.arg}: {ast.unparse(param.annotation)}"
+
+
+def test_settings_are_read_from_the_model_past_the_parse_step() -> None:
+    problems = [
+        f"{path.relative_to(ROOT)}:{line}: {what} (read the command's model: tailer/cli/model.py)"
+        for module, path in _modules().items()
+        if module.startswith("tailer.cli") and module not in SETTINGS_PARSERS
+        for line, what in _untyped_settings(ast.parse(path.read_text()))
+    ]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("code", "found"),
+    [
+        ('interval = s.get("poll_interval", d.poll_interval)', 1),
+        ('sink = settings.get("sink")', 1),
+        ('path = str(settings["path"])', 1),
+        ("def tailer_config(table: str, s: Mapping[str, Any]) -> None: pass", 1),
+        ("def load(*, given: dict[str, Any]) -> None: pass", 1),
+        ("interval = s.poll_interval", 0),
+        ('table = recorded.get("table")', 0),  # a state file's field, not a setting
+        ("def check(ids: Mapping[str, str]) -> None: pass", 0),
+    ],
+)
+def test_the_settings_rule_itself(code: str, found: int) -> None:
+    assert len(list(_untyped_settings(ast.parse(code)))) == found

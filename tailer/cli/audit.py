@@ -37,14 +37,15 @@ import orjson
 from state.alerts import SEVERITIES, Alert
 from state.audit import AuditEvent
 from state.errors import ConfigError
-from tailer.audit.alerts import AlertNotifier, AuditSettings
+from tailer.audit.alerts import AlertNotifier
 from tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
 from tailer.audit.report import require_report_extra, write_report
+from tailer.cli.configure import follow_fields
+from tailer.cli.model import AuditCommandSettings, audit_command_settings
 from tailer.cli.process import stop_on_signals
-from tailer.cli.settings import STORAGE, audit_config, external_root_option, flag_type, merge
+from tailer.cli.settings import external_root_option, flag_type
 from tailer.follow.audit import AuditFollowConfig
 from tailer.formats.registry import open_table
-from tailer.parse import parse_timestamp_ms
 from tailer.table import TableRef
 
 log = logging.getLogger("deltatail.audit")
@@ -66,17 +67,6 @@ COLUMNS: tuple[tuple[str, int | None, bool], ...] = (
 )
 #: The narrowest DETAILS column, however narrow the terminal.
 MIN_DETAILS = 24
-#: Flags that only ``--follow`` uses (refused without it rather than ignored).
-FOLLOW_ONLY = (
-    "state_dir",
-    "poll_interval",
-    "max_poll_interval",
-    "no_watch",
-    "checkpoint_commits",
-    "checkpoint_seconds",
-    "snapshot_commits",
-    "until_caught_up",
-)
 
 
 def _count(value: int | None) -> str:
@@ -313,25 +303,13 @@ def run_audit(args: argparse.Namespace) -> int:
             installed (checked before the table is read).
         DeltaTailError: what auditing the table raises.
     """
-    flags = vars(args)
-    settings = merge(flags)
-    audit = audit_config(flags)
-    if args.output is not None and not args.output.endswith((".jsonl", ".parquet")):
-        raise ConfigError(f"--output must end in .jsonl or .parquet, got {args.output!r}")
-    if args.alert_output is not None and not args.alert_output.endswith(".jsonl"):
-        raise ConfigError(f"--alert-output must end in .jsonl, got {args.alert_output!r}")
-    fmt = args.format or ("table" if sys.stdout.isatty() else "jsonl")
-    if args.html is not None and not args.follow:
+    s = audit_command_settings(args)
+    if s.html is not None and not s.follow:
         require_report_extra()
-    if args.follow:
-        return _follow(args, settings, audit, fmt)
-    for flag in FOLLOW_ONLY:
-        if flags.get(flag) is not None:
-            raise ConfigError(f"--{flag.replace('_', '-')} is a setting of --follow")
-    return _range(args, settings, audit, fmt)
+    return _follow(s) if s.follow else _range(s)
 
 
-def _start_version(text: Any, latest: int | None) -> int | None:
+def _start_version(text: object, latest: int | None) -> int | None:
     """``--starting-version``: a number, or ``latest`` (the latest version itself, or the one after with --follow)."""
     if text is None:
         return None
@@ -345,39 +323,34 @@ def _start_version(text: Any, latest: int | None) -> int | None:
         raise ConfigError(f"--starting-version must be a number or 'latest', got {text!r}") from None
 
 
-def _open(args: argparse.Namespace, settings: dict[str, Any]) -> TableRef:
+def _open(s: AuditCommandSettings) -> TableRef:
     """The handle of the audited table (its format detected: one whose :meth:`audit_feed` refuses is refused)."""
-    return open_table(args.table, settings.get(STORAGE), external_roots=tuple(settings.get("external_roots", ())))
+    return open_table(s.table.uri, s.table.storage, external_roots=s.table.external_roots)
 
 
-def _range(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSettings, fmt: str) -> int:
-    table = _open(args, settings)
+def _range(s: AuditCommandSettings) -> int:
+    table = _open(s)
     feed = table.format.audit_feed(table)
-    starting = _start_version(
-        args.starting_version, feed.latest_version() if args.starting_version == "latest" else None
-    )
-    start_ms = None
-    if args.starting_timestamp is not None:
-        start_ms = parse_timestamp_ms(args.starting_timestamp, name="--starting-timestamp")
+    starting = _start_version(s.starting_version, feed.latest_version() if s.starting_version == "latest" else None)
     events = feed.events(
         starting,
-        args.ending_version,
-        starting_timestamp_ms=start_ms,
-        counted=args.counted,
-        track_table_rows=audit.needs_table_rows,
+        s.ending_version,
+        starting_timestamp_ms=s.starting_timestamp_ms,
+        counted=s.counted,
+        track_table_rows=s.alerts.needs_table_rows,
     )
     outputs: list[AuditOutput] = []
-    if args.output is None and args.html is None:
-        outputs.append(EventPrinter(fmt))
-    if args.alert_output is not None:
-        outputs.append(AlertLog(args.alert_output))
-    watch = SeverityWatch(args.fail_on) if args.fail_on else None
+    if s.output is None and s.html is None:
+        outputs.append(EventPrinter(s.output_format))
+    if s.alert_output is not None:
+        outputs.append(AlertLog(s.alert_output))
+    watch = SeverityWatch(s.fail_on) if s.fail_on else None
     if watch is not None:
         outputs.append(watch)
-    notifier = AlertNotifier(audit.rules) if audit.rules else None  # a look back: no webhooks
+    notifier = AlertNotifier(s.alerts.rules) if s.alerts.rules else None  # a look back: no webhooks
     kept: list[AuditEvent] = []
     raised: list[Alert] = []
-    keep = args.output is not None or args.html is not None
+    keep = s.output is not None or s.html is not None
     opened: list[AuditOutput] = []
     try:
         for event in events:
@@ -396,57 +369,46 @@ def _range(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSetti
     finally:
         for out in opened:
             out.close()
-    if args.output is not None:
-        count = write_audit_log(kept, args.output)
-        log.info("wrote %d events to %s", count, args.output)
-    if args.html is not None:
-        write_report(kept, raised, args.html)
-        log.info("wrote the report of %d events and %d alerts to %s", len(kept), len(raised), args.html)
+    if s.output is not None:
+        count = write_audit_log(kept, s.output)
+        log.info("wrote %d events to %s", count, s.output)
+    if s.html is not None:
+        write_report(kept, raised, s.html)
+        log.info("wrote the report of %d events and %d alerts to %s", len(kept), len(raised), s.html)
     return 0 if watch is None else watch.exit_code()
 
 
-def _follow(args: argparse.Namespace, settings: dict[str, Any], audit: AuditSettings, fmt: str) -> int:
-    if not settings.get("state_dir"):
-        raise ConfigError("--follow needs --state-dir (or DELTATAIL_STATE_DIR, or state_dir in the config file)")
-    if args.ending_version is not None:
-        raise ConfigError("--ending-version ends a range; --follow has no end (use --until-caught-up)")
-    if args.html is not None:
-        raise ConfigError("--html writes the report of a range; it cannot be used with --follow")
-    storage_options = settings.get(STORAGE, {})
-    table = _open(args, settings)
-    starting = settings.get("starting_version")
+def _follow_config(s: AuditCommandSettings, table: TableRef) -> AuditFollowConfig:
+    """The auditor's configuration from the command's settings (``run``'s, and the audit flags)."""
+    f = s.following
+    starting = f.starting_version
     if starting == "latest":  # only the commits after the latest now
         starting = table.format.start_of(table, starting)
-    start_ts = settings.get("starting_timestamp")
-    d = AuditFollowConfig(table="", state_dir="")
-    config = AuditFollowConfig(
+    return AuditFollowConfig(
         table=table.uri,
-        state_dir=settings["state_dir"],
+        state_dir=f.state_dir,
         starting_version=_start_version(starting, None),
-        starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
-        poll_interval=settings.get("poll_interval", d.poll_interval),
-        max_poll_interval=settings.get("max_poll_interval", d.max_poll_interval),
-        watch=not settings.get("no_watch", not d.watch),
-        checkpoint_commits=settings.get("checkpoint_commits", d.checkpoint_commits),
-        checkpoint_seconds=settings.get("checkpoint_seconds", d.checkpoint_seconds),
-        snapshot_commits=settings.get("snapshot_commits", d.snapshot_commits),
-        until_caught_up=bool(settings.get("until_caught_up", d.until_caught_up)),
-        counted=args.counted,
-        track_table_rows=audit.needs_table_rows,
-        external_roots=tuple(settings.get("external_roots", ())),
-        storage_options=storage_options,
+        **follow_fields(f),
+        counted=s.counted,
+        track_table_rows=s.alerts.needs_table_rows,
+        external_roots=f.external_roots,
     )
+
+
+def _follow(s: AuditCommandSettings) -> int:
+    table = _open(s)
+    config = _follow_config(s, table)
     outputs: list[AuditOutput] = []
-    if args.output is not None:
-        outputs.append(open_audit_log(args.output))
+    if s.output is not None:
+        outputs.append(open_audit_log(s.output))
     else:
-        outputs.append(EventPrinter(fmt))
-    if args.alert_output is not None:
-        outputs.append(AlertLog(args.alert_output))
-    watch = SeverityWatch(args.fail_on) if args.fail_on else None
+        outputs.append(EventPrinter(s.output_format))
+    if s.alert_output is not None:
+        outputs.append(AlertLog(s.alert_output))
+    watch = SeverityWatch(s.fail_on) if s.fail_on else None
     if watch is not None:
         outputs.append(watch)
-    notifier = AlertNotifier.from_settings(audit) if audit.rules else None  # its webhooks start here
+    notifier = AlertNotifier.from_settings(s.alerts) if s.alerts.rules else None  # its webhooks start here
     try:
         follower = table.format.audit_follower(table, config, outputs, notifier)
     except BaseException:

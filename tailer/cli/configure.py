@@ -1,13 +1,19 @@
-"""Settings (flags, environment, TOML) made into a tailer's configuration: shared by ``run`` and ``serve``."""
+"""The settings model made into a tailer's configuration: shared by ``run`` and ``serve`` (and ``audit --follow``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TypedDict
 
 from state.errors import ConfigError
-from state.filters import ChangeFilter
-from tailer.cli.settings import STORAGE, names
+from tailer.cli.model import (
+    DEFAULT_ON_SCHEMA_CHANGE,
+    DEFAULT_SINK,
+    FOLLOW_DEFAULTS,
+    READ_DEFAULTS,
+    TableSettings,
+    keys,
+    table_filter,
+)
 from tailer.follow.tailer import TailerConfig
 from tailer.formats.base import starting_version
 from tailer.formats.registry import open_table
@@ -15,52 +21,13 @@ from tailer.parse import parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
 from tailer.table import TableRef
 
-#: The sink of ``deltatail run`` when none is given: JSON lines on stdout.
-DEFAULT_SINK = "jsonl:-"
+__all__ = ["DEFAULT_SINK", "READ_DEFAULTS", "RUN_DEFAULTS", "crosses_schema_changes", "tailer_config"]
+
 #: The defaults of every setting, from the config types themselves.
-RUN_DEFAULTS = TailerConfig(table="", state_dir="")
-READ_DEFAULTS = ChangeOptions()
+RUN_DEFAULTS = FOLLOW_DEFAULTS
 
 
-def keys(text: str | None) -> tuple[str, ...]:
-    """``a,b`` as a tuple of names."""
-    return tuple(k.strip() for k in text.split(",") if k.strip()) if text else ()
-
-
-def reader_processes(value: int | None) -> int:
-    """``--reader-processes``, defaulted.
-
-    Raises:
-        ConfigError: if it is negative.
-    """
-    if value is None:
-        return READ_DEFAULTS.reader_processes
-    if value < 0:
-        raise ConfigError(f"--reader-processes must be 0 or more, got {value}")
-    return value
-
-
-def change_filter(settings: Mapping[str, Any]) -> ChangeFilter:
-    """The filter the ``columns``, ``where``, ``change_types`` and ``skip_operations`` settings ask for."""
-
-    def listed(name: str) -> tuple[str, ...] | None:
-        value = settings.get(name)
-        return None if value is None else names(value)
-
-    types = listed("change_types")
-    return ChangeFilter(
-        columns=listed("columns"),
-        where=settings.get("where"),
-        change_types=None if types is None else frozenset(types),
-        skip_operations=frozenset(op.upper() for op in listed("skip_operations") or ()),
-    )
-
-
-#: What ``run`` and ``serve`` do at a non-additive schema change when nothing is set.
-DEFAULT_ON_SCHEMA_CHANGE = "evolve"
-
-
-def crosses_schema_changes(s: Mapping[str, Any]) -> bool:
+def crosses_schema_changes(s: TableSettings) -> bool:
     """Whether the settings ``s`` follow a table across non-additive schema changes (``on_schema_change``).
 
     ``evolve`` (the default) goes on, every row in the schema of its version; ``stop`` stops before
@@ -70,14 +37,50 @@ def crosses_schema_changes(s: Mapping[str, Any]) -> bool:
     Raises:
         ConfigError: if ``allow_non_additive = true`` contradicts ``on_schema_change = "stop"``.
     """
-    mode = s.get("on_schema_change")
-    if s.get("allow_non_additive") and mode == "stop":
+    if s.allow_non_additive and s.on_schema_change == "stop":
         raise ConfigError('allow_non_additive contradicts on_schema_change = "stop"; give only on_schema_change')
-    return (mode or DEFAULT_ON_SCHEMA_CHANGE) == "evolve"
+    return s.on_schema_change == DEFAULT_ON_SCHEMA_CHANGE
 
 
-def tailer_config(table: TableRef | str, state_dir: str, s: Mapping[str, Any]) -> TailerConfig:
-    """The configuration of a tailer of ``table`` from merged settings ``s`` (defaults from the config types).
+class FollowFields(TypedDict):
+    """The :class:`~tailer.follow.config.FollowConfig` fields every follow loop takes from its settings."""
+
+    starting_timestamp_ms: int | None
+    poll_interval: float
+    max_poll_interval: float
+    watch: bool
+    checkpoint_commits: int
+    checkpoint_seconds: float
+    snapshot_commits: int
+    until_caught_up: bool
+    storage_options: dict[str, str]
+
+
+def follow_fields(s: TableSettings) -> FollowFields:
+    """The :class:`~tailer.follow.config.FollowConfig` fields every follow loop takes from the settings ``s``.
+
+    Raises:
+        ConfigError: if both ``starting_version`` and ``starting_timestamp`` are given, or the
+            timestamp is not ISO-8601.
+    """
+    if s.starting_version is not None and s.starting_timestamp is not None:
+        raise ConfigError("give at most one of starting_version and starting_timestamp")
+    start_ts = s.starting_timestamp
+    return FollowFields(
+        starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
+        poll_interval=s.poll_interval,
+        max_poll_interval=s.max_poll_interval,
+        watch=not s.no_watch,
+        checkpoint_commits=s.checkpoint_commits,
+        checkpoint_seconds=s.checkpoint_seconds,
+        snapshot_commits=s.snapshot_commits,
+        until_caught_up=s.until_caught_up,
+        storage_options=dict(s.storage),
+    )
+
+
+def tailer_config(table: TableRef | str, state_dir: str, s: TableSettings) -> TailerConfig:
+    """The configuration of a tailer of ``table`` from its settings ``s``.
 
     ``table`` is the table's handle (its format turns ``starting_version`` into a version:
     :meth:`~tailer.formats.base.TableFormat.start_of`), or its path, opened only if
@@ -86,50 +89,33 @@ def tailer_config(table: TableRef | str, state_dir: str, s: Mapping[str, Any]) -
     Raises:
         ConfigError: for contradicting or invalid settings.
     """
-    starts = [k for k in ("starting_version", "starting_timestamp") if s.get(k) is not None]
-    if len(starts) > 1:
-        raise ConfigError("give at most one of starting_version and starting_timestamp")
-    if s.get("key") and not s.get("net_changes"):
+    common = follow_fields(s)
+    if s.key and not s.net_changes:
         raise ConfigError("key needs net_changes")
-    d = RUN_DEFAULTS
-    start_ts = s.get("starting_timestamp")
-    storage_options = dict(s.get(STORAGE, {}))
-    external_roots = tuple(s.get("external_roots", ()))
     return TailerConfig(
         table=table.uri if isinstance(table, TableRef) else table,
         state_dir=state_dir,
-        starting_version=_start(table, storage_options, external_roots, s),
-        starting_timestamp_ms=parse_timestamp_ms(start_ts, name="starting_timestamp") if start_ts else None,
-        initial_snapshot=bool(s.get("initial_snapshot", d.initial_snapshot)),
-        poll_interval=s.get("poll_interval", d.poll_interval),
-        max_poll_interval=s.get("max_poll_interval", d.max_poll_interval),
-        watch=not s.get("no_watch", not d.watch),
-        notifications=s.get("notifications"),
-        checkpoint_commits=s.get("checkpoint_commits", d.checkpoint_commits),
-        checkpoint_seconds=s.get("checkpoint_seconds", d.checkpoint_seconds),
-        snapshot_commits=s.get("snapshot_commits", d.snapshot_commits),
-        until_caught_up=bool(s.get("until_caught_up", d.until_caught_up)),
-        on_sink_gap=s.get("on_sink_gap", d.on_sink_gap),
-        on_data_loss=s.get("on_data_loss", d.on_data_loss),
+        starting_version=_start(table, s),
+        **common,
+        initial_snapshot=s.initial_snapshot,
+        notifications=s.notifications,
+        on_sink_gap=s.on_sink_gap,
+        on_data_loss=s.on_data_loss,
         options=ChangeOptions(
-            net_changes=bool(s.get("net_changes", READ_DEFAULTS.net_changes)),
-            key_columns=keys(s.get("key")),
+            net_changes=s.net_changes,
+            key_columns=keys(s.key),
             allow_non_additive=crosses_schema_changes(s),
-            reader_processes=reader_processes(s.get("reader_processes")),
-            filter=change_filter(s),
-            external_roots=external_roots,
+            reader_processes=s.reader_processes,
+            filter=table_filter(s),
+            external_roots=s.external_roots,
         ),
-        storage_options=storage_options,
     )
 
 
-def _start(
-    table: TableRef | str, storage_options: dict[str, str], external_roots: tuple[str, ...], s: Mapping[str, Any]
-) -> int | None:
+def _start(table: TableRef | str, s: TableSettings) -> int | None:
     """``starting_version`` as a version, by the table's format (a path is opened only for ``latest``)."""
-    value = s.get("starting_version")
-    if isinstance(table, str) and value == "latest":
-        table = open_table(table, storage_options, external_roots=external_roots, format_name=s.get("format"))
+    if isinstance(table, str) and s.starting_version == "latest":
+        table = open_table(table, s.storage, external_roots=s.external_roots, format_name=s.format)
     if isinstance(table, TableRef):
-        return table.format.start_of(table, value)
-    return starting_version(value, latest=lambda: 0)  # a number or None: the table is not read
+        return table.format.start_of(table, s.starting_version)
+    return starting_version(s.starting_version, latest=lambda: 0)  # a number or None: the table is not read

@@ -19,17 +19,10 @@ import orjson
 
 from state.errors import ConfigError, DeltaTailError, StorageError
 from tailer.cli import audit, logs
-from tailer.cli.configure import (
-    DEFAULT_SINK,
-    READ_DEFAULTS,
-    RUN_DEFAULTS,
-    change_filter,
-    keys,
-    reader_processes,
-    tailer_config,
-)
+from tailer.cli.configure import DEFAULT_SINK, READ_DEFAULTS, RUN_DEFAULTS, tailer_config
 from tailer.cli.cursor import add_parsers as add_cursor_parsers
 from tailer.cli.demo import run_demo
+from tailer.cli.model import changes_settings, run_settings, snapshot_settings
 from tailer.cli.outputs import write_changes
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
@@ -38,18 +31,15 @@ from tailer.cli.settings import (
     DATA_LOSS_CHOICES,
     SCHEMA_CHANGE_CHOICES,
     SINK_GAP_CHOICES,
-    STORAGE,
     external_root_option,
     flag_type,
-    merge,
 )
 from tailer.cli.sink_uri import open_sink
-from tailer.cli.tables import add_format_option, open_cli_table, tailer_maker
+from tailer.cli.tables import add_format_option, open_arg, tailer_maker
 from tailer.follow.service import TailerService
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import table_name
 from tailer.formats.base import DATA_LOSS, KEY, NET_CHANGES, ChangeRequest
-from tailer.parse import parse_timestamp_ms
 from tailer.read.feed import ChangeOptions
 from tailer.table import TableRef
 
@@ -67,12 +57,13 @@ EXIT_CODES = {
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    table = open_cli_table(args)
-    if args.json:
-        doc = table.format.snapshot_document(table, args.version)
+    s = snapshot_settings(args)
+    table = open_arg(s.table)
+    if s.json:
+        doc = table.format.snapshot_document(table, s.version)
         sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        print(table.format.snapshot_text(table, args.version))
+        print(table.format.snapshot_text(table, s.version))
     return 0
 
 
@@ -82,62 +73,55 @@ READER_PROCESSES_HELP = (
 
 
 def _changes(args: argparse.Namespace) -> int:
-    table = open_cli_table(args)
-    asked = {NET_CHANGES: ("--net-changes", args.net_changes), KEY: ("--key", bool(args.key))}
+    s = changes_settings(args)
+    table = open_arg(s.table)
+    asked = {NET_CHANGES: ("--net-changes", s.net_changes), KEY: ("--key", bool(s.key))}
     refused = table.format.refused([k for k, (_, on) in asked.items() if on])
     if refused:
         flags = " and ".join(asked[k][0] for k in refused)
         verb = "applies" if len(refused) == 1 else "apply"
         raise ConfigError(f"{flags} {verb} to Delta tables, not to {table.format.noun}s")
-    if args.key and not args.net_changes:
-        raise ConfigError("--key needs --net-changes")
     options = ChangeOptions(
-        net_changes=args.net_changes,
-        key_columns=keys(args.key),
-        reader_processes=reader_processes(args.reader_processes),
-        filter=change_filter(vars(args)),
+        net_changes=s.net_changes,
+        key_columns=s.key,
+        reader_processes=s.reader_processes,
+        filter=s.filter,
         external_roots=table.external_roots,
     )
-    start_ms = None
-    if args.starting_timestamp is not None:
-        start_ms = parse_timestamp_ms(args.starting_timestamp, name="--starting-timestamp")
-    latest = args.starting_version == "latest"
+    latest = s.starting_version == "latest"
     request = ChangeRequest(
-        starting_version=None if latest else args.starting_version,
+        starting_version=None if latest or s.starting_version is None else int(s.starting_version),
         latest=latest,
-        ending_version=args.ending_version,
-        starting_timestamp_ms=start_ms,
-        initial_snapshot=args.initial_snapshot,
+        ending_version=s.ending_version,
+        starting_timestamp_ms=s.starting_timestamp_ms,
+        initial_snapshot=s.initial_snapshot,
         options=options,
     )
     run = table.format.change_batches(table, request)
-    return write_changes(run.batches, args.output, run.info, run.schema)
+    return write_changes(run.batches, s.output, run.info, run.schema)
 
 
 def _run(args: argparse.Namespace) -> int:
-    s = merge(vars(args))
-    if not s.get("state_dir"):
-        raise ConfigError("--state-dir is required (or DELTATAIL_STATE_DIR, or state_dir in the config file)")
+    s = run_settings(args)
+    arg = s.table_arg(s.table)
     try:
-        table: TableRef | None = open_cli_table(args, s.get(STORAGE))
+        table: TableRef | None = open_arg(arg)
     except StorageError as e:
         if not e.transient:
             raise
         table = None  # the store is unavailable now: each attempt of the service looks again
-    config = tailer_config(args.table if table is None else table, s["state_dir"], s)
+    config = tailer_config(s.table if table is None else table, s.state_dir, s)
     if table is not None and config.on_data_loss != "fail" and table.format.refused([DATA_LOSS]):
         raise ConfigError(
             f"on_data_loss applies to Delta tables only: the stream of this {table.format.noun} fails on a lost version"
         )
-    uri = s.get("sink", DEFAULT_SINK)
-    retries = s.get("sink_retries")
     tune_for_latency()
     stats = TableStats(config.table, table_name(config.table))
     service = TailerService(
         config,
-        lambda: open_sink(uri),
-        retries=retries,
-        make_tailer=tailer_maker(args, table, stats),
+        lambda: open_sink(s.sink),
+        retries=s.sink_retries,
+        make_tailer=tailer_maker(arg, table, stats),
         stats=stats,
     )
     stop_on_signals(service.stop)

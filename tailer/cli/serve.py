@@ -56,177 +56,33 @@ sink URI is bad is not followed, and said so once in the log.
 from __future__ import annotations
 
 import logging
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from state.errors import ConfigError, DeltaTailError, StorageError
-from tailer.cli.configure import DEFAULT_SINK, tailer_config
+from tailer.cli.configure import tailer_config
+from tailer.cli.model import ServeTableSettings, TableSettings
 from tailer.cli.process import stop_on_signals, tune_for_latency
 from tailer.cli.progress import ServiceProgress
-from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, STORAGE, coerce, storage_table
+from tailer.cli.serve_config import ServeConfig, load_serve_config
 from tailer.cli.sink_uri import open_sink
-from tailer.follow.tailer import table_name
 from tailer.formats.base import DATA_LOSS, KEY, NET_CHANGES
-from tailer.formats.registry import FALLBACK, claimed, format_names, open_table, split_prefix
+from tailer.formats.registry import FALLBACK, claimed, open_table
 from tailer.runtime.transient import is_transient
 from tailer.serve.discovery import find_tables
-from tailer.serve.http import HealthServer, load_auth_token
-from tailer.serve.service import Service, ServiceOptions, TableSource, probe_state_root
+from tailer.serve.http import HealthServer
+from tailer.serve.service import Service, TableSource, probe_state_root
 from tailer.serve.state_root import StateRoot
 from tailer.sink import Sink
 from tailer.storage.local import to_local_path
 
+__all__ = ["ServeConfig", "check_tables", "load_serve_config", "serve", "source"]
+
 log = logging.getLogger("deltatail")
 
-#: Settings of ``run`` that make no sense per table in a service.
-_NOT_PER_TABLE = frozenset({"state_dir", "until_caught_up", "sink_retries"})
-TABLE_SETTINGS = frozenset(RUN_SETTINGS) - _NOT_PER_TABLE
-SERVICE_KEYS = SERVICE_SETTINGS
-DISCOVER_KEYS = frozenset(DISCOVER_SETTINGS)
 #: Settings of ``run`` a format may refuse (:meth:`~tailer.formats.base.TableFormat.refused`), by their keys here.
 REFUSABLE = {NET_CHANGES: "net_changes", KEY: "key", DATA_LOSS: "on_data_loss"}
-
-
-@dataclass
-class ServeConfig:
-    """A parsed service configuration (see the module docstring)."""
-
-    state_root: str
-    listen: str | None
-    ready_lag_seconds: float
-    options: ServiceOptions
-    defaults: dict[str, Any]
-    tables: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (name, settings incl. path)
-    discover: list[dict[str, Any]] = field(default_factory=list)
-    auth_token: str | None = field(default=None, repr=False)  # the secret: never in a repr or a log
-    min_readable_seconds: float = 86400.0
-
-
-def load_serve_config(path: str) -> ServeConfig:
-    """Read and check a service configuration file (the tables themselves are checked by :func:`check_tables`).
-
-    Raises:
-        ConfigError: naming the file and the key or table at fault.
-    """
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file: {e}", file=path) from e
-    unknown = set(data) - {"service", "defaults", STORAGE, "tables", "discover"}
-    if unknown:
-        raise ConfigError(
-            f"unknown section {sorted(unknown)[0]!r} (known: service, defaults, storage, tables, discover)", file=path
-        )
-    service = _table(data, "service", path)
-    for key in service:
-        if key not in SERVICE_KEYS:
-            raise ConfigError(f"unknown key {key!r} in [service] (known: {', '.join(SERVICE_KEYS)})", file=path)
-    values = {k: _typed(k, v, "[service]", path) for k, v in service.items()}
-    if "state_root" not in values:
-        raise ConfigError("[service] needs state_root (where each table's state lives)", file=path)
-    listen = values.get("listen", "127.0.0.1:9108")
-    d = ServiceOptions()
-    options = ServiceOptions(
-        workers=values.get("workers", d.workers),
-        step_versions=values.get("step_versions", d.step_versions),
-        safety_poll_seconds=values.get("safety_poll_seconds", d.safety_poll_seconds),
-        discover_seconds=values.get("discover_seconds", d.discover_seconds),
-        status_seconds=values.get("status_seconds", d.status_seconds),
-        fatal_seconds=values.get("fatal_seconds", d.fatal_seconds),
-        stall_seconds=values.get("stall_seconds", d.stall_seconds),
-    )
-    defaults = _settings(_table(data, "defaults", path), "[defaults]", path)
-    storage = _storage(data.get(STORAGE, {}), "[storage]", path)
-    if storage:
-        defaults[STORAGE] = storage
-    config = ServeConfig(
-        state_root=values["state_root"],
-        listen=None if listen in ("", "off") else listen,
-        ready_lag_seconds=values.get("ready_lag_seconds", 300.0),
-        min_readable_seconds=values.get("min_readable_seconds", 86400.0),
-        options=options,
-        defaults=defaults,
-        auth_token=load_auth_token(values.get("auth_token_file"), values.get("auth_token_env"), file=path),
-    )
-    tables = data.get("tables", [])
-    if not isinstance(tables, list):
-        raise ConfigError("tables must be an array of tables ([[tables]])", file=path)
-    seen: dict[str, str] = {}
-    for i, raw in enumerate(tables):
-        where = f"[[tables]] #{i + 1}"
-        if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
-            raise ConfigError(f"{where} needs a path", file=path)
-        raw = dict(raw)
-        table_path = raw.pop("path")
-        name = str(raw.pop("name", table_name(split_prefix(table_path)[0])))
-        where = f"table {name!r}"
-        fmt = raw.pop("format", None)
-        if fmt is not None and fmt not in format_names():
-            raise ConfigError(f"{where}: format must be one of {', '.join(format_names())}, got {fmt!r}", file=path)
-        own_storage = _storage(raw.pop(STORAGE, {}), f"{where} storage", path)
-        settings = {**defaults, **_settings(raw, where, path), "path": table_path}
-        if fmt is not None:
-            settings["format"] = fmt
-        if own_storage:
-            settings[STORAGE] = {**defaults.get(STORAGE, {}), **own_storage}
-        if name in seen:
-            raise ConfigError(
-                f"two tables are named {name!r} ({seen[name]} and {table_path}): give one a name", file=path
-            )
-        seen[name] = table_path
-        config.tables.append((name, settings))
-    discover = data.get("discover", [])
-    if not isinstance(discover, list):
-        raise ConfigError("discover must be an array of tables ([[discover]])", file=path)
-    for i, raw in enumerate(discover):
-        where = f"[[discover]] #{i + 1}"
-        if not isinstance(raw, dict) or not isinstance(raw.get("root"), str):
-            raise ConfigError(f"{where} needs a root", file=path)
-        for key in raw:
-            if key not in DISCOVER_KEYS:
-                raise ConfigError(
-                    f"unknown key {key!r} in {where} (known: {', '.join(sorted(DISCOVER_KEYS))})", file=path
-                )
-        config.discover.append({k: _typed(k, v, where, path) for k, v in raw.items()})
-    if not config.tables and not config.discover:
-        raise ConfigError("the file names no tables ([[tables]]) and no discovery roots ([[discover]])", file=path)
-    return config
-
-
-def _table(data: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
-    value = data.get(key, {})
-    if not isinstance(value, dict):
-        raise ConfigError(f"[{key}] must be a table", file=path)
-    return dict(value)
-
-
-def _typed(name: str, value: Any, where: str, path: str) -> Any:
-    """A ``[service]`` or ``[[discover]]`` setting in its type and bounds (:mod:`tailer.cli.settings`)."""
-    try:
-        return coerce(name, value, where)
-    except ConfigError as e:
-        raise e.at(file=path) from None
-
-
-def _settings(raw: Mapping[str, Any], where: str, path: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        name = key.replace("-", "_")
-        if name not in TABLE_SETTINGS:
-            raise ConfigError(f"unknown setting {key!r} in {where}", file=path)
-        try:
-            out[name] = coerce(name, value, where)
-        except ConfigError as e:
-            raise e.at(file=path) from None
-    return out
-
-
-def _storage(raw: Any, where: str, path: str) -> dict[str, str]:
-    return storage_table(raw, where, path)
 
 
 # ---------------------------------------------------------------- tables --
@@ -290,14 +146,14 @@ def check_distinct_sinks(sources: list[TableSource], ids: Mapping[str, str]) -> 
         seen[target] = s.name
 
 
-def check_discovered_sink(defaults: Mapping[str, Any]) -> None:
+def check_discovered_sink(defaults: TableSettings) -> None:
     """Refuse a default file sink that would be shared by every discovered table (see :func:`check_distinct_sinks`).
 
     Raises:
         ConfigError: if the ``[defaults]`` sink is a ``jsonl:PATH`` or ``parquet:DIR`` without ``{table_name}``
             or ``{table_id}``.
     """
-    uri = str(defaults.get("sink", DEFAULT_SINK))
+    uri = defaults.sink
     if _sink_file(uri) is not None and "{table_name}" not in uri and "{table_id}" not in uri:
         raise ConfigError(
             f"[defaults] sink {uri!r} would be the sink of every discovered table: a sink file holds the rows of "
@@ -305,7 +161,7 @@ def check_discovered_sink(defaults: Mapping[str, Any]) -> None:
         )
 
 
-def source(name: str, settings: Mapping[str, Any]) -> TableSource:
+def source(name: str, settings: ServeTableSettings) -> TableSource:
     """The service's table of ``name``, with its settings (``format``: a format's name, else detected).
 
     Raises:
@@ -314,23 +170,23 @@ def source(name: str, settings: Mapping[str, Any]) -> TableSource:
     """
     try:
         table = open_table(
-            str(settings["path"]),
-            settings.get(STORAGE),
-            external_roots=tuple(settings.get("external_roots", ())),
-            format_name=settings.get("format"),
+            settings.path,
+            settings.storage,
+            external_roots=settings.external_roots,
+            format_name=settings.format,
             conflict=lambda uri, prefix, given: f"table {name!r}: {uri} is a {prefix} path, but format is {given}",
         )
     except StorageError as e:
         if not e.transient:
             raise
         log.warning("table %r: its format cannot be told now (%s); it is looked at again when it opens", name, e)
-        placeholder = source(name, {**settings, "format": FALLBACK.name})
+        placeholder = source(name, replace(settings, format=FALLBACK.name))
         return replace(placeholder, resolve=lambda: source(name, settings))
-    asked = [k for k, key in REFUSABLE.items() if settings.get(key) and settings.get(key) != "fail"]
+    asked = [k for k, key in REFUSABLE.items() if getattr(settings, key) not in (None, False, "", "fail")]
     refused = [REFUSABLE[k] for k in table.format.refused(asked)]
     if refused:
         raise ConfigError(f"table {name!r} is a {table.format.noun}: {', '.join(refused)} apply to Delta tables only")
-    sink = SinkFactory(str(settings.get("sink", DEFAULT_SINK)), name)
+    sink = SinkFactory(settings.sink, name)
     return TableSource(name, tailer_config(table, "", settings), sink, table=table)
 
 
@@ -393,10 +249,8 @@ def _discovered(config: ServeConfig, known_paths: set[str], refused: set[str]) -
     """The discovered tables to follow; one that cannot be followed is logged once (its path goes to ``refused``)."""
     out: list[TableSource] = []
     for spec in config.discover:
-        root = str(spec["root"])
-        include = tuple(spec.get("include", ["*"]))
-        exclude = tuple(spec.get("exclude", []))
-        for path in find_tables(root, include=include, exclude=exclude, max_depth=int(spec.get("max_depth", 8))):
+        root = spec.root
+        for path in find_tables(root, include=spec.include, exclude=spec.exclude, max_depth=spec.max_depth):
             if path in known_paths:
                 continue
             name = Path(path).relative_to(Path(root).resolve()).as_posix().replace("/", ".")
@@ -404,7 +258,7 @@ def _discovered(config: ServeConfig, known_paths: set[str], refused: set[str]) -
             if fmt is None:  # no longer a table since it was found
                 continue
             try:
-                found = source(name, {**config.defaults, "path": path, "format": fmt.name})
+                found = source(name, replace(config.defaults, path=path, format=fmt.name))
                 check_sink_uris([found])
             except DeltaTailError as e:
                 if path not in refused:
@@ -434,14 +288,14 @@ def serve(config_path: str) -> int:
     check_sink_uris(sources)
     if config.discover:  # every discovered table's sink is [defaults]'s, {table_name} filled
         try:
-            SinkFactory(str(config.defaults.get("sink", DEFAULT_SINK)), "table")(_SAMPLE_TABLE_ID)
+            SinkFactory(config.defaults.sink, "table")(_SAMPLE_TABLE_ID)
         except DeltaTailError as e:
             raise ConfigError(f"[defaults] sink: {e.message}", file=config_path) from e
         check_discovered_sink(config.defaults)
     ids, unavailable = check_tables(sources)
     check_distinct_sinks(sources, ids)
     for spec in config.discover:
-        find_tables(str(spec["root"]), max_depth=0)  # the root exists and is local
+        find_tables(spec.root, max_depth=0)  # the root exists and is local
     probe_state_root(Path(config.state_root))
     explicit = {_normalized(s) for s in sources}
     refused: set[str] = set()

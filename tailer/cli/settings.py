@@ -5,9 +5,11 @@ case and ``_`` for ``-`` (``DELTATAIL_SINK``, ``DELTATAIL_POLL_INTERVAL``,
 ``DELTATAIL_STATE_DIR`` ...). The TOML file (``--config FILE`` or
 ``DELTATAIL_CONFIG``) holds the same names as keys, with ``-`` or ``_``, at the
 top level or under a ``[run]`` table; storage options (credentials, endpoints:
-:mod:`tailer.storage.options`) in a ``[storage]`` table. ``deltatail audit`` reads the same
-settings, and its alert rules and webhooks from an ``[audit]`` table (:func:`audit_config`,
-:mod:`tailer.audit.alerts`), which ``deltatail run`` leaves alone.
+:mod:`tailer.storage.options`) in a ``[storage]`` table. Each value goes through its spec here
+(:data:`RUN_SETTINGS` ...: its type and bounds) before it reaches a command's model
+(:mod:`tailer.cli.model`); a bad one names the key, where it came from and, in a file, its line.
+``deltatail audit`` reads the same settings, and its alert rules and webhooks from an ``[audit]``
+table (:func:`audit_config`, :mod:`tailer.audit.alerts`), which ``deltatail run`` leaves alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -261,8 +264,11 @@ DEMO_SETTINGS: dict[str, Callable[[Any], Any]] = {
 SETTINGS: dict[str, Callable[[Any], Any]] = {**RUN_SETTINGS, **SERVICE_SETTINGS, **DISCOVER_SETTINGS, **DEMO_SETTINGS}
 
 
-def coerce(name: str, value: Any, source: str) -> Any:
-    """Setting ``name``'s value in its type, within its bounds (``source`` names where it came from).
+def coerce(name: str, value: Any, source: str, line: int | None = None) -> Any:
+    """Setting ``name``'s value in its type, within its bounds.
+
+    ``source`` names where it came from (the flag, the variable, the file or its table), ``line``
+    its line in a file (:func:`key_lines`), if known.
 
     Raises:
         ConfigError: if the value does not convert or is out of bounds.
@@ -270,7 +276,53 @@ def coerce(name: str, value: Any, source: str) -> Any:
     try:
         return SETTINGS[name](value)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"invalid value for {name} in {source}: {e}") from e
+        raise ConfigError(f"invalid value for {name} in {source}: {e}{at_line(line)}") from e
+
+
+def at_line(line: int | None) -> str:
+    """`` (line N)`` for an error about a file's line ``N``; nothing when the line is not known."""
+    return "" if line is None else f" (line {line})"
+
+
+#: A TOML line that starts a table (``[name]``, ``[[name]]``) or a key (``name =``, ``"name" =``).
+_HEADER_LINE = re.compile(r"\s*(\[\[?)\s*([A-Za-z0-9_.-]+)\s*\]\]?\s*(#.*)?$")
+_KEY_LINE = re.compile(r"\s*[\"']?([A-Za-z0-9_-]+)[\"']?\s*=")
+
+
+def key_lines(text: str) -> dict[tuple[str, int], dict[str, int]]:
+    """The line (from 1) where each key of the TOML document ``text`` is set, by the table it is in.
+
+    Tables are ``("", 0)`` for the top level, ``(name, 0)`` for ``[name]`` and ``(name, i)`` for the
+    ``i``-th ``[[name]]`` entry (from 0). A plain reading, for error messages only: a line inside a
+    multi-line string that looks like a key counts as one (the first line of a key wins).
+    """
+    found: dict[tuple[str, int], dict[str, int]] = {}
+    entries: dict[str, int] = {}
+    table = ("", 0)
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER_LINE.match(line)
+        if header is not None:
+            entries[header[2]] = entries.get(header[2], -1) + 1
+            table = (header[2], entries[header[2]] if header[1] == "[[" else 0)
+            continue
+        key = _KEY_LINE.match(line)
+        if key is not None:
+            found.setdefault(table, {}).setdefault(key[1], number)
+    return found
+
+
+def read_toml(path: str) -> tuple[dict[str, Any], dict[tuple[str, int], dict[str, int]]]:
+    """The TOML document at ``path``, and where its keys are (:func:`key_lines`).
+
+    Raises:
+        ConfigError: if the file cannot be read, is not UTF-8 or is not TOML, naming the file.
+    """
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read().decode("utf-8")
+        return tomllib.loads(text), key_lines(text)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file: {e}", file=path) from e
 
 
 def flag_type(name: str) -> Callable[[str], Any]:
@@ -292,11 +344,8 @@ def load_toml(path: str) -> dict[str, Any]:
     Raises:
         ConfigError: if the file cannot be read, is not TOML, or holds an unknown key.
     """
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file: {e}", file=path) from e
+    data, lines = read_toml(path)
+    at = lines.get(("run", 0) if "run" in data else ("", 0), {})
     section = dict(data.get("run", data))
     section.pop(AUDIT, None)  # read by `deltatail audit` (audit_config), with its own checks
     storage = section.pop(STORAGE, data.get(STORAGE, {}))
@@ -304,8 +353,8 @@ def load_toml(path: str) -> dict[str, Any]:
     for key, value in section.items():
         name = key.replace("-", "_")
         if name not in RUN_SETTINGS:
-            raise ConfigError(f"unknown setting {key!r} in config file", file=path)
-        out[name] = coerce(name, value, path)
+            raise ConfigError(f"unknown setting {key!r} in config file{at_line(at.get(key))}", file=path)
+        out[name] = coerce(name, value, path, at.get(key))
     storage_options = storage_table(storage, "[storage]", path)
     if storage_options:
         out[STORAGE] = storage_options

@@ -7,8 +7,9 @@ its format, else its layout does (:func:`tailer.formats.registry.open_table`).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
+from tailer.cli.model import TableArg
 from tailer.follow.service import Runner
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig
@@ -37,28 +38,40 @@ def flag_storage_options(args: argparse.Namespace) -> dict[str, str]:
     return parse_option_pairs(getattr(args, "storage_option", None) or [])
 
 
-def open_cli_table(args: argparse.Namespace, storage_options: Mapping[str, str] | None = None) -> TableRef:
-    """The handle of the command's table (``args.table``, ``--format``, ``--external-root``).
+def open_cli_table(args: argparse.Namespace) -> TableRef:
+    """The handle of the command's table (``args.table``, ``--storage-option``, ``--format``, ``--external-root``).
 
-    ``storage_options``: the merged settings' (``run``), else the command's flags
-    (:func:`flag_storage_options`).
+    Raises:
+        ConfigError: for a format prefix contradicting ``--format``, or storage options for a local path.
+        StorageError: if the format has to be detected and the store cannot be reached.
+    """
+    return open_arg(
+        TableArg(
+            args.table,
+            flag_storage_options(args),
+            tuple(getattr(args, "external_roots", None) or ()),
+            getattr(args, "format", None),
+        )
+    )
+
+
+def open_arg(table: TableArg) -> TableRef:
+    """The handle of a command's table, from its settings (:class:`~tailer.cli.model.TableArg`).
 
     Raises:
         ConfigError: for a format prefix contradicting ``--format``, or storage options for a local path.
         StorageError: if the format has to be detected and the store cannot be reached.
     """
     return open_table(
-        args.table,
-        flag_storage_options(args) if storage_options is None else storage_options,
-        external_roots=tuple(getattr(args, "external_roots", None) or ()),
-        format_name=getattr(args, "format", None),
+        table.uri,
+        table.storage,
+        external_roots=table.external_roots,
+        format_name=table.format,
         conflict=lambda uri, prefix, given: f"{uri} is a {prefix} URI, but --format {given} was given",
     )
 
 
-def tailer_maker(
-    args: argparse.Namespace, table: TableRef | None, stats: TableStats
-) -> Callable[[TailerConfig, Sink], Runner]:
+def tailer_maker(arg: TableArg, table: TableRef | None, stats: TableStats) -> Callable[[TailerConfig, Sink], Runner]:
     """What makes the tailer of each ``deltatail run`` attempt (reporting to ``stats``).
 
     The table's format's tailer, or, when the format could not be told yet (``table`` is ``None``:
@@ -67,7 +80,7 @@ def tailer_maker(
     """
 
     def make(config: TailerConfig, sink: Sink) -> Runner:
-        opened = table if table is not None else open_cli_table(args, config.storage_options)
+        opened = table if table is not None else open_arg(arg)
         return opened.format.follow(opened, config.options).tailer(config, sink, stats)
 
     return make

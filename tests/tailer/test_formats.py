@@ -18,7 +18,7 @@ from sinks.embedded import JsonLinesSink
 from state.errors import ConfigError, StorageError
 from tailer.cli.configure import tailer_config
 from tailer.cli.main import main
-from tailer.cli.settings import STORAGE
+from tailer.cli.model import TableSettings
 from tailer.formats.registry import FALLBACK, FORMATS, claimed, format_named, format_names, open_table
 from tailer.serve.service import TableSource
 from tailer.storage import LocalStorage, Storage
@@ -153,8 +153,12 @@ def test_an_unreachable_store_is_a_transient_error_only_when_the_format_must_be_
 
 def test_a_service_table_made_without_a_handle_opens_one_in_the_fallback_format(tmp_path: Path) -> None:
     root = str(delta_table(tmp_path / "t"))
-    made = TableSource("t", tailer_config(root, "", {}), lambda _: JsonLinesSink(str(tmp_path / "out.jsonl")))
+    made = TableSource(
+        "t", tailer_config(root, "", TableSettings()), lambda _: JsonLinesSink(str(tmp_path / "out.jsonl"))
+    )
     assert made.table_format == FALLBACK.name and made.handle().format is FALLBACK
-    local_with_options = TableSource("t", tailer_config(root, "", {STORAGE: {"aws_region": "x"}}), made.make_sink)
+    local_with_options = TableSource(
+        "t", tailer_config(root, "", TableSettings(storage={"aws_region": "x"})), made.make_sink
+    )
     with pytest.raises(ConfigError, match="storage options apply to object stores"):
         local_with_options.handle()

@@ -15,6 +15,7 @@ import pytest
 from deltalake import write_deltalake
 
 from state.errors import ConfigError, DeltaTailError, TableNotFoundError
+from tailer.cli.model import ServeTableSettings
 from tailer.cli.serve import (
     _discovered,
     check_discovered_sink,
@@ -72,14 +73,19 @@ def test_state_root_is_required(tmp_path: Path) -> None:
 def test_tables_are_checked_before_anything_starts(tmp_path: Path) -> None:
     a = table(tmp_path / "a")
     (tmp_path / "link").symlink_to(a)
-    missing = source("gone", {"path": str(tmp_path / "gone")})
+    missing = source("gone", ServeTableSettings(path=str(tmp_path / "gone")))
     with pytest.raises(TableNotFoundError, match="table 'gone'"):
         check_tables([missing])
     with pytest.raises(ConfigError, match="'a' and 'link' are the same table"):
-        check_tables([source("a", {"path": str(a)}), source("link", {"path": str(tmp_path / "link")})])
+        check_tables(
+            [
+                source("a", ServeTableSettings(path=str(a))),
+                source("link", ServeTableSettings(path=str(tmp_path / "link"))),
+            ]
+        )
     with pytest.raises(DeltaTailError, match=r"table 'a': .*unknown column 'colour'"):
-        check_tables([source("a", {"path": str(a), "where": "colour = 'red'"})])
-    check_tables([source("a", {"path": str(a), "where": "v = 'a'"})])  # a good one passes
+        check_tables([source("a", ServeTableSettings(path=str(a), where="colour = 'red'"))])
+    check_tables([source("a", ServeTableSettings(path=str(a), where="v = 'a'"))])  # a good one passes
 
 
 def test_an_address_in_use_is_refused(tmp_path: Path) -> None:
@@ -159,12 +165,12 @@ def test_two_tables_with_one_sink_file_are_refused_before_anything_starts(tmp_pa
 )
 def test_filled_sink_uris_naming_one_place_are_refused(tmp_path: Path, first: str, second: str) -> None:
     a, b = table(tmp_path / "a"), table(tmp_path / "b")
-    probe = [source("a", {"path": str(a)}), source("b", {"path": str(b)})]
+    probe = [source("a", ServeTableSettings(path=str(a))), source("b", ServeTableSettings(path=str(b)))]
     ids, _ = check_tables(probe)
     fill = {"d": tmp_path, "tid_a": ids["a"]}
     sources = [
-        source("a", {"path": str(a), "sink": first.format(**fill)}),
-        source("b", {"path": str(b), "sink": second.format(**fill)}),
+        source("a", ServeTableSettings(path=str(a), sink=first.format(**fill))),
+        source("b", ServeTableSettings(path=str(b), sink=second.format(**fill))),
     ]
     with pytest.raises(ConfigError, match="tables 'a' and 'b' have the same sink"):
         check_distinct_sinks(sources, check_tables(sources)[0])
@@ -173,15 +179,18 @@ def test_filled_sink_uris_naming_one_place_are_refused(tmp_path: Path, first: st
 def test_distinct_sinks_stdout_and_kafka_may_be_shared(tmp_path: Path) -> None:
     a, b = table(tmp_path / "a"), table(tmp_path / "b")
     for uri in ("jsonl:-", f"jsonl:{tmp_path}/{{table_name}}.jsonl", f"parquet:{tmp_path}/{{table_id}}"):
-        sources = [source("a", {"path": str(a), "sink": uri}), source("b", {"path": str(b), "sink": uri})]
+        sources = [
+            source("a", ServeTableSettings(path=str(a), sink=uri)),
+            source("b", ServeTableSettings(path=str(b), sink=uri)),
+        ]
         check_distinct_sinks(sources, check_tables(sources)[0])
 
 
 def test_discovery_with_one_default_sink_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="every discovered table"):
-        check_discovered_sink({"sink": f"jsonl:{tmp_path}/all.jsonl"})
-    check_discovered_sink({"sink": f"jsonl:{tmp_path}/{{table_name}}.jsonl"})
-    check_discovered_sink({})  # jsonl:- by default
+        check_discovered_sink(ServeTableSettings(sink=f"jsonl:{tmp_path}/all.jsonl"))
+    check_discovered_sink(ServeTableSettings(sink=f"jsonl:{tmp_path}/{{table_name}}.jsonl"))
+    check_discovered_sink(ServeTableSettings())  # jsonl:- by default
 
 
 @contextmanager
@@ -214,7 +223,7 @@ def test_sink_uris_are_checked_before_anything_starts(tmp_path: Path, sink: str,
     """Before: serve started with /healthz green and the table failed when it first opened its sink."""
     t = table(tmp_path / "t")
     with pytest.raises(ConfigError, match=message):
-        check_sink_uris([source("t", {"path": str(t), "sink": sink})])
+        check_sink_uris([source("t", ServeTableSettings(path=str(t), sink=sink))])
     config = write(tmp_path, f'listen = "127.0.0.1:0"\n[[tables]]\npath = "{t}"\nsink = "{sink}"\n')
     done = subprocess.run(
         [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)],

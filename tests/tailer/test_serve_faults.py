@@ -35,6 +35,7 @@ from sinks.embedded import JsonLinesSink
 from state.errors import DeltaTailError
 from state.feed import ChangeBatch
 from tailer.cli.configure import tailer_config
+from tailer.cli.model import TableSettings
 from tailer.follow.stats import TableState
 from tailer.serve.service import Service, ServiceOptions, TableSource
 from tailer.serve.state_root import StateRoot
@@ -253,7 +254,9 @@ def test_an_unexpected_error_fails_its_table_and_the_one_worker_goes_on(tmp_path
     out.mkdir()
 
     def table(name: str, path: str, sink: type[JsonLinesSink]) -> TableSource:
-        return TableSource(name, tailer_config(path, "", {"poll_interval": 0.1}), lambda _: sink(str(out / name)))
+        return TableSource(
+            name, tailer_config(path, "", TableSettings(poll_interval=0.1)), lambda _: sink(str(out / name))
+        )
 
     service = Service(
         StateRoot(tmp_path / "state"),
@@ -637,7 +640,7 @@ def test_a_dead_worker_fails_health_and_ends_the_service_with_an_error(tmp_path:
     write_deltalake(t, rows(0), configuration=CDF)
     out = tmp_path / "out"
     out.mkdir()
-    source = TableSource("t", tailer_config(t, "", {}), lambda _: ExitingSink(str(out / "t")))
+    source = TableSource("t", tailer_config(t, "", TableSettings()), lambda _: ExitingSink(str(out / "t")))
     service = Service(StateRoot(tmp_path / "state"), [source], ServiceOptions(workers=1))
     failure: list[BaseException] = []
 

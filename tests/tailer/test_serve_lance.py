@@ -31,6 +31,7 @@ from lance_datasets import rows
 from sinks.embedded import JsonLinesSink
 from state.errors import ConfigError, TableNotFoundError
 from state.filters import ChangeFilter
+from tailer.cli.model import ServeTableSettings
 from tailer.cli.serve import check_tables, load_serve_config, source
 from tailer.follow.stats import TableState, TableStats
 from tailer.follow.tailer import TailerConfig
@@ -218,7 +219,7 @@ def test_lance_table_errors_name_the_table(tmp_path: Path, entry: str, message: 
         config = load_serve_config(str(serve_config(tmp_path, f'[[tables]]\npath = "{vectors}"\n{entry}\n')))
         check_tables([source(name, settings) for name, settings in config.tables])
     with pytest.raises(ConfigError, match="lance:// path, but format is delta"):
-        source("x", {"path": f"lance://{vectors}", "format": "delta"})
+        source("x", ServeTableSettings(path=f"lance://{vectors}", format="delta"))
     with pytest.raises(TableNotFoundError):
         LanceFeed(str(tmp_path), options=LanceOptions(filter=ChangeFilter(where="id > 1"))).check_filter()
 
