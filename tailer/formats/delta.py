@@ -16,6 +16,7 @@ from typing import Any
 
 from state.feed import TableInfo, change_schema
 from tailer.audit.feed import AuditFeed, AuditSource
+from tailer.follow.signalled import SignalledTailer
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
 from tailer.formats.base import ChangeRequest, ChangeRun, starting_version
@@ -62,8 +63,8 @@ class FollowedDelta:
     def tailer(
         self, config: TailerConfig, sink: Sink, stats: TableStats | None = None, *, status_file: bool = True
     ) -> Tailer:
-        """A new :class:`~tailer.follow.tailer.Tailer` on this feed."""
-        return Tailer(config, sink, feed=self.feed, stats=stats, status_file=status_file)
+        """A new :class:`~tailer.follow.signalled.SignalledTailer` (on-demand snapshots too) on this feed."""
+        return SignalledTailer(config, sink, feed=self.feed, stats=stats, status_file=status_file)
 
 
 class DeltaFormat:
