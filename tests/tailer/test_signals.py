@@ -242,10 +242,10 @@ def test_serve_takes_a_signal_for_the_table_it_names_only(tmp_path: Path) -> Non
             poll_interval = 0.1
             reader_processes = 0
 
-            [[table]]
+            [[tables]]
             path = "{lake / "a"}"
 
-            [[table]]
+            [[tables]]
             path = "{lake / "b"}"
             """
         )
