@@ -24,6 +24,7 @@ from tailer.cli.cursor import _one
 from tailer.cli.tables import flag_storage_options
 from tailer.follow import signals
 from tailer.follow.state_store import StateStore
+from tailer.formats.base import SIGNALS
 from tailer.formats.registry import open_table
 from tailer.log.delta_log import DeltaLog
 
@@ -48,8 +49,8 @@ def signal_command(args: argparse.Namespace) -> int:
 def _snapshot(args: argparse.Namespace, directory: Path, table: str) -> int:
     request = checked(SnapshotRequest(args.id or f"snapshot-{uuid.uuid4().hex[:12]}", args.where, args.chunk_rows))
     ref = open_table(table, flag_storage_options(args))
-    if ref.format.name != "delta":
-        raise ConfigError(f"on-demand snapshots are for Delta tables; {table} is a {ref.format.noun}", table=table)
+    if ref.format.refused([SIGNALS]):
+        raise ConfigError(f"on-demand snapshots are for Delta tables, not a {ref.format.noun}", table=table)
     if request.where is not None:
         schema = DeltaLog(ref.uri, ref.storage).snapshot().schema
         try:

@@ -278,3 +278,14 @@ def test_serve_takes_a_signal_for_the_table_it_names_only(tmp_path: Path) -> Non
     assert snapshot_rows(snap) == table_at(lake / "a", 0, keep=lambda r: r["id"] < 4)
     changes, snap = split(lines(out / "b.jsonl"))
     assert snap == [] and change_rows(changes) == cdf(lake / "b")
+
+
+def test_a_lance_dataset_refuses_signals(tmp_path: Path) -> None:
+    lance = pytest.importorskip("lance")
+    dataset, state, out = tmp_path / "ds", tmp_path / "state", tmp_path / "out.jsonl"
+    lance.write_dataset(rows(range(3)), str(dataset))
+    followed = follow_once(dataset, state, out)  # a Lance dataset by its layout
+    assert followed.returncode == 0, followed.stderr
+    refused = deltatail("signal", str(state), "snapshot")
+    assert refused.returncode != 0 and "on-demand snapshots are for Delta tables, not a Lance" in refused.stderr
+    assert not (state / signals.REQUEST_FILE).exists()
