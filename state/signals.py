@@ -161,3 +161,46 @@ def resume_version(cursor: Position, request: SnapshotRequest | None) -> int:
             f"the cursor {cursor} is not inside snapshot request {request.id} taken at version {request.version}"
         )
     return request.version
+
+
+#: The Debezium signal deltatail acts on; others (``log``, ``pause-snapshot``...) are ignored.
+EXECUTE_SNAPSHOT = "execute-snapshot"
+#: The most data collections one signal may name.
+MAX_COLLECTIONS = 1000
+
+
+def debezium_snapshots(value: Any, request_id: str) -> list[tuple[str, SnapshotRequest]]:
+    """The snapshots a Debezium signal asks for: ``(data collection, request)`` for each table it names.
+
+    Debezium's signal (the Kafka signal channel's message value)::
+
+        {"type": "execute-snapshot",
+         "data": {"data-collections": ["orders", ...], "type": "incremental",
+                  "additional-conditions": [{"data-collection": "orders", "filter": "amount > 10"}]}}
+
+    Each named collection gets a request whose ``where`` is its ``additional-conditions`` filter
+    (none: every row) and whose id is ``request_id`` (the same for every collection: each is a
+    request of its own table). Another signal type asks for nothing: ``[]``.
+
+    Raises:
+        ConfigError: if the value is not such a signal (naming what is wrong), or names more than
+            :data:`MAX_COLLECTIONS` collections.
+    """
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise ConfigError('a signal is a JSON object with a "type"')
+    if value["type"] != EXECUTE_SNAPSHOT:
+        return []
+    data = value.get("data")
+    collections = data.get("data-collections") if isinstance(data, dict) else None
+    if not isinstance(collections, list) or not collections or not all(isinstance(c, str) for c in collections):
+        raise ConfigError('an execute-snapshot signal names its tables in "data": {"data-collections": [...]}')
+    if len(collections) > MAX_COLLECTIONS:
+        raise ConfigError(f"an execute-snapshot signal names at most {MAX_COLLECTIONS} data collections")
+    conditions: dict[str, str] = {}
+    for condition in (data or {}).get("additional-conditions") or []:
+        name = condition.get("data-collection") if isinstance(condition, dict) else None
+        where = condition.get("filter") if isinstance(condition, dict) else None
+        if not isinstance(name, str) or not isinstance(where, str):
+            raise ConfigError('each additional condition is {"data-collection": NAME, "filter": PREDICATE}')
+        conditions[name] = where
+    return [(c, checked(SnapshotRequest(request_id, conditions.get(c)))) for c in dict.fromkeys(collections)]

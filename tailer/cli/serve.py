@@ -16,6 +16,8 @@ The file::
     discover_seconds = 30                # how often discovery roots are scanned again
     fatal_seconds = 60                   # the state root unusable this long: exit non-zero (restart me)
     stall_seconds = 30                   # a table's step running this long: reported unavailable
+    signal_kafka_topic = "kafka://b:9092/s" # Debezium signals: snapshot requests (tailer/serve/signal_topic.py)
+    signal_kafka_key = "deltatail"       # the key of this service's signal messages
 
     [defaults]                           # settings of every table (those of `deltatail run`)
     sink = "kafka://broker:9092/cdc.{table_name}?format=debezium&key=id&exactly_once=true"
@@ -75,6 +77,7 @@ from tailer.runtime.transient import is_transient
 from tailer.serve.discovery import find_tables
 from tailer.serve.http import HealthServer, load_auth_token
 from tailer.serve.service import Service, ServiceOptions, TableSource, probe_state_root
+from tailer.serve.signal_topic import SignalTopic, signal_topic
 from tailer.serve.state_root import StateRoot
 from tailer.sink import Sink
 from tailer.storage.local import to_local_path
@@ -102,6 +105,8 @@ class ServeConfig:
     tables: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (name, settings incl. path)
     discover: list[dict[str, Any]] = field(default_factory=list)
     auth_token: str | None = field(default=None, repr=False)  # the secret: never in a repr or a log
+    signal_kafka_topic: str | None = None  # kafka://HOST:PORT/TOPIC: Debezium signals (tailer/serve/signal_topic.py)
+    signal_kafka_key: str = "deltatail"
     min_readable_seconds: float = 86400.0
 
 
@@ -151,7 +156,14 @@ def load_serve_config(path: str) -> ServeConfig:
         options=options,
         defaults=defaults,
         auth_token=load_auth_token(values.get("auth_token_file"), values.get("auth_token_env"), file=path),
+        signal_kafka_topic=values.get("signal_kafka_topic"),
+        signal_kafka_key=values.get("signal_kafka_key", "deltatail"),
     )
+    if config.signal_kafka_topic is not None:
+        try:
+            signal_topic(config.signal_kafka_topic)
+        except ConfigError as e:
+            raise e.at(file=path) from None
     tables = data.get("tables", [])
     if not isinstance(tables, list):
         raise ConfigError("tables must be an array of tables ([[tables]])", file=path)
@@ -478,6 +490,10 @@ def serve(config_path: str) -> int:
                 "reach it reads /metrics and /readyz's table names, paths and errors",
                 host,
             )
+    signal_reader = None
+    if config.signal_kafka_topic is not None:
+        signal_reader = SignalTopic(config.signal_kafka_topic, config.signal_kafka_key, state_root)
+        signal_reader.start()
     tune_for_latency()
     stop_on_signals(service.stop)
     progress = ServiceProgress(lambda: service.stats)
@@ -485,6 +501,8 @@ def serve(config_path: str) -> int:
         with progress:
             service.run()
     finally:
+        if signal_reader is not None:
+            signal_reader.close()
         if server is not None:
             server.close()
     return 0

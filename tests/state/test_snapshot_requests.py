@@ -6,7 +6,15 @@ import pytest
 
 from state.cursor import Position
 from state.errors import ConfigError, StateError
-from state.signals import MAX_CHUNK_ROWS, SnapshotRequest, both, checked, resume_version, snapshot_position
+from state.signals import (
+    MAX_CHUNK_ROWS,
+    SnapshotRequest,
+    both,
+    checked,
+    debezium_snapshots,
+    resume_version,
+    snapshot_position,
+)
 
 
 def test_a_request_round_trips_through_json() -> None:
@@ -77,3 +85,38 @@ def test_a_restart_inside_a_snapshot_rebuilds_its_version_not_the_cursors() -> N
     assert resume_version(Position.change(5, 0), None) == 4
     with pytest.raises(StateError, match="not inside snapshot request s"):
         resume_version(Position.change(9, 0), request)
+
+
+def test_a_debezium_signal_asks_for_each_collection_with_its_condition() -> None:
+    value = {
+        "type": "execute-snapshot",
+        "data": {
+            "data-collections": ["orders", "items", "orders"],
+            "type": "incremental",
+            "additional-conditions": [{"data-collection": "orders", "filter": "amount > 10"}],
+        },
+    }
+    assert debezium_snapshots(value, "k-0-5") == [
+        ("orders", SnapshotRequest("k-0-5", "amount > 10")),
+        ("items", SnapshotRequest("k-0-5")),
+    ]
+    assert debezium_snapshots({"type": "log", "data": {"message": "hi"}}, "x") == []
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([], "a JSON object"),
+        ({"type": "execute-snapshot"}, "data-collections"),
+        ({"type": "execute-snapshot", "data": {"data-collections": []}}, "data-collections"),
+        ({"type": "execute-snapshot", "data": {"data-collections": [1]}}, "data-collections"),
+        ({"type": "execute-snapshot", "data": {"data-collections": ["t"] * 1001}}, "at most 1000"),
+        (
+            {"type": "execute-snapshot", "data": {"data-collections": ["t"], "additional-conditions": [{"f": 1}]}},
+            "additional condition",
+        ),
+    ],
+)
+def test_a_signal_that_is_not_one_is_a_config_error(value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        debezium_snapshots(value, "x")
