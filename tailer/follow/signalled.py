@@ -5,17 +5,18 @@ follow Delta tables with. Before each look at the log (:meth:`SignalledTailer.st
 snapshot request waiting in its state directory (:mod:`tailer.follow.signals`), if the cursor is
 between two commits, and delivers it by :mod:`state.signals`'s rule: the table's rows at the
 version delivered up to, at the positions just before the next version's, in chunks with the
-cursor saved after each, before that next version. A restart inside the snapshot goes on with it
-(:meth:`SignalledTailer._deliver_initial_snapshot`, which :meth:`~tailer.follow.loop.FollowLoop.open`
-calls for a cursor at a snapshot position).
+cursor saved after each, before that next version. A step delivers at most
+:data:`CHUNKS_PER_STEP` chunks, so that ``serve``'s other tables get their turn while a large
+snapshot is read (its reader stays open from one step to the next). A restart inside the
+snapshot goes on with it at its first step, from the saved cursor.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import replace
+from typing import Any
 
 from state.cursor import Position
 from state.errors import ConfigError, DeltaTailError, MissingFileError, StateError
@@ -32,33 +33,45 @@ from tailer.read.feed import ChangeFeed
 
 log = logging.getLogger("deltatail")
 
+#: Chunks of an on-demand snapshot delivered per step: ``serve``'s other tables get their turn in between.
+CHUNKS_PER_STEP = 16
+
 
 class SignalledTailer(Tailer):
     """A :class:`~tailer.follow.tailer.Tailer` that also delivers on-demand snapshots (same arguments)."""
 
     #: The request being delivered (saved with the cursor), if any.
     _signal: SnapshotRequest | None = None
-    _cancelled = False
+    #: The taken request's chunks being read (kept open from one step to the next), and their reader.
+    _chunks: Iterator[ChangeBatch] | None = None
+    _reading: Generator[Any, None, None] | None = None
 
     # -- taking a request ----------------------------------------------------------------------
 
     def step(self, max_versions: int | None = None) -> int:
-        """Deliver a waiting snapshot request first, if the cursor is between two commits; then look once.
+        """Take a waiting snapshot request if the cursor is between two commits, and deliver chunks of it.
+
+        A step delivers at most :data:`CHUNKS_PER_STEP` chunks of a snapshot and then returns as a
+        step that is not caught up (``max_versions``, or 1), so that ``serve``'s other tables get
+        their turn; the next version is looked for only once the snapshot is over.
 
         Raises:
             DeltaTailError: as :meth:`~tailer.follow.loop.FollowLoop.step`.
         """
         try:
-            self._take_request()
+            if self._signal is None:
+                self._take_request()
+            if self._signal is not None and self._deliver_chunks(CHUNKS_PER_STEP):
+                return max_versions or 1
         except DeltaTailError as e:
             self._failed(e)
             raise
         return super().step(max_versions)
 
     def _take_request(self) -> None:
-        """Take and deliver the waiting request, if any and if every row up to a version is delivered.
+        """Take the waiting request, if any and if every row up to a version is delivered.
 
-        A request that cannot be read is dropped with an error logged and recorded (the stream goes on).
+        A request that cannot be read is dropped with an error logged (the stream goes on).
         """
         snap, cursor = self._snap, self._cursor
         held = self._resume  # rows the sink holds past the cursor come first (their positions are taken)
@@ -92,7 +105,6 @@ class SignalledTailer(Tailer):
             snap.version,
             "" if request.where is None else f" where {request.where}",
         )
-        self._deliver_signal()
 
     def _set_signal(self, request: SnapshotRequest | None) -> None:
         self._signal = request
@@ -102,49 +114,55 @@ class SignalledTailer(Tailer):
     # -- delivering it -------------------------------------------------------------------------
 
     def _deliver_initial_snapshot(self) -> None:
-        """A restart inside an on-demand snapshot goes on with it; otherwise the initial snapshot."""
+        """The initial snapshot; a restart inside an on-demand snapshot goes on with it in its steps instead."""
         if self._signal is None:
             super()._deliver_initial_snapshot()
-        else:
-            self._deliver_signal()
 
-    def _deliver_signal(self) -> None:
-        """Deliver the taken request's rows (those after the cursor), then go on at the next version.
+    def _deliver_chunks(self, limit: int) -> bool:
+        """Deliver up to ``limit`` chunks of the taken request, the cursor saved after each; whether more remain.
 
-        Files gone (vacuumed) or a predicate the table's columns no longer satisfy end the request as
+        After the last chunk (or a cancel) the cursor goes on at the next version. Files gone
+        (vacuumed) or a predicate the table's columns no longer satisfy end the request as
         ``failed``, logged; the stream goes on.
         """
-        request, snap = self._signal, self._snap
-        if request is None or request.version is None or snap is None:
-            raise RuntimeError("no on-demand snapshot was taken")  # a program error: the callers check
-        if signals.cancel_asked(self.store.dir, request.id):
-            self._end_signal("cancelled")
-            return
+        request = self._signal
+        if request is None:
+            return False
         try:
-            if not self._write_signal_rows(request, snap):
-                return  # stopped inside it: the cursor (with the request) is saved on the way out
+            if self._chunks is None:
+                if signals.cancel_asked(self.store.dir, request.id):
+                    self._end_signal("cancelled")
+                    return False
+                self._chunks = self._open_chunks(request)
+            for _ in range(limit):
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    self._end_signal("done")
+                    return False
+                if not self._write_batches([chunk], {}):
+                    return True  # stopped: the cursor (with the request) is saved on the way out
+                self._checkpoint()
+                if signals.cancel_asked(self.store.dir, request.id):
+                    self._end_signal("cancelled")
+                    return False
         except (MissingFileError, ConfigError) as e:
             log.error("%s: on-demand snapshot %s failed: %s", self.stats.name, request.id, e)
             self._end_signal("failed", str(e))
-            return
-        self._end_signal("cancelled" if self._cancelled else "done")
+            return False
+        return True
 
-    def _write_signal_rows(self, request: SnapshotRequest, snap: Snapshot) -> bool:
-        """Write the snapshot's rows at their positions; ``False`` if stopped inside them."""
+    def _open_chunks(self, request: SnapshotRequest) -> Iterator[ChangeBatch]:
+        """The snapshot's rows at their positions in chunks, read from the start; those before the cursor skipped."""
+        snap = self._snap
+        if snap is None or request.version != snap.version:
+            raise RuntimeError("the tailer's state is not the snapshot's version")  # a program error
         feed = self._signal_feed(request)
         feed.check_filter()
-        ts = snapshot_time(self.log, snap)
-        plan = feed.filtered(plan_snapshot(snap, ts, self.config.options.external_roots))
-        counts: dict[str, int] = {}
-        with contextlib.closing(feed.read_plans(iter([plan]))) as reading:
-            for planned, task_batches in reading:
-                rows = (
-                    ChangeBatch(request.position(b.start.index), b.rows)
-                    for b in feed.plan_batches(planned, task_batches)
-                )
-                if not self._write_batches(self._chunks(rows, request), counts):
-                    return False
-        return True
+        plan = feed.filtered(plan_snapshot(snap, snapshot_time(self.log, snap), self.config.options.external_roots))
+        self._reading = feed.read_plans(iter([plan]))
+        if self._resume is None or self._resume < self._cursor:
+            self._resume = self._cursor  # a restart inside the snapshot: the rows before the cursor went out
+        return _cut(feed, self._reading, request)
 
     def _signal_feed(self, request: SnapshotRequest) -> ChangeFeed:
         """The run's feed with the request's predicate added to the run's and its chunk size as the batch size."""
@@ -157,23 +175,22 @@ class SignalledTailer(Tailer):
             replace(options, filter=replace(options.filter, where=where), batch_size=chunk, net_changes=False),
         )
 
-    def _chunks(self, batches: Iterable[ChangeBatch], request: SnapshotRequest) -> Iterator[ChangeBatch]:
-        """``batches`` cut to ``chunk_rows``; after each chunk is written, the cursor saved and a cancel looked for."""
-        self._cancelled = False
-        for batch in batches:
-            for start in range(0, len(batch), request.chunk_rows):
-                rows = batch.rows.slice(start, request.chunk_rows)
-                yield ChangeBatch(batch.position(start), rows)
-                self._checkpoint()  # the chunk is written (the caller asks for the next one after writing)
-                if signals.cancel_asked(self.store.dir, request.id):
-                    self._cancelled = True
-                    return
+    def _close_chunks(self) -> None:
+        reading, self._reading, self._chunks = self._reading, None, None
+        if reading is not None:
+            reading.close()  # stops the read-ahead workers
+
+    def close(self) -> None:
+        """Stop reading a snapshot in hand, then as :meth:`~tailer.follow.loop.FollowLoop.close`."""
+        self._close_chunks()
+        super().close()
 
     def _end_signal(self, outcome: str, error: str | None = None) -> None:
         """Go on at the version after the snapshot's, the request ended as ``outcome`` (saved, then recorded)."""
         request = self._signal
         if request is None or request.version is None:
             return
+        self._close_chunks()
         self._set_signal(None)
         self._cursor = Position.change(request.version + 1, 0)
         self._checkpoint()
@@ -205,3 +222,12 @@ class SignalledTailer(Tailer):
             self._set_signal(None)
             signals.record_end(self.store.dir, request, "failed", "data lost: the tailer jumped past its version")
         super()._jump(snap, cursor)
+
+
+def _cut(feed: ChangeFeed, reading: Iterator[Any], request: SnapshotRequest) -> Iterator[ChangeBatch]:
+    """The rows of the read snapshot plan at the request's positions (rule 2), in chunks of ``chunk_rows``."""
+    for planned, task_batches in reading:
+        for batch in feed.plan_batches(planned, task_batches):
+            placed = ChangeBatch(request.position(batch.start.index), batch.rows)
+            for start in range(0, len(placed), request.chunk_rows):
+                yield ChangeBatch(placed.position(start), placed.rows.slice(start, request.chunk_rows))
