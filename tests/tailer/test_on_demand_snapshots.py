@@ -184,6 +184,13 @@ def test_a_bad_filter_is_refused_when_asked(tmp_path: Path) -> None:
     assert "unknown column 'price'" in refused.stderr and str(table) in refused.stderr
     assert "Traceback" not in refused.stderr
     assert not (state / signals.REQUEST_FILE).exists()
+    (state / signals.REQUEST_FILE).write_text("{damaged")  # a request file that is not one: dropped, said
+    write_deltalake(str(table), rows(range(3, 5)), mode="append")
+    followed = follow_once(table, state, out)
+    assert followed.returncode == 0 and "snapshot request dropped" in followed.stderr
+    assert not (state / signals.REQUEST_FILE).exists()
+    changes, snap = split(lines(out))
+    assert snap == [] and change_rows(changes) == cdf(table)
 
 
 def test_a_second_request_waits_for_the_first_and_cancel_drops_it(tmp_path: Path) -> None:
@@ -215,6 +222,9 @@ def test_a_running_snapshot_cancelled_ends_and_the_stream_goes_on(tmp_path: Path
     assert killed.returncode == -signal.SIGKILL
     shown = json.loads(deltatail("signal", str(state), "status", "--json").stdout)
     assert shown["running"]["id"] == "c" and shown["running"]["version"] == 0
+    listed = json.loads(deltatail("status", str(state), "--json").stdout)
+    assert listed[0]["cursor"]["version"] == 1 and listed[0]["cursor"]["snapshot"]
+    assert listed[0]["delivered_version"] == 0  # inside the snapshot of version 0: version 1 is not delivered
     assert deltatail("signal", str(state), "cancel").returncode == 0
     assert follow_once(table, state, out).returncode == 0
     changes, snap = split(lines(out))
