@@ -8,6 +8,7 @@ names only, with its condition; read again after a restart, it asks for nothing 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -136,3 +137,42 @@ def test_a_signal_message_snapshots_the_table_it_names_once(tmp_path: Path, kafk
     assert snapshot_rows(out / "a.jsonl") == [(i, f"a{i}", 0) for i in range(4)]
     for name in ("a", "b"):
         assert change_rows(out / f"{name}.jsonl") == cdf(lake / name)
+
+
+def run_into(table: Path, state: Path, uri: str, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DELTATAIL_CRASH_AT"}
+    if crash_at is not None:
+        env["DELTATAIL_CRASH_AT"] = crash_at
+    return subprocess.run(
+        [sys.executable, "-m", "tailer.cli", "run", str(table), "--state-dir", str(state), "--sink", uri,
+         "--until-caught-up", "--reader-processes", "0"],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_snapshot_into_debezium_is_op_r_once_across_a_kill(tmp_path: Path, kafka_broker: Any) -> None:
+    table, state = tmp_path / "t", tmp_path / "state"
+    write_deltalake(str(table), rows(range(30)), configuration=CDF)
+    topic = kafka_broker.new_topic(partitions=1)
+    uri = kafka_broker.uri(topic, format="debezium", key="id", exactly_once=True)
+    assert run_into(table, state, uri).returncode == 0
+    asked = subprocess.run(
+        [sys.executable, "-m", "tailer.cli", "signal", str(state), "snapshot", "--chunk-rows", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    write_deltalake(str(table), rows(range(30, 33)), mode="append")
+    killed = run_into(table, state, uri, crash_at="after_write:3")  # two chunks saved, the third sent, then killed
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    finished = run_into(table, state, uri)
+    assert finished.returncode == 0, finished.stderr
+    events = [json.loads(r.value) for r in kafka_broker.consume(topic)]
+    ops = [(e["op"], e["after"]["id"], e["source"]["snapshot"]) for e in events]
+    assert ops == (
+        [("c", i, "false") for i in range(30)]
+        + [("r", i, "true") for i in range(30)]  # each once, between version 0 and version 1
+        + [("c", i, "false") for i in range(30, 33)]
+    )
+    # source.(commit_version, snapshot, index) is the row's position: 1:s<i>, just before version 1's rows
+    assert [(e["source"]["commit_version"], e["source"]["index"]) for e in events[30:60]] == [(1, i) for i in range(30)]
