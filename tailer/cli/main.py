@@ -34,6 +34,7 @@ from tailer.cli.settings import (
     external_root_option,
     flag_type,
 )
+from tailer.cli.signal import add_parser as add_signal_parser
 from tailer.cli.sink_uri import open_sink
 from tailer.cli.tables import add_format_option, open_arg, tailer_maker
 from tailer.follow.service import TailerService
@@ -315,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
 
     add_cursor_parsers(sub, _storage_option)
+    add_signal_parser(sub, _storage_option)
 
     srv = sub.add_parser("serve", help="follow every table a TOML file names or discovers, in one process")
     srv.add_argument("--config", required=True, help="the service's TOML file (see the README's Service section)")

@@ -16,6 +16,8 @@ The file::
     discover_seconds = 30                # how often discovery roots are scanned again
     fatal_seconds = 60                   # the state root unusable this long: exit non-zero (restart me)
     stall_seconds = 30                   # a table's step running this long: reported unavailable
+    signal_kafka_topic = "kafka://b:9092/s" # Debezium signals: snapshot requests (tailer/serve/signal_topic.py)
+    signal_kafka_key = "deltatail"       # the key of this service's signal messages
 
     [defaults]                           # settings of every table (those of `deltatail run`)
     sink = "kafka://broker:9092/cdc.{table_name}?format=debezium&key=id&exactly_once=true"
@@ -73,6 +75,7 @@ from tailer.runtime.transient import is_transient
 from tailer.serve.discovery import find_tables
 from tailer.serve.http import HealthServer
 from tailer.serve.service import Service, TableSource, probe_state_root
+from tailer.serve.signal_topic import SignalTopic
 from tailer.serve.state_root import StateRoot
 from tailer.sink import Sink
 from tailer.storage.local import to_local_path
@@ -332,6 +335,10 @@ def serve(config_path: str) -> int:
                 "reach it reads /metrics and /readyz's table names, paths and errors",
                 host,
             )
+    signal_reader = None
+    if config.signal_kafka_topic is not None:
+        signal_reader = SignalTopic(config.signal_kafka_topic, config.signal_kafka_key, state_root)
+        signal_reader.start()
     tune_for_latency()
     stop_on_signals(service.stop)
     progress = ServiceProgress(lambda: service.stats)
@@ -339,6 +346,8 @@ def serve(config_path: str) -> int:
         with progress:
             service.run()
     finally:
+        if signal_reader is not None:
+            signal_reader.close()
         if server is not None:
             server.close()
     return 0

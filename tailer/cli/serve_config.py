@@ -30,6 +30,7 @@ from tailer.follow.tailer import table_name
 from tailer.formats.registry import format_names, split_prefix
 from tailer.serve.http import load_auth_token
 from tailer.serve.service import ServiceOptions
+from tailer.serve.signal_topic import signal_topic
 
 #: Settings of ``run`` that make no sense per table in a service.
 _NOT_PER_TABLE = frozenset({"state_dir", "until_caught_up", "sink_retries"})
@@ -56,6 +57,8 @@ class ServiceSettings:
     auth_token_env: str | None = None
     fatal_seconds: float = _SERVICE_DEFAULTS.fatal_seconds
     stall_seconds: float = _SERVICE_DEFAULTS.stall_seconds
+    signal_kafka_topic: str | None = None
+    signal_kafka_key: str = "deltatail"
 
     def options(self) -> ServiceOptions:
         """How the service runs its tables."""
@@ -93,6 +96,8 @@ class ServeConfig:
     discover: list[DiscoverSettings] = field(default_factory=list)
     auth_token: str | None = field(default=None, repr=False)  # the secret: never in a repr or a log
     min_readable_seconds: float = 86400.0
+    signal_kafka_topic: str | None = None  # kafka://HOST:PORT/TOPIC: Debezium signals (tailer/serve/signal_topic.py)
+    signal_kafka_key: str = "deltatail"
 
 
 def load_serve_config(path: str) -> ServeConfig:
@@ -122,7 +127,14 @@ def load_serve_config(path: str) -> ServeConfig:
         options=service.options(),
         defaults=defaults,
         auth_token=load_auth_token(service.auth_token_file, service.auth_token_env, file=path),
+        signal_kafka_topic=service.signal_kafka_topic,
+        signal_kafka_key=service.signal_kafka_key,
     )
+    if config.signal_kafka_topic is not None:
+        try:
+            signal_topic(config.signal_kafka_topic)
+        except ConfigError as e:
+            raise e.at(file=path) from None
     config.tables.extend(_tables(_array(data, "tables", path), defaults, path, lines))
     config.discover.extend(
         _discover(raw, i, path, lines.get(("discover", i), {})) for i, raw in enumerate(_array(data, "discover", path))

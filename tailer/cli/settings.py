@@ -244,6 +244,8 @@ SERVICE_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "auth_token_env": text,
     "fatal_seconds": Number(float, 1, DAY),
     "stall_seconds": Number(float, 1, DAY),
+    "signal_kafka_topic": text,
+    "signal_kafka_key": text,
 }
 
 #: The settings of a ``[[discover]]`` entry of ``deltatail serve``.

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from state.cursor import Position
+from state.signals import SnapshotRequest
 from state.snapshot import Snapshot
 from tailer.follow.state_store import SavedState, StateStore
 from tailer.runtime.faults import crash_point
@@ -74,6 +75,8 @@ class Checkpointer:
         #: Versions delivered since the last checkpoint.
         self.since = 0
         self.last = clock()
+        #: The on-demand snapshot the cursor is inside (saved with it), if any.
+        self.signal: SnapshotRequest | None = None
 
     def delivered_version(self) -> None:
         """Count one more delivered version."""
@@ -135,7 +138,9 @@ class Checkpointer:
             self.saved_snapshot = saved
         if saved is None or (not at_boundary and saved[0] >= cursor.version):
             return  # nothing consistent to resume from yet; a restart redoes this from the start
-        self.store.save(SavedState(self.table, self.table_id, cursor, saved[0], saved[1], previous_ms, rows_end))  # 3
+        self.store.save(
+            SavedState(self.table, self.table_id, cursor, saved[0], saved[1], previous_ms, rows_end, self.signal)
+        )  # 3
         crash_point("after_save")
         self.since = 0
         self.last = self._clock()

@@ -18,6 +18,7 @@ from typing import Any
 
 from state.cursor import Position
 from state.errors import ConfigError, DeltaTailError, StateError, VersionNotFoundError
+from state.signals import resume_version
 from state.snapshot import Snapshot
 from tailer.follow.state_store import CURSOR_FILE, SavedState, StateStore
 from tailer.log.delta_log import DeltaLog
@@ -100,7 +101,7 @@ def describe(
         error = recorded.get("error") if state == recorded["state"] else None
     if saved is None and not live:
         return TableState(name, table, str(directory), None, None, None, None, None, None, "not started", error)
-    delivered = -1 if saved is None else saved.cursor.base_version
+    delivered = -1 if saved is None else resume_version(saved.cursor, saved.signal)  # inside a snapshot: its version
     if live and recorded is not None:
         delivered = max(delivered, recorded["delivered_version"])
     latest: int | None = None

@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from state.errors import DeltaTailError, StateError, StorageError
+from tailer.follow.signalled import SignalledTailer
 from tailer.follow.state_store import StateStore
 from tailer.follow.stats import TableState, TableStats
-from tailer.follow.tailer import Tailer, TailerConfig, table_name
+from tailer.follow.tailer import TailerConfig, table_name
 from tailer.runtime.backoff import retry_delay
 from tailer.runtime.status import Progress, status
 from tailer.runtime.transient import as_deltatail_error, describe, fault_of, is_transient
@@ -71,7 +72,7 @@ class TailerService:
         self.retries = retries
         self.max_backoff = max_backoff
         self.stats = stats if stats is not None else TableStats(config.table, table_name(config.table))
-        self.make_tailer = make_tailer or (lambda c, sink: Tailer(c, sink, stats=self.stats))
+        self.make_tailer = make_tailer or (lambda c, sink: SignalledTailer(c, sink, stats=self.stats))
         self._stopping = threading.Event()
         self._current: Runner | None = None
 

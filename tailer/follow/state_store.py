@@ -3,7 +3,9 @@
 Layout of ``--state-dir``::
 
     LOCK                      the running tailer's pid (the lock is an flock() on the directory)
-    cursor.json               the cursor, the table id, the saved snapshot's version; CRC-checked
+    cursor.json               the cursor, the table id, the saved snapshot's version, the on-demand
+                              snapshot in progress (if any); CRC-checked
+    signal.json               an on-demand snapshot asked for, not yet taken (tailer/follow/signals.py)
     snapshot-<version>.parquet the snapshot at that version, in Delta's checkpoint format
 
 Every file is written atomically: to a temporary file, fsync, rename over the
@@ -31,6 +33,7 @@ from state.actions import DeletionVector
 from state.cursor import Position
 from state.errors import StateError
 from state.files import FileTable
+from state.signals import SnapshotRequest
 from state.snapshot import Snapshot
 from tailer.log.checkpoint import CheckpointState, read_parquet_checkpoint_file
 from tailer.runtime.files import atomic_write, fsync_dir, remove_quietly
@@ -54,6 +57,8 @@ class SavedState:
     #: unknown - a cursor saved by an older deltatail or set by ``deltatail seek``). A sink that
     #: reports holding less than this lost rows (see :meth:`tailer.follow.change_loop.ChangeLoop._open_sink`).
     rows_end: Position | None = None
+    #: The on-demand snapshot the cursor is inside (:mod:`state.signals`), saved with it in one write.
+    signal: SnapshotRequest | None = None
 
 
 def _problem(e: OSError) -> str:
@@ -189,6 +194,7 @@ class StateStore:
                 snapshot_file=str(body["snapshot_file"]),
                 previous_timestamp_ms=body.get("previous_timestamp_ms"),
                 rows_end=None if body.get("rows_end") is None else Position.from_json(body["rows_end"]),
+                signal=None if body.get("signal") is None else SnapshotRequest.from_json(body["signal"]),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, StateError) as e:
             damaged = not isinstance(e, StateError)  # a file that reads but is wrong; a read that fails may pass
@@ -216,6 +222,8 @@ class StateStore:
         }
         if saved.rows_end is not None:
             body["rows_end"] = saved.rows_end.to_json()
+        if saved.signal is not None:
+            body["signal"] = saved.signal.to_json()
         crc = zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
         path = self.dir / CURSOR_FILE
         try:

@@ -202,7 +202,7 @@ class Tailer(ChangeLoop):
         cursor = saved.cursor
         # Bring the snapshot to just before the cursor's version (commits already delivered).
         try:
-            snap = self._replay(follower, snap, cursor.base_version)
+            snap = self._replay(follower, snap, self._resume_version(saved))
         except VersionGapError as e:
             if self.config.on_data_loss == "fail":
                 raise
@@ -217,6 +217,10 @@ class Tailer(ChangeLoop):
         self._checkpoints = self._checkpointer()
         self._checkpoints.saved_snapshot = (saved.snapshot_version, saved.snapshot_file)
         log.info("resuming %s at %s (saved snapshot version %d)", self.log.table, cursor, saved.snapshot_version)
+
+    def _resume_version(self, saved: SavedState) -> int:
+        """The version whose state a resumed tailer rebuilds before delivering from the saved cursor."""
+        return saved.cursor.base_version
 
     def _replay(self, follower: LogFollower, snap: Snapshot, target: int) -> Snapshot:
         """``snap`` brought on to version ``target`` by the commits after it (already delivered ones).

@@ -69,6 +69,8 @@ KEY = "key"
 MAX_BYTES = "max_bytes"
 #: A setting a format may refuse: ``on_data_loss`` other than ``fail`` (resnapshot or skip past a lost version).
 DATA_LOSS = "on_data_loss"
+#: On-demand snapshots asked for by ``deltatail signal`` (:mod:`state.signals`).
+SIGNALS = "signals"
 
 
 def starting_version(value: object, latest: Callable[[], int]) -> int | None:
@@ -200,7 +202,10 @@ class TableFormat(Protocol):
         ...
 
     def refused(self, asked: Sequence[str]) -> tuple[str, ...]:
-        """Which of ``asked`` (:data:`NET_CHANGES`, :data:`KEY`, :data:`MAX_BYTES`, :data:`DATA_LOSS`) it refuses."""
+        """Which settings of ``asked`` it refuses.
+
+        The settings: :data:`NET_CHANGES`, :data:`KEY`, :data:`MAX_BYTES`, :data:`DATA_LOSS`, :data:`SIGNALS`.
+        """
         ...
 
     def start_of(self, table: TableRef, value: object) -> int | None:

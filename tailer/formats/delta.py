@@ -19,6 +19,7 @@ from tailer.audit.alerts import AlertNotifier
 from tailer.audit.feed import AuditFeed, AuditSource
 from tailer.audit.log import AuditOutput
 from tailer.follow.audit import AuditFollowConfig, AuditFollower
+from tailer.follow.signalled import SignalledTailer
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import Tailer, TailerConfig, table_name
 from tailer.formats.base import ChangeRequest, ChangeRun, starting_version
@@ -65,8 +66,8 @@ class FollowedDelta:
     def tailer(
         self, config: TailerConfig, sink: Sink, stats: TableStats | None = None, *, status_file: bool = True
     ) -> Tailer:
-        """A new :class:`~tailer.follow.tailer.Tailer` on this feed."""
-        return Tailer(config, sink, feed=self.feed, stats=stats, status_file=status_file)
+        """A new :class:`~tailer.follow.signalled.SignalledTailer` (on-demand snapshots too) on this feed."""
+        return SignalledTailer(config, sink, feed=self.feed, stats=stats, status_file=status_file)
 
 
 class DeltaFormat:

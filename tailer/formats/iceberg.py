@@ -26,7 +26,7 @@ from tailer.audit.log import AuditOutput
 from tailer.follow.audit import AuditFollowConfig
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
-from tailer.formats.base import DATA_LOSS, MAX_BYTES, ChangeRequest, ChangeRun
+from tailer.formats.base import DATA_LOSS, MAX_BYTES, SIGNALS, ChangeRequest, ChangeRun
 from tailer.iceberg.audit import IcebergAuditFeed
 from tailer.iceberg.audit_follow import IcebergAuditFollower
 from tailer.iceberg.catalog import catalog_pointer, parse_catalog_name
@@ -39,7 +39,7 @@ from tailer.storage import Storage
 from tailer.table import TableRef, table_storage
 
 #: The settings Iceberg tables refuse.
-REFUSED = (MAX_BYTES, DATA_LOSS)
+REFUSED = (MAX_BYTES, DATA_LOSS, SIGNALS)
 
 
 def iceberg_options(options: ChangeOptions) -> IcebergOptions:
@@ -221,7 +221,7 @@ class IcebergFormat:
         return is_iceberg_table(directory)
 
     def refused(self, asked: Sequence[str]) -> tuple[str, ...]:
-        """A byte limit per micro-batch, and going on past lost data (:data:`REFUSED`: an expired snapshot stops)."""
+        """A byte limit per batch, going on past lost data (an expired snapshot stops), signals (:data:`REFUSED`)."""
         return tuple(a for a in asked if a in REFUSED)
 
     def start_of(self, table: TableRef, value: object) -> int | None:

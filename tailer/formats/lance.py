@@ -23,7 +23,16 @@ from tailer.audit.log import AuditOutput
 from tailer.follow.audit import AuditFollowConfig, AuditLoop
 from tailer.follow.stats import TableStats
 from tailer.follow.tailer import TailerConfig, table_name
-from tailer.formats.base import DATA_LOSS, KEY, MAX_BYTES, NET_CHANGES, ChangeRequest, ChangeRun, starting_version
+from tailer.formats.base import (
+    DATA_LOSS,
+    KEY,
+    MAX_BYTES,
+    NET_CHANGES,
+    SIGNALS,
+    ChangeRequest,
+    ChangeRun,
+    starting_version,
+)
 from tailer.lance.dataset import LanceDataset, is_lance_dataset, looks_like_lance
 from tailer.lance.feed import LanceFeed, LanceOptions
 from tailer.lance.follow import LanceTailer, lance_state_id, lance_table_id
@@ -33,7 +42,7 @@ from tailer.storage import Storage
 from tailer.table import TableRef
 
 #: The settings Lance datasets refuse.
-REFUSED = (NET_CHANGES, KEY, MAX_BYTES, DATA_LOSS)
+REFUSED = (NET_CHANGES, KEY, MAX_BYTES, DATA_LOSS, SIGNALS)
 
 
 def lance_options(options: ChangeOptions) -> LanceOptions:
@@ -154,7 +163,7 @@ class LanceFormat:
         return is_lance_dataset(directory)
 
     def refused(self, asked: Sequence[str]) -> tuple[str, ...]:
-        """Net changes, their key, a byte limit per micro-batch and going on past lost data (:data:`REFUSED`)."""
+        """Net changes, their key, a byte limit per micro-batch, going on past lost data, signals (:data:`REFUSED`)."""
         return tuple(a for a in asked if a in REFUSED)
 
     def start_of(self, table: TableRef, value: object) -> int | None:

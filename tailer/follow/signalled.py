@@ -1,0 +1,233 @@
+"""The Delta tailer with on-demand snapshots: a request taken between two commits, delivered in chunks.
+
+:class:`SignalledTailer` is the :class:`~tailer.follow.tailer.Tailer` that ``run`` and ``serve``
+follow Delta tables with. Before each look at the log (:meth:`SignalledTailer.step`) it takes the
+snapshot request waiting in its state directory (:mod:`tailer.follow.signals`), if the cursor is
+between two commits, and delivers it by :mod:`state.signals`'s rule: the table's rows at the
+version delivered up to, at the positions just before the next version's, in chunks with the
+cursor saved after each, before that next version. A step delivers at most
+:data:`CHUNKS_PER_STEP` chunks, so that ``serve``'s other tables get their turn while a large
+snapshot is read (its reader stays open from one step to the next). A restart inside the
+snapshot goes on with it at its first step, from the saved cursor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator, Iterator
+from dataclasses import replace
+from typing import Any
+
+from state.cursor import Position
+from state.errors import ConfigError, DeltaTailError, MissingFileError, StateError
+from state.feed import ChangeBatch
+from state.planning import plan_snapshot
+from state.signals import SnapshotRequest, both, resume_version
+from state.snapshot import Snapshot
+from tailer.follow import signals
+from tailer.follow.checkpointer import Checkpointer
+from tailer.follow.state_store import SavedState
+from tailer.follow.tailer import Tailer
+from tailer.log.starts import snapshot_time
+from tailer.read.feed import ChangeFeed
+
+log = logging.getLogger("deltatail")
+
+#: Chunks of an on-demand snapshot delivered per step: ``serve``'s other tables get their turn in between.
+CHUNKS_PER_STEP = 16
+
+
+class SignalledTailer(Tailer):
+    """A :class:`~tailer.follow.tailer.Tailer` that also delivers on-demand snapshots (same arguments)."""
+
+    #: The request being delivered (saved with the cursor), if any.
+    _signal: SnapshotRequest | None = None
+    #: The taken request's chunks being read (kept open from one step to the next), and their reader.
+    _chunks: Iterator[ChangeBatch] | None = None
+    _reading: Generator[Any, None, None] | None = None
+
+    # -- taking a request ----------------------------------------------------------------------
+
+    def step(self, max_versions: int | None = None) -> int:
+        """Take a waiting snapshot request if the cursor is between two commits, and deliver chunks of it.
+
+        A step delivers at most :data:`CHUNKS_PER_STEP` chunks of a snapshot and then returns as a
+        step that is not caught up (``max_versions``, or 1), so that ``serve``'s other tables get
+        their turn; the next version is looked for only once the snapshot is over.
+
+        Raises:
+            DeltaTailError: as :meth:`~tailer.follow.loop.FollowLoop.step`.
+        """
+        try:
+            if self._signal is None:
+                self._take_request()
+            if self._signal is not None and self._deliver_chunks(CHUNKS_PER_STEP):
+                return max_versions or 1
+        except DeltaTailError as e:
+            self._failed(e)
+            raise
+        return super().step(max_versions)
+
+    def _take_request(self) -> None:
+        """Take the waiting request, if any and if every row up to a version is delivered.
+
+        A request that cannot be read is dropped with an error logged (the stream goes on).
+        """
+        snap, cursor = self._snap, self._cursor
+        held = self._resume  # rows the sink holds past the cursor come first (their positions are taken)
+        between = not cursor.snapshot and cursor.index == 0 and (held is None or held <= cursor)
+        if snap is None or snap.version < 0 or not between or cursor.version != snap.version + 1:
+            return
+        directory = self.store.dir
+        try:
+            request = signals.pending(directory)
+        except StateError as e:
+            log.error("%s: snapshot request dropped: %s", self.stats.name, e)
+            signals.drop(directory)
+            return
+        if request is None:
+            return
+        if signals.cancel_asked(directory, request.id):
+            signals.drop(directory, request.id)
+            signals.record_end(directory, request, "cancelled")
+            return
+        self._checkpoint()  # at the boundary: the state at this version saved, for the request's cursor
+        self._resume = None  # the sink holds nothing past the cursor; the snapshot's positions come before it
+        taken = request.taken_at(snap.version, self._rows_end)
+        self._set_signal(taken)
+        self._cursor = taken.position(0)
+        self._checkpoint()  # the request is now the tailer's: saved with the cursor, in one write
+        signals.drop(directory, request.id)
+        log.info(
+            "%s: on-demand snapshot %s at version %d%s",
+            self.stats.name,
+            request.id,
+            snap.version,
+            "" if request.where is None else f" where {request.where}",
+        )
+
+    def _set_signal(self, request: SnapshotRequest | None) -> None:
+        self._signal = request
+        if self._checkpoints is not None:
+            self._checkpoints.signal = request
+
+    # -- delivering it -------------------------------------------------------------------------
+
+    def _deliver_initial_snapshot(self) -> None:
+        """The initial snapshot; a restart inside an on-demand snapshot goes on with it in its steps instead."""
+        if self._signal is None:
+            super()._deliver_initial_snapshot()
+
+    def _deliver_chunks(self, limit: int) -> bool:
+        """Deliver up to ``limit`` chunks of the taken request, the cursor saved after each; whether more remain.
+
+        After the last chunk (or a cancel) the cursor goes on at the next version. Files gone
+        (vacuumed) or a predicate the table's columns no longer satisfy end the request as
+        ``failed``, logged; the stream goes on.
+        """
+        request = self._signal
+        if request is None:
+            return False
+        try:
+            if self._chunks is None:
+                if signals.cancel_asked(self.store.dir, request.id):
+                    self._end_signal("cancelled")
+                    return False
+                self._chunks = self._open_chunks(request)
+            for _ in range(limit):
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    self._end_signal("done")
+                    return False
+                if not self._write_batches([chunk], {}):
+                    return True  # stopped: the cursor (with the request) is saved on the way out
+                self._checkpoint()
+                if signals.cancel_asked(self.store.dir, request.id):
+                    self._end_signal("cancelled")
+                    return False
+        except (MissingFileError, ConfigError) as e:
+            log.error("%s: on-demand snapshot %s failed: %s", self.stats.name, request.id, e)
+            self._end_signal("failed", str(e))
+            return False
+        return True
+
+    def _open_chunks(self, request: SnapshotRequest) -> Iterator[ChangeBatch]:
+        """The snapshot's rows at their positions in chunks, read from the start; those before the cursor skipped."""
+        snap = self._snap
+        if snap is None or request.version != snap.version:
+            raise RuntimeError("the tailer's state is not the snapshot's version")  # a program error
+        feed = self._signal_feed(request)
+        feed.check_filter()
+        plan = feed.filtered(plan_snapshot(snap, snapshot_time(self.log, snap), self.config.options.external_roots))
+        self._reading = feed.read_plans(iter([plan]))
+        if self._resume is None or self._resume < self._cursor:
+            self._resume = self._cursor  # a restart inside the snapshot: the rows before the cursor went out
+        return _cut(feed, self._reading, request)
+
+    def _signal_feed(self, request: SnapshotRequest) -> ChangeFeed:
+        """The run's feed with the request's predicate added to the run's and its chunk size as the batch size."""
+        options = self.config.options
+        where = both(options.filter.where, request.where)
+        chunk = min(options.batch_size, request.chunk_rows)
+        return ChangeFeed(
+            self.log.table,
+            self.log.storage,
+            replace(options, filter=replace(options.filter, where=where), batch_size=chunk, net_changes=False),
+        )
+
+    def _close_chunks(self) -> None:
+        reading, self._reading, self._chunks = self._reading, None, None
+        if reading is not None:
+            reading.close()  # stops the read-ahead workers
+
+    def close(self) -> None:
+        """Stop reading a snapshot in hand, then as :meth:`~tailer.follow.loop.FollowLoop.close`."""
+        self._close_chunks()
+        super().close()
+
+    def _end_signal(self, outcome: str, error: str | None = None) -> None:
+        """Go on at the version after the snapshot's, the request ended as ``outcome`` (saved, then recorded)."""
+        request = self._signal
+        if request is None or request.version is None:
+            return
+        self._close_chunks()
+        self._set_signal(None)
+        self._cursor = Position.change(request.version + 1, 0)
+        self._checkpoint()
+        signals.record_end(self.store.dir, request, outcome, error)
+        log.info("%s: on-demand snapshot %s %s", self.stats.name, request.id, outcome)
+
+    # -- the tailer's hooks --------------------------------------------------------------------
+
+    def _resume_version(self, saved: SavedState) -> int:
+        self._signal = saved.signal
+        return resume_version(saved.cursor, saved.signal)
+
+    def _start(self) -> None:
+        super()._start()
+        request = self._signal
+        if request is not None and request.version is not None:
+            signals.drop(self.store.dir, request.id)  # taken before a crash that came before its removal
+            self.stats.delivered_version = request.version
+
+    def _checkpointer(self) -> Checkpointer:
+        checkpoints = super()._checkpointer()
+        checkpoints.signal = self._signal
+        return checkpoints
+
+    def _jump(self, snap: Snapshot, cursor: Position) -> None:
+        """Data lost (``on_data_loss``): a snapshot in progress ends as failed before the tailer jumps."""
+        request = self._signal
+        if request is not None:
+            self._set_signal(None)
+            signals.record_end(self.store.dir, request, "failed", "data lost: the tailer jumped past its version")
+        super()._jump(snap, cursor)
+
+
+def _cut(feed: ChangeFeed, reading: Iterator[Any], request: SnapshotRequest) -> Iterator[ChangeBatch]:
+    """The rows of the read snapshot plan at the request's positions (rule 2), in chunks of ``chunk_rows``."""
+    for planned, task_batches in reading:
+        for batch in feed.plan_batches(planned, task_batches):
+            placed = ChangeBatch(request.position(batch.start.index), batch.rows)
+            for start in range(0, len(placed), request.chunk_rows):
+                yield ChangeBatch(placed.position(start), placed.rows.slice(start, request.chunk_rows))

@@ -1,0 +1,178 @@
+"""``serve``'s Kafka signal topic: a Debezium ``execute-snapshot`` message on the real broker triggers one snapshot.
+
+The service follows two tables written by deltalake; messages are produced to the signal topic on
+the tansu broker. Only the message with the service's key asks for a snapshot, of the table it
+names only, with its condition; read again after a restart, it asks for nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+ROOT = Path(__file__).resolve().parents[2]
+CDF = {"delta.enableChangeDataFeed": "true"}
+
+
+def rows(ids: range) -> pa.Table:
+    return pa.table({"id": pa.array(list(ids), pa.int64()), "v": pa.array([f"a{i}" for i in ids])})
+
+
+def lines(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def snapshot_rows(out: Path) -> list[tuple[Any, ...]]:
+    return [(r["id"], r["v"], r["_commit_version"]) for r in lines(out) if r["_position"][2]]
+
+
+def change_rows(out: Path) -> Counter[tuple[Any, ...]]:
+    return Counter(
+        (r["id"], r["v"], r["_change_type"], r["_commit_version"]) for r in lines(out) if not r["_position"][2]
+    )
+
+
+def cdf(path: Path) -> Counter[tuple[Any, ...]]:
+    got = pa.table(DeltaTable(str(path)).load_cdf(starting_version=0).read_all()).to_pylist()
+    return Counter((r["id"], r["v"], r["_change_type"], r["_commit_version"]) for r in got)
+
+
+def wait_for(proc: subprocess.Popen[bytes], done: Any, deadline: float) -> None:
+    while not done():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+
+
+def serve(config: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)], cwd=ROOT, stderr=subprocess.PIPE
+    )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return err.decode()
+
+
+@pytest.mark.slow
+def test_a_signal_message_snapshots_the_table_it_names_once(tmp_path: Path, kafka_broker: Any) -> None:
+    lake, out, state = tmp_path / "lake", tmp_path / "out", tmp_path / "state"
+    for name in ("a", "b"):
+        write_deltalake(str(lake / name), rows(range(10)), configuration=CDF)
+    topic = kafka_broker.new_topic(partitions=1, prefix="signals")
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            [service]
+            state_root = "{state}"
+            listen = "off"
+            signal_kafka_topic = "kafka://{kafka_broker.bootstrap}/{topic}"
+
+            [defaults]
+            sink = "jsonl:{out}/{{table_name}}.jsonl"
+            checkpoint_seconds = 0.2
+            poll_interval = 0.1
+            reader_processes = 0
+
+            [[tables]]
+            path = "{lake / "a"}"
+
+            [[tables]]
+            path = "{lake / "b"}"
+            """
+        )
+    )
+    out.mkdir()
+    snapshot = {
+        "type": "execute-snapshot",
+        "data": {
+            "data-collections": ["a"],
+            "type": "incremental",
+            "additional-conditions": [{"data-collection": "a", "filter": "id < 4"}],
+        },
+    }
+    kafka_broker.produce(
+        topic,
+        [
+            (b"another-service", json.dumps({**snapshot, "data": {"data-collections": ["b"]}}).encode(), [], 0),
+            (b"deltatail", b"{not json", [], 0),
+            (b"deltatail", json.dumps(snapshot).encode(), [], 0),
+        ],
+    )
+    proc = serve(config)
+    deadline = time.monotonic() + 180
+    try:
+        wait_for(proc, lambda: len(lines(out / "a.jsonl")) >= 14 and len(lines(out / "b.jsonl")) >= 10, deadline)
+        for name in ("a", "b"):
+            write_deltalake(str(lake / name), rows(range(10, 12)), mode="append")
+        wait_for(proc, lambda: len(lines(out / "a.jsonl")) >= 16 and len(lines(out / "b.jsonl")) >= 12, deadline)
+    finally:
+        err = stop(proc)
+    assert "message kafka-0-1 passed over" in err
+    assert snapshot_rows(out / "a.jsonl") == [(i, f"a{i}", 0) for i in range(4)]
+    assert snapshot_rows(out / "b.jsonl") == []  # the other service's message named b
+    proc = serve(config)  # the signal topic is read again from the saved offset: nothing asked twice
+    try:
+        for name in ("a", "b"):
+            write_deltalake(str(lake / name), rows(range(12, 13)), mode="append")
+        wait_for(proc, lambda: len(lines(out / "a.jsonl")) >= 17 and len(lines(out / "b.jsonl")) >= 13, deadline)
+    finally:
+        stop(proc)
+    assert json.loads((state / "kafka-signals.json").read_bytes()) == {"0": 3}
+    assert snapshot_rows(out / "a.jsonl") == [(i, f"a{i}", 0) for i in range(4)]
+    for name in ("a", "b"):
+        assert change_rows(out / f"{name}.jsonl") == cdf(lake / name)
+
+
+def run_into(table: Path, state: Path, uri: str, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DELTATAIL_CRASH_AT"}
+    if crash_at is not None:
+        env["DELTATAIL_CRASH_AT"] = crash_at
+    return subprocess.run(
+        [sys.executable, "-m", "tailer.cli", "run", str(table), "--state-dir", str(state), "--sink", uri,
+         "--until-caught-up", "--reader-processes", "0"],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_snapshot_into_debezium_is_op_r_once_across_a_kill(tmp_path: Path, kafka_broker: Any) -> None:
+    table, state = tmp_path / "t", tmp_path / "state"
+    write_deltalake(str(table), rows(range(30)), configuration=CDF)
+    topic = kafka_broker.new_topic(partitions=1)
+    uri = kafka_broker.uri(topic, format="debezium", key="id", exactly_once=True)
+    assert run_into(table, state, uri).returncode == 0
+    asked = subprocess.run(
+        [sys.executable, "-m", "tailer.cli", "signal", str(state), "snapshot", "--chunk-rows", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    write_deltalake(str(table), rows(range(30, 33)), mode="append")
+    killed = run_into(table, state, uri, crash_at="after_write:3")  # two chunks saved, the third sent, then killed
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    finished = run_into(table, state, uri)
+    assert finished.returncode == 0, finished.stderr
+    events = [json.loads(r.value) for r in kafka_broker.consume(topic)]
+    ops = [(e["op"], e["after"]["id"], e["source"]["snapshot"]) for e in events]
+    assert ops == (
+        [("c", i, "false") for i in range(30)]
+        + [("r", i, "true") for i in range(30)]  # each once, between version 0 and version 1
+        + [("c", i, "false") for i in range(30, 33)]
+    )
+    # source.(commit_version, snapshot, index) is the row's position: 1:s<i>, just before version 1's rows
+    assert [(e["source"]["commit_version"], e["source"]["index"]) for e in events[30:60]] == [(1, i) for i in range(30)]
