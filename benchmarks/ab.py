@@ -87,6 +87,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="pass --quick to every benchmark (a smoke run)")
     p.add_argument("--data-dir", type=Path, default=PROJECT / "benchmarks" / ".data" / "ab", help="tables of changes")
     p.add_argument("--log-dir", type=Path, default=None, help="keep each run's full output here")
+    p.add_argument(
+        "--report-from", type=Path, default=None, help="only print the figures of the logs in this --log-dir"
+    )
     return p.parse_args(argv)
 
 
@@ -161,6 +164,17 @@ def report(figures: Figures, sides: tuple[Side, Side]) -> None:
         print(f"{measure:<46}{units[(bench, measure)]:>8}  {cells[0]:<40}{cells[1]:<40}{ratio:>8.2f}")
 
 
+def from_logs(log_dir: Path) -> Figures:
+    """The figures of the runs kept in ``log_dir`` (``<bench>-<round>-<side>.log``), in round order."""
+    figures = Figures()
+    logs = sorted(log_dir.glob("*-*-*.log"), key=lambda p: (p.name.split("-")[0], int(p.name.split("-")[1])))
+    for log in logs:
+        bench, _round, side = log.stem.split("-")
+        for measure, value in pick(bench, log.read_text()).items():
+            figures.add(bench, measure, side, value)
+    return figures
+
+
 def git_head(root: Path) -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
     return done.stdout.strip() or "?"
@@ -169,6 +183,9 @@ def git_head(root: Path) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     a = parse(argv)
     sides = (Side("before", a.before.resolve()), Side("now", PROJECT))
+    if a.report_from is not None:
+        report(from_logs(a.report_from), sides)
+        return 0
     benches = [b.strip() for b in a.only.split(",") if b.strip()]
     unknown = [b for b in benches if b not in PATTERNS]
     if unknown:

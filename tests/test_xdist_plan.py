@@ -14,29 +14,34 @@ from xdist_plan import longest_first, scope_of
 SWEEP = "tests/tailer/test_damaged_tables.py"
 
 
-def test_a_file_is_one_unit_and_a_spread_file_a_unit_per_test() -> None:
+def test_a_file_is_one_unit_a_spread_file_a_unit_per_test_and_the_spark_files_one_unit() -> None:
     assert scope_of("tests/state/test_cursor.py::test_a[1]") == "tests/state/test_cursor.py"
     assert scope_of("tests/state/test_cursor.py::TestX::test_b") == "tests/state/test_cursor.py"
-    assert scope_of(f"{SWEEP}::test_every_file_damaged_every_way[t1]") == (
-        f"{SWEEP}::test_every_file_damaged_every_way[t1]"
-    )
+    test = f"{SWEEP}::test_every_file_damaged_every_way[t1]"
+    assert scope_of(test) == test
+    spark = {scope_of(f"tests/sinks/{f}::test_x") for f in ("test_spark.py", "test_spark_lance.py")}
+    assert spark == {"spark-jvm"}
+    assert scope_of("tests/sinks/test_spark_formats.py::test_x") == "tests/sinks/test_spark_formats.py"
 
 
 def test_units_are_handed_out_heaviest_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(xdist_plan, "SECONDS", {"a.py": 10.0, "b.py": 300.0, SWEEP: 400.0})
+    seconds = {"a.py": 10.0, "b.py": 300.0, SWEEP: 400.0, "s1.py": 60.0, "s2.py": 80.0}
+    monkeypatch.setattr(xdist_plan, "SECONDS", seconds)
     monkeypatch.setattr(xdist_plan, "SECONDS_PER_TEST", 1.0)
     units = {
         "a.py": {"a.py::t": False},  # 10 s
-        "many.py": {f"many.py::t{i}": False for i in range(50)},  # unknown: 50 tests at 1 s
+        "many.py": {f"many.py::t{i}": False for i in range(50)},  # not in SECONDS: 50 tests at 1 s
         "b.py": {"b.py::t": False},  # 300 s
-        f"{SWEEP}::x": {f"{SWEEP}::x": False},  # 400 s over 4 tests: 100 s each
+        f"{SWEEP}::x": {f"{SWEEP}::x": False},  # 400 s over its 4 tests: 100 s each
         f"{SWEEP}::y": {f"{SWEEP}::y": False},
         f"{SWEEP}::z": {f"{SWEEP}::z": False},
         f"{SWEEP}::w": {f"{SWEEP}::w": False},
-        "c.py": {"c.py::t": False},  # unknown: 1 s
+        "group": {"s1.py::t": False, "s2.py::t1": False, "s2.py::t2": False},  # 60 + 80 s
+        "c.py": {"c.py::t": False},  # not in SECONDS: 1 s
     }
     assert longest_first(units) == [
         "b.py",
+        "group",
         f"{SWEEP}::x",
         f"{SWEEP}::y",
         f"{SWEEP}::z",

@@ -6,14 +6,16 @@ start once, as in a serial run. It hands the files out in order of their number 
 files of many fast tests went first and a file of a few long tests (the damaged-table sweep, the soak
 test, Flink) could start last and run alone on one worker while the other had nothing left to do.
 
-This scheduler keeps the file as the unit and changes two things:
+This scheduler keeps the file as the unit and changes three things:
 
 - the files are handed out longest first, by :data:`SECONDS` (each file's time in a two-worker run
   of the whole suite; a file missing from it counts :data:`SECONDS_PER_TEST` a test), so that the
   long files start early and the short ones fill the gaps at the end;
 - the tests of a file in :data:`SPREAD` are units of their own: such a file has no fixture that
   costs more to start twice than its tests take (each test copies its own tables), and kept whole
-  it would be the longest unit of the run.
+  it would be the longest unit of the run;
+- the files of a group in :data:`GROUPS` are one unit: the files that start a Spark JVM run on one
+  worker, which starts it once.
 
 The plugin is listed in ``addopts`` (``pyproject.toml``) and does nothing without xdist (``-n 0``,
 ``-p no:xdist``).
@@ -33,40 +35,48 @@ SECONDS: dict[str, float] = {}
 SECONDS_PER_TEST = 0.05
 
 #: Files whose tests are shared out one by one instead of as a file.
-SPREAD: frozenset[str] = frozenset(
-    {
-        "tests/tailer/test_damaged_tables.py",
-    }
-)
+SPREAD: frozenset[str] = frozenset({"tests/tailer/test_damaged_tables.py"})
+
+#: Files scheduled together as one unit (on one worker): the files that start a local Spark session,
+#: so that one worker starts the JVM (the session is kept for the process: ``getOrCreate``).
+GROUPS: dict[str, str] = {
+    "tests/sinks/test_spark.py": "spark-jvm",
+    "tests/sinks/test_spark_iceberg.py": "spark-jvm",
+    "tests/sinks/test_spark_lance.py": "spark-jvm",
+    "tests/sinks/test_spark_objectstore.py": "spark-jvm",
+}
 
 
 def scope_of(nodeid: str) -> str:
-    """The unit a test is scheduled in: its file, or the test itself in a :data:`SPREAD` file."""
+    """The unit a test is scheduled in: its file, its file's group, or the test itself in a :data:`SPREAD` file."""
     path = nodeid.split("::", 1)[0]
-    return nodeid if path in SPREAD else path
-
-
-def weight(scope: str, tests: int) -> float:
-    """The expected seconds of a unit of ``tests`` tests (a spread file's time is shared by its tests)."""
-    path = scope.split("::", 1)[0]
-    if path in SECONDS:
-        return SECONDS[path] if scope == path else SECONDS[path] / max(tests, 1)
-    return SECONDS_PER_TEST * tests
+    if path in SPREAD:
+        return nodeid
+    return GROUPS.get(path, path)
 
 
 def longest_first(units: dict[str, dict[str, bool]]) -> list[str]:
-    """The units' scopes, heaviest first (ties in collection order)."""
-    spread: dict[str, int] = {}
-    for scope in units:
-        path = scope.split("::", 1)[0]
-        if path != scope:
-            spread[path] = spread.get(path, 0) + 1
-    weights = {s: weight(s, spread.get(s.split("::", 1)[0], len(tests))) for s, tests in units.items()}
+    """The units' scopes, heaviest first (ties in collection order).
+
+    A unit weighs the sum of its tests' shares: a test of a file in :data:`SECONDS` its file's time
+    divided by the file's tests, any other test :data:`SECONDS_PER_TEST`.
+    """
+    per_file: dict[str, int] = {}
+    for tests in units.values():
+        for nodeid in tests:
+            path = nodeid.split("::", 1)[0]
+            per_file[path] = per_file.get(path, 0) + 1
+
+    def share(nodeid: str) -> float:
+        path = nodeid.split("::", 1)[0]
+        return SECONDS[path] / per_file[path] if path in SECONDS else SECONDS_PER_TEST
+
+    weights = {scope: sum(share(n) for n in tests) for scope, tests in units.items()}
     return sorted(units, key=lambda s: -weights[s])  # sorted() is stable: ties keep collection order
 
 
 def _make_scheduler_class() -> type[Any]:
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class PlannedScheduling(LoadScopeScheduling):  # type: ignore[misc]
         """``loadfile`` with :func:`scope_of`'s units handed out :func:`longest_first`."""
