@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -88,14 +89,25 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=PROJECT / "benchmarks" / ".data" / "ab", help="tables of changes")
     p.add_argument("--log-dir", type=Path, default=None, help="keep each run's full output here")
     p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="BENCH=ARGS",
+        help="more arguments for one benchmark, e.g. serve='--tables 50 --idle-seconds 20' (repeatable)",
+    )
+    p.add_argument(
         "--report-from", type=Path, default=None, help="only print the figures of the logs in this --log-dir"
     )
     return p.parse_args(argv)
 
 
-def bench_args(bench: str, quick: bool, data_dir: Path) -> list[str]:
+def bench_args(bench: str, quick: bool, data_dir: Path, extra: list[str]) -> list[str]:
     """The arguments ``bench`` runs with on both sides; changes' tables are written once and shared."""
     args = ["--quick"] if quick else list(FULL_ARGS[bench])
+    for item in extra:
+        name, _, more = item.partition("=")
+        if name == bench:
+            args += shlex.split(more)
     if bench == "changes":
         args += ["--data-dir", str(data_dir / ("changes-quick" if quick else "changes"))]
     if bench == "serve" and quick:
@@ -131,7 +143,7 @@ def order(round_no: int, sides: tuple[Side, Side]) -> tuple[Side, Side]:
 def run_all(sides: tuple[Side, Side], benches: list[str], a: argparse.Namespace) -> Figures:
     figures = Figures()
     for bench in benches:
-        args = bench_args(bench, a.quick, a.data_dir)
+        args = bench_args(bench, a.quick, a.data_dir, a.extra)
         for round_no in range(a.rounds):
             for side in order(round_no, sides):
                 t0 = time.monotonic()
