@@ -43,7 +43,7 @@ PATTERNS: dict[str, list[tuple[str, str, str]]] = {
     ],
     "latency": [
         ("commit to flush, watching, p50", "ms", r"^\s+watching\s+([\d.]+) ms"),
-        ("commit to flush, watching, p99", "ms", r"^\s+watching\s+\S+ ms\s+\S+ ms\s+([\d.]+) ms"),
+        ("commit to flush, watching, p99", "ms", r"p99 commit-to-flush with watching ([\d.]+) ms"),
         ("catch-up per commit", "ms", r"catch-up per commit: deltatail ([\d.]+) ms"),
         ("20,000-file table, rows in hand, p50", "ms", r"\(p50\): deltatail \(rows in hand\) ([\d.]+) ms"),
         ("20,000-file table, rows fsynced, p50", "ms", r"\(p50\): deltatail \(rows fsynced\) ([\d.]+) ms"),
