@@ -1,0 +1,128 @@
+"""How the suite's tests are shared out between pytest-xdist workers (a pytest plugin, ``-p xdist_plan``).
+
+pytest-xdist's ``--dist loadfile`` keeps each test file on one worker, so that a file's expensive
+fixtures (a Spark session, the Flink JVM, the object-store servers, tables built once per module)
+start once, as in a serial run. It hands the files out in order of their number of tests, so that the
+files of many fast tests went first and a file of a few long tests (the damaged-table sweep, the soak
+test, Flink) could start last and run alone on one worker while the other had nothing left to do.
+
+This scheduler keeps the file as the unit and changes three things:
+
+- the files are handed out longest first, by :data:`SECONDS` (each file's time in a two-worker run
+  of the whole suite; a file missing from it counts :data:`SECONDS_PER_TEST` a test), so that the
+  long files start early and the short ones fill the gaps at the end;
+- the tests of a file in :data:`SPREAD` are units of their own: such a file has no fixture that
+  costs more to start twice than its tests take (each test copies its own tables), and kept whole
+  it would be the longest unit of the run;
+- the files of a group in :data:`GROUPS` are one unit: the files that start a Spark JVM run on one
+  worker, which starts it once.
+
+The plugin is listed in ``addopts`` (``pyproject.toml``) and does nothing without xdist (``-n 0``,
+``-p no:xdist``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+#: Seconds of the files that took a minute or more in a two-worker run of the whole suite with
+#: ``DELTATAIL_DAMAGE_SWEEP=1`` (2026-11-27, the 2-core machine at a load average of about 20, so
+#: several times the idle figures; the run was stopped at 3,131 of 3,645 tests, and the damaged-table
+#: sweep's five tables not reached are counted at the mean of its three that ran). Only the order
+#: matters.
+SECONDS: dict[str, float] = {
+    "tests/tailer/test_damaged_tables.py": 1388,
+    "tests/sinks/test_kafka_tailer.py": 1255,
+    "tests/sinks/test_spark.py": 743,
+    "tests/sinks/test_spark_lance.py": 567,
+    "tests/tailer/test_reader_pool.py": 541,
+    "tests/tailer/stores/test_objectstore_tables.py": 452,
+    "tests/tailer/test_unsafe_paths.py": 417,
+    "tests/tailer/test_run.py": 366,
+    "tests/state/test_action_validation.py": 258,
+    "tests/sinks/test_kafka_avro.py": 241,
+    "tests/tailer/test_audit_cli.py": 216,
+    "tests/test_layers.py": 203,
+    "tests/tailer/test_iceberg_changes.py": 143,
+    "tests/state/test_variant.py": 94,
+    "tests/tailer/test_conformance.py": 94,
+    "tests/tailer/test_serve_config.py": 93,
+    "tests/tailer/test_rows.py": 71,
+    "tests/sinks/test_kafka.py": 69,
+    "tests/tailer/stores/test_objectstore_storage.py": 64,
+}
+
+#: The weight of a test of a file not in :data:`SECONDS` (the same run's mean over its other tests).
+SECONDS_PER_TEST = 0.4
+
+#: Files whose tests are shared out one by one instead of as a file.
+SPREAD: frozenset[str] = frozenset({"tests/tailer/test_damaged_tables.py"})
+
+#: Files scheduled together as one unit (on one worker): the files that start a local Spark session,
+#: so that one worker starts the JVM (the session is kept for the process: ``getOrCreate``).
+GROUPS: dict[str, str] = {
+    "tests/sinks/test_spark.py": "spark-jvm",
+    "tests/sinks/test_spark_iceberg.py": "spark-jvm",
+    "tests/sinks/test_spark_lance.py": "spark-jvm",
+    "tests/sinks/test_spark_objectstore.py": "spark-jvm",
+}
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit a test is scheduled in: its file, its file's group, or the test itself in a :data:`SPREAD` file."""
+    path = nodeid.split("::", 1)[0]
+    if path in SPREAD:
+        return nodeid
+    return GROUPS.get(path, path)
+
+
+def longest_first(units: dict[str, dict[str, bool]]) -> list[str]:
+    """The units' scopes, heaviest first (ties in collection order).
+
+    A unit weighs the sum of its tests' shares: a test of a file in :data:`SECONDS` its file's time
+    divided by the file's tests, any other test :data:`SECONDS_PER_TEST`.
+    """
+    per_file: dict[str, int] = {}
+    for tests in units.values():
+        for nodeid in tests:
+            path = nodeid.split("::", 1)[0]
+            per_file[path] = per_file.get(path, 0) + 1
+
+    def share(nodeid: str) -> float:
+        path = nodeid.split("::", 1)[0]
+        return SECONDS[path] / per_file[path] if path in SECONDS else SECONDS_PER_TEST
+
+    weights = {scope: sum(share(n) for n in tests) for scope, tests in units.items()}
+    return sorted(units, key=lambda s: -weights[s])  # sorted() is stable: ties keep collection order
+
+
+def _make_scheduler_class() -> type[Any]:
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class PlannedScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """``loadfile`` with :func:`scope_of`'s units handed out :func:`longest_first`."""
+
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The base class pops the work queue's first unit; the queue is complete at the first call.
+            if not self.ordered:
+                self.ordered = True
+                for scope in longest_first(dict(self.workqueue)):
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
+
+    return PlannedScheduling
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The scheduler of the run, for ``--dist loadfile`` (the suite's setting) only."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    return _make_scheduler_class()(config, log)
