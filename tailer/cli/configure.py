@@ -108,6 +108,7 @@ def tailer_config(table: TableRef | str, state_dir: str, s: Mapping[str, Any]) -
         checkpoint_commits=s.get("checkpoint_commits", d.checkpoint_commits),
         checkpoint_seconds=s.get("checkpoint_seconds", d.checkpoint_seconds),
         snapshot_commits=s.get("snapshot_commits", d.snapshot_commits),
+        flush_rows=s.get("flush_rows", d.flush_rows),
         until_caught_up=bool(s.get("until_caught_up", d.until_caught_up)),
         on_sink_gap=s.get("on_sink_gap", d.on_sink_gap),
         on_data_loss=s.get("on_data_loss", d.on_data_loss),
