@@ -16,9 +16,9 @@ giant commit, the one measured:
 
 A deletion-vector commit is not measured: ``deltalake`` 1.6.6 cannot write deletion vectors.
 
-Each side runs as a child process of its own, and its peak RSS is the child's ``ru_maxrss`` from
-``os.wait4`` (the whole process, interpreter and imports included; deltatail's reader processes,
-which read only small files, are not counted). ``deltatail run --until-caught-up`` starts at the
+Each side runs as a child process of its own, and its peak RSS is the child's ``VmHWM`` (the whole
+process, interpreter and imports included; deltatail's reader processes, which read only small
+files, are not counted). ``deltatail run --until-caught-up`` starts at the
 giant commit (``--starting-version``) with a fresh state directory and writes to a ``jsonl:`` file,
 a ``parquet:`` directory, or a Kafka topic of a memory-only tansu broker started here. ``load_cdf``
 of the same version is read as a stream (``RecordBatchReader``, every batch counted and dropped).
@@ -101,18 +101,30 @@ class Measure:
 
 
 def measure(command: list[str], env: dict[str, str] | None = None) -> tuple[str, float, float]:
-    """Run ``command``; its stdout and stderr, peak RSS (MiB) and seconds. Exits on a failure."""
+    """Run ``command``; its stdout and stderr, peak RSS (MiB) and seconds. Exits on a failure.
+
+    The peak is the child's ``VmHWM`` (its resident high-water mark since ``exec``), read every 10 ms
+    until it exits: ``ru_maxrss`` would count the benchmark's own memory, copied at ``fork``.
+    """
     started = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        peak_kib = 0
+        status = Path(f"/proc/{proc.pid}/status")
+        while proc.poll() is None:
+            try:
+                found = re.search(r"^VmHWM:\s+(\d+) kB", status.read_text(), re.MULTILINE)
+            except OSError:
+                found = None
+            if found:
+                peak_kib = max(peak_kib, int(found.group(1)))
+            time.sleep(0.01)
         seconds = time.perf_counter() - started
         out.seek(0)
         err.seek(0)
         if proc.returncode != 0:
             raise SystemExit(f"{command[:3]} failed ({proc.returncode}):\n{err.read().decode()[-3000:]}")
-        return out.read().decode() + err.read().decode(), usage.ru_maxrss / 1024, seconds
+        return out.read().decode() + err.read().decode(), peak_kib / 1024, seconds
 
 
 def run_load_cdf(table: Path, version: int) -> Measure:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from tailer.follow.state_store import StateStore
 from tailer.follow.tailer import Tailer
 from tailer.read import net_changes as net_changes_module
 from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.read.prefetch import READ_THREADS
 from tailer.sink import Sink
 from tailer.storage.local import LocalStorage
 
@@ -220,3 +222,21 @@ def test_net_passes_are_bounded(rewrite: tuple[Path, int], monkeypatch: pytest.M
     monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", 1)
     assert net_changes_module.net_passes(plan.tasks) == 1024
     assert net_changes_module.net_passes([]) == 1
+
+
+# ---------------------------------------------------------------- reading ahead within a commit of many large files
+
+
+def test_reading_ahead_decodes_a_few_large_files_of_a_commit_not_all(giant: tuple[Path, int]) -> None:
+    """Every cdc file counts as large (``read_ahead_min_bytes=1``): workers decode the file being read and at
+    most ``READ_THREADS`` after it, whatever the commit holds; the rows are still exactly the commit's."""
+    root, version = giant
+    events: list[tuple[str, Any]] = []
+    options = ChangeOptions(batch_size=BATCH, read_ahead_min_bytes=1, reader_processes=0)
+    batches = ChangeFeed(str(root), RecordingStorage(events), options).batches(version, version)
+    rows = next(batches).rows.to_pylist()
+    time.sleep(0.5)  # time for workers to run ahead (they may not: then the count is lower still)
+    opened = [path for kind, path in events if kind == "open" and "_change_data" in str(path)]
+    assert 1 <= len(opened) <= READ_THREADS + 1 < 16
+    rows += [r for b in batches for r in b.rows.to_pylist()]
+    assert Counter(_key(r) for r in rows) == _expected(root, version)
