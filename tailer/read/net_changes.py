@@ -44,10 +44,15 @@ _CHANGE = ("_change_type", "_commit_version", "_commit_timestamp")
 
 
 def _row_keys(table: pa.Table, columns: list[str]) -> list[bytes]:
-    """A canonical byte key per row over ``columns`` (values of any type, nested included)."""
+    """A canonical byte key per row over ``columns`` (values of any type, nested included).
+
+    Each key is copied to a ``bytes`` of its own size: the object ``orjson.dumps`` returns keeps
+    its whole output buffer (about 4 KiB for a short row), which for a commit's million keys is gigabytes.
+    """
     values = [table.column(c).to_pylist() for c in columns]
     return [
-        orjson.dumps(row, default=_encode, option=orjson.OPT_PASSTHROUGH_DATETIME) for row in zip(*values, strict=True)
+        bytes(memoryview(orjson.dumps(row, default=_encode, option=orjson.OPT_PASSTHROUGH_DATETIME)))
+        for row in zip(*values, strict=True)
     ]
 
 
