@@ -61,7 +61,7 @@ def _encode(value: Any) -> Any:
 
 
 #: Bytes of a commit's files (as the log gives their sizes) netted in one pass.
-NET_PASS_BYTES = 32 << 20
+NET_PASS_BYTES = 8 << 20
 #: The most passes over one commit (a bound on the file sizes a log may claim).
 MAX_NET_PASSES = 1024
 
