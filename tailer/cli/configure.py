@@ -101,6 +101,7 @@ def tailer_config(table: TableRef | str, state_dir: str, s: TableSettings) -> Ta
         notifications=s.notifications,
         on_sink_gap=s.on_sink_gap,
         on_data_loss=s.on_data_loss,
+        flush_rows=s.flush_rows,
         options=ChangeOptions(
             net_changes=s.net_changes,
             key_columns=keys(s.key),

@@ -270,6 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"save the snapshot every N commits ({d.snapshot_commits})",
     )
+    run.add_argument(
+        "--flush-rows",
+        type=flag_type("flush_rows"),
+        default=None,
+        help=f"flush the sink and save the cursor every N rows, inside a commit too: bounds memory ({d.flush_rows})",
+    )
     run.add_argument("--until-caught-up", action="store_const", const=True, default=None, help="exit when caught up")
     run.add_argument("--net-changes", action="store_const", const=True, default=None, help="cancel rewrite noise")
     run.add_argument("--key", default=None, help="key columns for --net-changes update pairing")

@@ -69,6 +69,7 @@ class TableSettings:
     checkpoint_commits: int = FOLLOW_DEFAULTS.checkpoint_commits
     checkpoint_seconds: float = FOLLOW_DEFAULTS.checkpoint_seconds
     snapshot_commits: int = FOLLOW_DEFAULTS.snapshot_commits
+    flush_rows: int = FOLLOW_DEFAULTS.flush_rows
     until_caught_up: bool = FOLLOW_DEFAULTS.until_caught_up
     net_changes: bool = READ_DEFAULTS.net_changes
     key: str | None = None

@@ -213,6 +213,7 @@ RUN_SETTINGS: dict[str, Callable[[Any], Any]] = {
     "checkpoint_commits": Number(int, 1),
     "checkpoint_seconds": Number(float, 0.01, DAY),
     "snapshot_commits": Number(int, 1),
+    "flush_rows": Number(int, 1),
     "until_caught_up": flag,
     "net_changes": flag,
     "key": text,

@@ -5,6 +5,12 @@ A :class:`ChangeLoop` is a :class:`~tailer.follow.loop.FollowLoop` whose output 
 or before the position a sink reports it holds are skipped (:meth:`ChangeLoop._write_batches`), a
 sink holding fewer rows than were delivered to it is a gap (:meth:`ChangeLoop._open_sink`), the
 cursor moves with every batch written, and rows and bytes are counted by change type.
+
+Memory is bounded by ``flush_rows``, not by the size of a commit: rows are read and handed to the
+sink in batches as the files of a commit are read, and once ``flush_rows`` rows were written since
+the last flush a checkpoint is taken where the cursor stands, inside a commit too (the sink
+flushed, then the cursor saved: the position addresses a row inside its commit, so a restart
+resumes there).
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ class ChangeLoop(FollowLoop[Sink]):
         self._rows_end: Position | None = None
         #: The cursor when the sink was opened: rows skipped after it are rows the sink held.
         self._opened_at = self._cursor
+        #: Rows written since the last checkpoint taken for ``config.flush_rows`` (at least those since the last flush).
+        self._rows_unflushed = 0
 
     def _open_sink(self, info: TableInfo) -> None:
         """Open the sink; rows up to the position it reports holding (beyond the cursor) are skipped.
@@ -115,7 +123,8 @@ class ChangeLoop(FollowLoop[Sink]):
         """Write batches, skipping rows already delivered; ``False`` if stopped inside them.
 
         Each written batch is counted into ``counts`` by change type, and the cursor moves to its
-        end (the next row) as soon as it is written.
+        end (the next row) as soon as it is written. Once ``config.flush_rows`` rows were written
+        since the last flush, a checkpoint is taken at the cursor (see the module docstring).
         """
         for given in batches:
             batch = self._skip_delivered(given)
@@ -135,6 +144,10 @@ class ChangeLoop(FollowLoop[Sink]):
                 self.progress.held += held
                 self.stats.rows_held += held
             self._cursor = batch.end
+            self._rows_unflushed += len(batch)
+            if self._rows_unflushed >= self.config.flush_rows:
+                self._checkpoint()
+                self._rows_unflushed = 0
             if self._stop.is_set():
                 return False
         return True

@@ -52,3 +52,7 @@ class TailerConfig(FollowConfig):
     #: What to do when data the tailer still needs is gone (the log cleaned up past the cursor, a
     #: file vacuumed): ``"fail"``, ``"resnapshot"`` or ``"skip"`` (see ``Tailer._data_lost``).
     on_data_loss: str = "fail"
+    #: The sink is flushed and the cursor saved once this many rows were written since the last
+    #: flush, inside a commit too: what a sink holds unflushed (the Parquet sink's rows, Kafka's
+    #: unacknowledged messages) is bounded by it, not by the size of a commit.
+    flush_rows: int = 262_144

@@ -32,7 +32,7 @@ from tailer.log.delta_log import DeltaLog
 from tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
 from tailer.read.conform import nulls
-from tailer.read.net_changes import net_changes
+from tailer.read.net_changes import in_pass, net_changes, net_passes
 from tailer.read.pruning import prune
 from tailer.read.read_ahead import ReadAheadReader
 from tailer.read.reader_pool import ReaderPool, shared_pool
@@ -217,11 +217,8 @@ class ChangeFeed:
         )
         index = 0
         if self._nets(plan):
-            rows = (b for batches in task_batches for b in batches)
-            merged = pa.Table.from_batches(list(rows), schema=change_schema(plan.context.schema()))
-            runs: Iterable[tuple[FileTask | None, Iterable[pa.RecordBatch]]] = [
-                (None, net_changes(merged, self.options.key_columns).to_batches(self.options.batch_size))
-            ]
+            netted = self._netted(plan, task_batches)
+            runs: Iterable[tuple[FileTask | None, Iterable[pa.RecordBatch]]] = [(None, netted)]
         else:
             runs = zip(plan.tasks, task_batches, strict=True)
         for task, batches in runs:
@@ -240,6 +237,23 @@ class ChangeFeed:
                     yield unfiltered
                 else:
                     yield from change_filter.apply(unfiltered)
+
+    def _netted(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+        """The net changes of ``plan``'s rows, in key-hash partitioned passes (:mod:`tailer.read.net_changes`).
+
+        The first pass reads ``task_batches``; each later one reads the plan's files again.
+        """
+        o = self.options
+        passes = net_passes(plan.tasks)
+        schema = change_schema(plan.context.schema())
+        for which in range(passes):
+            if which:
+                task_batches = (read_task(self.storage, plan.context_of(t), t, o.batch_size) for t in plan.tasks)
+            rows = (b for batches in task_batches for b in batches)
+            if passes > 1:
+                rows = (in_pass(b, o.key_columns, passes, which) for b in rows)
+            merged = pa.Table.from_batches(list(rows), schema=schema)
+            yield from net_changes(merged, o.key_columns).to_batches(o.batch_size)
 
     def _nets(self, plan: VersionPlan) -> bool:
         """Whether ``plan``'s rows go through net changes (then positions count the netted rows)."""

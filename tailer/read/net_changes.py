@@ -14,31 +14,84 @@ did not change. Net changes removes that noise within one commit:
 
 Output order: update pairs (pre-image then post-image), then remaining
 deletes, then remaining inserts, each in input order.
+
+Memory: rule 1 needs every row of a commit with the same values side by side,
+and rule 2 every row of a key, so a commit is netted in key-hash partitioned
+passes (:func:`net_passes`): each pass reads the commit's files again and keeps
+the rows whose key (with no key columns, whose whole row) hashes to it, so
+rows that cancel or pair always meet in one pass. A commit of at most
+:data:`NET_PASS_BYTES` of files is one pass (the order above); a larger one is
+netted pass by pass, each pass in that order. The number of passes depends
+only on the commit's file sizes, so the positions of the netted rows are the
+same on every read (a restart inside the commit resumes at the same row).
 """
 
 from __future__ import annotations
 
+import math
+import zlib
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
+from state.changes import FileTask
 from state.errors import ConfigError
 
 _CHANGE = ("_change_type", "_commit_version", "_commit_timestamp")
 
 
 def _row_keys(table: pa.Table, columns: list[str]) -> list[bytes]:
-    """A canonical byte key per row over ``columns`` (values of any type, nested included)."""
+    """A canonical byte key per row over ``columns`` (values of any type, nested included).
+
+    Each key is copied to a ``bytes`` of its own size: the object ``orjson.dumps`` returns keeps
+    its whole output buffer (about 4 KiB for a short row), which for a commit's million keys is gigabytes.
+    """
     values = [table.column(c).to_pylist() for c in columns]
     return [
-        orjson.dumps(row, default=_encode, option=orjson.OPT_PASSTHROUGH_DATETIME) for row in zip(*values, strict=True)
+        bytes(memoryview(orjson.dumps(row, default=_encode, option=orjson.OPT_PASSTHROUGH_DATETIME)))
+        for row in zip(*values, strict=True)
     ]
 
 
 def _encode(value: Any) -> Any:
     return repr(value)
+
+
+#: Bytes of a commit's files (as the log gives their sizes) netted in one pass.
+NET_PASS_BYTES = 8 << 20
+#: The most passes over one commit (a bound on the file sizes a log may claim).
+MAX_NET_PASSES = 1024
+
+
+def net_passes(tasks: Sequence[FileTask]) -> int:
+    """How many key-hash partitioned passes net a commit of ``tasks``: one per :data:`NET_PASS_BYTES` of files.
+
+    Files whose size the log omits count as nothing; the result is between 1 and :data:`MAX_NET_PASSES`.
+    """
+    total = sum(t.size for t in tasks if t.size is not None and t.size > 0)
+    return max(1, min(math.ceil(total / NET_PASS_BYTES), MAX_NET_PASSES))
+
+
+def in_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, which: int) -> pa.RecordBatch:
+    """The rows of ``batch`` that pass ``which`` of ``passes`` nets: by a hash of the key columns (or the row).
+
+    Raises:
+        ConfigError: if a key column is not a column of the batch.
+    """
+    table = pa.Table.from_batches([batch])
+    _check_keys(table, key_columns)
+    columns = list(key_columns) or [c for c in table.column_names if c not in _CHANGE]
+    keep = [zlib.crc32(key) % passes == which for key in _row_keys(table, columns)]
+    return batch.filter(pa.array(keep, pa.bool_()))
+
+
+def _check_keys(table: pa.Table, key_columns: tuple[str, ...]) -> None:
+    missing = [k for k in key_columns if k not in table.column_names]
+    if missing:
+        raise ConfigError(f"net-changes key columns not in the table: {', '.join(missing)}")
 
 
 def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
@@ -47,9 +100,7 @@ def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
     Raises:
         ConfigError: if a key column is not a column of the table.
     """
-    missing = [k for k in key_columns if k not in table.column_names]
-    if missing:
-        raise ConfigError(f"net-changes key columns not in the table: {', '.join(missing)}")
+    _check_keys(table, key_columns)
     data_columns = [c for c in table.column_names if c not in _CHANGE]
     kinds = table.column("_change_type").to_pylist()
     full = _row_keys(table, data_columns)

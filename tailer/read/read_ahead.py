@@ -11,7 +11,9 @@ the consumer, in bursts (the window is refilled only once at most half of it
 is left, which keeps the interpreter on one kind of work for longer). Files of
 at least ``min_bytes`` are decoded by a :class:`~tailer.read.prefetch.Prefetch`
 on one of :data:`~tailer.read.prefetch.READ_THREADS` worker threads (so at most
-that many are ahead at once, and memory stays bounded); when one planning
+that many are ahead at once, and memory stays bounded: within a commit of many
+large files, the next large file starts only when the consumer reaches a file
+at most that many before it, never the whole commit at once); when one planning
 burst holds at least ``limits.min_files`` smaller files, they go to the reader
 processes (:mod:`tailer.read.reader_pool`) in runs of one schema; the rest are
 read when their turn comes. On a remote store (an object store) the small
@@ -46,9 +48,16 @@ class _EndOfPlans(DeltaTailError):
 
 _END = _EndOfPlans("end of plans")
 
+
+class _Later:
+    """Marks a large file of a commit whose worker starts when the consumer comes near it (:meth:`_in_order`)."""
+
+
+_LATER = _Later()
+
 #: How a read-ahead task is read: in-process when its turn comes (``None``), on a worker thread
-#: (large files), or by a reader process (a run and the task's index in it).
-_Fetch = Prefetch | tuple[RemoteRun, int] | None
+#: (large files; ``_LATER`` until its worker starts), or by a reader process (a run and the task's index in it).
+_Fetch = Prefetch | _Later | tuple[RemoteRun, int] | None
 
 #: Small tasks waiting to be sent: the plan's fetch list, the task's index in it, the plan.
 _Small = list[tuple[list[_Fetch], int, VersionPlan]]
@@ -131,9 +140,9 @@ class ReadAheadReader:
                 else:
                     if self.storage.remote:
                         self._fetch_ahead(plan)
-                    prefetches = [self._prefetch(threads, plan, t) for t in plan.tasks]
+                    prefetches = self._prefetches(threads, plan)
                     started[:] = [f for f in started if not f.finished]
-                    started.extend(f for f in prefetches if f is not None)
+                    started.extend(f for f in prefetches if isinstance(f, Prefetch))
                     fetches: list[_Fetch] = list(prefetches)
                     # Only files of known size: one without (a remove may omit it) is streamed in-process.
                     small += [
@@ -143,7 +152,7 @@ class ReadAheadReader:
                     ]
                     pending.append((plan, fetches))
                     ahead += len(plan.tasks) or 1
-                    large_ahead += sum(f is not None for f in prefetches)
+                    large_ahead += sum(isinstance(f, Prefetch) for f in prefetches)
                     if processes is not None and limits is not None and len(small) >= limits.files:
                         sent_in_burst = True  # a full run goes now: the processes start while planning goes on
                         small = self._submit_runs(processes, small, whole=False)
@@ -158,7 +167,7 @@ class ReadAheadReader:
             plan, fetches = pending.popleft()
             ahead -= len(plan.tasks) or 1
             large_ahead -= sum(isinstance(f, Prefetch) for f in fetches)
-            yield plan, self._in_order(plan, fetches)
+            yield plan, self._in_order(plan, fetches, threads, started)
         if failure is not None and failure is not _END:
             raise failure
 
@@ -174,15 +183,51 @@ class ReadAheadReader:
             ]
         )
 
-    def _prefetch(self, threads: ThreadPoolExecutor, plan: VersionPlan, task: FileTask) -> Prefetch | None:
-        if task.size is None or task.size < self.min_bytes:
-            return None
+    def _prefetches(self, threads: ThreadPoolExecutor, plan: VersionPlan) -> list[Prefetch | _Later | None]:
+        """The plan's large files: the first :data:`READ_THREADS` started on workers, the others ``_LATER``."""
+        out: list[Prefetch | _Later | None] = []
+        large = 0
+        for task in plan.tasks:
+            if task.size is None or task.size < self.min_bytes:
+                out.append(None)
+                continue
+            large += 1
+            out.append(self._prefetch(threads, plan, task) if large <= READ_THREADS else _LATER)
+        return out
+
+    def _prefetch(self, threads: ThreadPoolExecutor, plan: VersionPlan, task: FileTask) -> Prefetch:
         return Prefetch(
             threads, functools.partial(decode_task, self.storage, plan.context_of(task), task, self.batch_size)
         )
 
-    def _in_order(self, plan: VersionPlan, fetches: list[_Fetch]) -> Iterator[Iterable[pa.RecordBatch]]:
-        for task, fetch in zip(plan.tasks, fetches, strict=True):
+    def _start_near(
+        self, threads: ThreadPoolExecutor, plan: VersionPlan, fetches: list[_Fetch], at: int, started: list[Prefetch]
+    ) -> None:
+        """Start the ``_LATER`` files from ``at`` on while at most :data:`READ_THREADS` started ones follow ``at``'s.
+
+        So the file being consumed and up to :data:`READ_THREADS` after it are decoded at once.
+        """
+        ahead = 0
+        for i in range(at, len(fetches)):
+            if ahead > READ_THREADS:
+                return
+            fetch = fetches[i]
+            if isinstance(fetch, _Later):
+                fetch = fetches[i] = self._prefetch(threads, plan, plan.tasks[i])
+                started.append(fetch)
+            ahead += isinstance(fetch, Prefetch)
+
+    def _in_order(
+        self, plan: VersionPlan, fetches: list[_Fetch], threads: ThreadPoolExecutor, started: list[Prefetch]
+    ) -> Iterator[Iterable[pa.RecordBatch]]:
+        later = any(isinstance(f, _Later) for f in fetches)
+        for i, task in enumerate(plan.tasks):
+            if later:
+                self._start_near(threads, plan, fetches, i, started)
+            fetch = fetches[i]
+            if isinstance(fetch, _Later):  # not left by _start_near; for the type checker
+                fetch = fetches[i] = self._prefetch(threads, plan, task)
+                started.append(fetch)
             if fetch is None:
                 yield read_task(self.storage, plan.context_of(task), task, self.batch_size)
             elif isinstance(fetch, Prefetch):

@@ -1,0 +1,223 @@
+"""Peak memory delivering one giant commit: ``deltatail run`` into each sink, side by side with ``load_cdf``.
+
+Usage::
+
+    python -m benchmarks.giant_commit [--rows 1000000,4000000] [--shapes cdc,rewrite,rewrite-net]
+                                      [--sinks jsonl,parquet,kafka] [--flush-rows N] [--data-dir DIR]
+
+Each table is written by ``deltalake`` in appends of ``--file-rows`` rows (one file each), then one
+giant commit, the one measured:
+
+- ``cdc``: CDF on, an UPDATE of every row: one commit with a cdc file of ``2 * rows`` pre- and
+  post-images (and, as ``deltalake`` writes it, every pre-image before every post-image).
+- ``rewrite``: CDF on, an overwrite with every value changed: one commit that removes every file
+  and adds one, without cdc files (``rows`` deletes and ``rows`` inserts).
+- ``rewrite-net``: the same commit with ``--net-changes --key id`` (``rows`` update pairs).
+
+A deletion-vector commit is not measured: ``deltalake`` 1.6.6 cannot write deletion vectors.
+
+Each side runs as a child process of its own, and its peak RSS is the child's ``VmHWM`` (the whole
+process, interpreter and imports included; deltatail's reader processes, which read only small
+files, are not counted). ``deltatail run --until-caught-up`` starts at the
+giant commit (``--starting-version``) with a fresh state directory and writes to a ``jsonl:`` file,
+a ``parquet:`` directory, or a Kafka topic of a memory-only tansu broker started here. ``load_cdf``
+of the same version is read as a stream (``RecordBatchReader``, every batch counted and dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import deltalake
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = ("cdc", "rewrite", "rewrite-net")
+SINKS = ("jsonl", "parquet", "kafka")
+CDF_ON = {"delta.enableChangeDataFeed": "true"}
+
+#: The child that streams ``load_cdf`` of one version and prints its row count.
+LOAD_CDF = """
+import sys, pyarrow as pa
+from deltalake import DeltaTable
+v = int(sys.argv[2])
+reader = pa.RecordBatchReader.from_stream(DeltaTable(sys.argv[1]).load_cdf(starting_version=v, ending_version=v))
+n = 0
+while True:
+    try:
+        n += reader.read_next_batch().num_rows
+    except StopIteration:
+        break
+print(n)
+"""
+
+
+def rows_of(first: int, last: int, bump: float) -> pa.Table:
+    """Rows ``first..last-1``: ``id``, a ~10-character ``name`` and ``value = id + bump``."""
+    ids = pa.array(range(first, last), pa.int64())
+    names = pc.binary_join_element_wise(pa.array(["row-"] * (last - first)), pc.cast(ids, pa.string()), "")
+    return pa.table({"id": ids, "name": names, "value": pc.add(pc.cast(ids, pa.float64()), bump)})
+
+
+def write_table(path: Path, rows: int, file_rows: int, shape: str) -> int:
+    """Write the table of ``shape`` (module docstring) unless a marker says it is there; returns the giant version."""
+    marker = path / "_written"
+    if marker.is_file():
+        return int(marker.read_text())
+    shutil.rmtree(path, ignore_errors=True)
+    for first in range(0, rows, file_rows):
+        write_deltalake(path, rows_of(first, min(first + file_rows, rows), 0), mode="append", configuration=CDF_ON)
+    if shape == "cdc":
+        DeltaTable(path).update(updates={"value": "value + 1"})
+    else:
+        write_deltalake(path, rows_of(0, rows, 1), mode="overwrite")
+    version = DeltaTable(path).version()
+    marker.write_text(str(version))
+    return version
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One child process: rows it delivered or read, peak RSS in MiB, seconds."""
+
+    rows: int
+    peak_mib: float
+    seconds: float
+
+
+def measure(command: list[str], env: dict[str, str] | None = None) -> tuple[str, float, float]:
+    """Run ``command``; its stdout and stderr, peak RSS (MiB) and seconds. Exits on a failure.
+
+    The peak is the child's ``VmHWM`` (its resident high-water mark since ``exec``), read every 10 ms
+    until it exits: ``ru_maxrss`` would count the benchmark's own memory, copied at ``fork``.
+    """
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err)
+        peak_kib = 0
+        status = Path(f"/proc/{proc.pid}/status")
+        while proc.poll() is None:
+            try:
+                found = re.search(r"^VmHWM:\s+(\d+) kB", status.read_text(), re.MULTILINE)
+            except OSError:
+                found = None
+            if found:
+                peak_kib = max(peak_kib, int(found.group(1)))
+            time.sleep(0.01)
+        seconds = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{command[:3]} failed ({proc.returncode}):\n{err.read().decode()[-3000:]}")
+        return out.read().decode() + err.read().decode(), peak_kib / 1024, seconds
+
+
+def run_load_cdf(table: Path, version: int) -> Measure:
+    """``load_cdf`` of ``version`` streamed in a child."""
+    out, peak, seconds = measure([sys.executable, "-c", LOAD_CDF, str(table), str(version)])
+    return Measure(int(out.strip()), peak, seconds)
+
+
+def run_deltatail(table: Path, version: int, sink: str, extra: list[str], scratch: Path) -> Measure:
+    """``deltatail run --until-caught-up`` from ``version`` into ``sink`` in a child; rows from its last line."""
+    script = Path(sys.executable).parent / "deltatail"
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "tailer.cli"]
+    state = tempfile.mkdtemp(prefix="state-", dir=scratch)
+    command += ["run", str(table), "--state-dir", state, "--sink", sink, "--starting-version", str(version)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
+    out, peak, seconds = measure([*command, *extra, "--until-caught-up"], env)
+    return Measure(delivered_rows(out), peak, seconds)
+
+
+def delivered_rows(output: str) -> int:
+    """Rows the run delivered, from its last line (``stopped: V versions, D rows delivered, ...``)."""
+    found = re.findall(r"([\d,]+) rows delivered", output)
+    if not found:
+        raise SystemExit(f"deltatail run did not say what it delivered:\n{output[-2000:]}")
+    return int(found[-1].replace(",", ""))
+
+
+@contextmanager
+def broker(wanted: bool) -> Iterator[str | None]:
+    """A memory-only tansu broker on 127.0.0.1 when Kafka is measured (``None`` otherwise)."""
+    if not wanted:
+        yield None
+        return
+    from benchmarks.kafka_sink import tansu_broker
+
+    with tansu_broker() as bootstrap:
+        yield bootstrap
+
+
+def sink_uri(kind: str, scratch: Path, bootstrap: str | None) -> str:
+    """A fresh destination of ``kind``."""
+    name = uuid.uuid4().hex[:10]
+    if kind == "jsonl":
+        return f"jsonl:{scratch / (name + '.jsonl')}"
+    if kind == "parquet":
+        return f"parquet:{scratch / name}"
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="bench")
+    admin.create_topics([NewTopic(f"giant-{name}", num_partitions=4, replication_factor=1)])
+    admin.close()
+    return f"kafka://{bootstrap}/giant-{name}?key=id&envelope=debezium"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write (or reuse) the tables and print peak RSS and rows/s per size, shape and sink."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.giant_commit", description=__doc__)
+    parser.add_argument("--rows", default="1000000,4000000", help="comma-separated table sizes")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--sinks", default="jsonl,parquet", help=f"comma-separated, of {', '.join(SINKS)}")
+    parser.add_argument("--file-rows", type=int, default=500_000, help="rows per data file before the commit")
+    parser.add_argument("--flush-rows", type=int, default=None, help="deltatail's --flush-rows (default: its own)")
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "benchmarks" / ".data" / "giant")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.rows.split(",")]
+    shapes = args.shapes.split(",")
+    sinks = args.sinks.split(",")
+    flush = [] if args.flush_rows is None else ["--flush-rows", str(args.flush_rows)]
+    print(f"command   {' '.join([sys.executable, '-m', 'benchmarks.giant_commit', *(argv or sys.argv[1:])])}")
+    print(f"machine   nproc {os.cpu_count()}, {platform.platform()}")
+    print(f"versions  python {platform.python_version()}, pyarrow {pa.__version__}, deltalake {deltalake.__version__}")
+    print(f"{'rows':>11} {'shape':<12} {'side':<16} {'rows out':>11} {'peak RSS':>10} {'rows/s':>12}")
+    with broker("kafka" in sinks) as bootstrap, tempfile.TemporaryDirectory(prefix="giant-") as tmp:
+        scratch = Path(tmp)
+        for size in sizes:
+            for shape in shapes:
+                table = args.data_dir / f"{'cdc' if shape == 'cdc' else 'rewrite'}-{size}-{args.file_rows}"
+                version = write_table(table, size, args.file_rows, "cdc" if shape == "cdc" else "rewrite")
+                extra = [*flush, "--net-changes", "--key", "id"] if shape == "rewrite-net" else flush
+                sides = [("load_cdf", run_load_cdf(table, version))] if shape != "rewrite-net" else []
+                for kind in sinks:
+                    m = run_deltatail(table, version, sink_uri(kind, scratch, bootstrap), extra, scratch)
+                    sides.append((f"deltatail {kind}", m))
+                    shutil.rmtree(scratch, ignore_errors=True)
+                    scratch.mkdir()
+                for side, m in sides:
+                    print(
+                        f"{size:>11,} {shape:<12} {side:<16} {m.rows:>11,} {m.peak_mib:>7.0f} MiB"
+                        f" {m.rows / max(m.seconds, 1e-9):>12,.0f}",
+                        flush=True,
+                    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,242 @@
+"""A commit much larger than ``flush_rows``: delivered in bounded flushes, resumed from inside after a SIGKILL.
+
+The table is written by ``deltalake``: 16 partitions, CDF on, then one UPDATE of every row (a commit
+of 16 cdc files, one per partition, holding each row's pre- and post-image). The expected rows are
+deltalake's ``load_cdf`` of that version.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from state.cursor import Position
+from state.feed import ChangeBatch, TableInfo
+from tailer.follow.config import TailerConfig
+from tailer.follow.state_store import StateStore
+from tailer.follow.tailer import Tailer
+from tailer.read import net_changes as net_changes_module
+from tailer.read.feed import ChangeFeed, ChangeOptions
+from tailer.read.prefetch import READ_THREADS
+from tailer.sink import Sink
+from tailer.storage.local import LocalStorage
+
+ROOT = Path(__file__).resolve().parents[2]
+CDF = {"delta.enableChangeDataFeed": "true"}
+ROWS = 24_000
+BATCH = 1_000
+FLUSH = 5_000
+
+
+def _rows(ids: range, bump: float) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "p": pa.array([i % 16 for i in ids], pa.int64()),
+            "score": pa.array([i * 0.5 + bump for i in ids], pa.float64()),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def giant(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """The table and the version of its giant commit (an UPDATE of all ``ROWS`` rows: ``2 * ROWS`` cdc rows)."""
+    root = tmp_path_factory.mktemp("giant") / "t"
+    write_deltalake(str(root), _rows(range(ROWS), 0.0), partition_by=["p"], configuration=CDF)
+    DeltaTable(str(root)).update(updates={"score": "score + 1.0"})
+    return root, DeltaTable(str(root)).version()
+
+
+def _key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row["id"], row["p"], row["score"], row["_change_type"], row["_commit_version"])
+
+
+def _expected(root: Path, version: int) -> Counter[tuple[Any, ...]]:
+    table = pa.table(DeltaTable(str(root)).load_cdf(starting_version=version, ending_version=version).read_all())
+    return Counter(_key(r) for r in table.to_pylist())
+
+
+class RecordingStorage(LocalStorage):
+    """The local file system, recording each file opened into a shared event list."""
+
+    def __init__(self, events: list[tuple[str, Any]]) -> None:
+        super().__init__()
+        self.events = events
+
+    def open_input(self, path: str, size: int | None = None) -> pa.NativeFile:
+        self.events.append(("open", path))
+        return super().open_input(path, size)
+
+
+class RecordingSink(Sink):
+    """Keeps every row; records each write and flush into the event list and the most rows held unflushed."""
+
+    def __init__(self, events: list[tuple[str, Any]]) -> None:
+        self.events = events
+        self.rows: list[dict[str, Any]] = []
+        self.unflushed = 0
+        self.most_unflushed = 0
+
+    def open(self, table: TableInfo) -> Position | None:
+        return None
+
+    def write(self, batch: ChangeBatch) -> None:
+        self.events.append(("write", batch.start))
+        self.rows += batch.rows.to_pylist()
+        self.unflushed += len(batch)
+        self.most_unflushed = max(self.most_unflushed, self.unflushed)
+
+    def flush(self) -> None:
+        self.events.append(("flush", self.unflushed))
+        self.unflushed = 0
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_giant_commit_reaches_the_sink_in_bounded_flushes_before_its_last_file_is_read(
+    tmp_path: Path, giant: tuple[Path, int]
+) -> None:
+    root, version = giant
+    events: list[tuple[str, Any]] = []
+    options = ChangeOptions(batch_size=BATCH, reader_processes=0)
+    feed = ChangeFeed(str(root), RecordingStorage(events), options)
+    config = TailerConfig(
+        str(root), str(tmp_path / "state"), starting_version=version, until_caught_up=True, flush_rows=FLUSH
+    )
+    sink = RecordingSink(events)
+    Tailer(config, sink, feed=feed).run()
+
+    assert Counter(_key(r) for r in sink.rows) == _expected(root, version)
+    assert len(sink.rows) == 2 * ROWS
+    # Never more than flush_rows rows (plus the batch that reached it) held unflushed by the sink.
+    assert sink.most_unflushed < FLUSH + BATCH
+    flushes = [n for kind, n in events if kind == "flush" and n]
+    assert len(flushes) >= 2 * ROWS // (FLUSH + BATCH)
+    # The first rows reach the sink, and are flushed, before the commit's last cdc file is opened.
+    cdc_opens = [i for i, (kind, path) in enumerate(events) if kind == "open" and "_change_data" in str(path)]
+    assert len(cdc_opens) == 16
+    first_write = next(i for i, (kind, _) in enumerate(events) if kind == "write")
+    first_flush = next(i for i, (kind, n) in enumerate(events) if kind == "flush" and n)
+    assert first_write < first_flush < cdc_opens[-1]
+
+
+@pytest.mark.slow
+def test_the_cursor_moves_inside_a_giant_commit_and_a_kill_resumes_there(
+    tmp_path: Path, giant: tuple[Path, int]
+) -> None:
+    """SIGKILL right after the third cursor save (the first at the start, the next ones inside the commit);
+    the restart delivers the rest. The sink is stdout (no read-back), so nothing repeated proves the
+    restart resumed from the cursor saved inside the commit."""
+    root, version = giant
+    state = tmp_path / "state"
+    args = [sys.executable, "-m", "tailer.cli", "run", str(root), "--state-dir", str(state), "--sink", "jsonl:-"]
+    args += ["--starting-version", str(version), "--until-caught-up", "--flush-rows", str(FLUSH)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
+    killed = subprocess.run(args, cwd=ROOT, env={**env, "DELTATAIL_CRASH_AT": "after_save:3"}, capture_output=True)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    saved = StateStore(str(state)).load()
+    assert saved is not None
+    assert saved.cursor.version == version and 0 < saved.cursor.index < 2 * ROWS
+    first = [orjson.loads(line) for line in killed.stdout.splitlines()]
+    assert len(first) == saved.cursor.index  # flushed exactly up to the cursor
+
+    rest = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, check=True)
+    second = [orjson.loads(line) for line in rest.stdout.splitlines()]
+    assert second[0]["_position"] == [version, saved.cursor.index, False]
+    assert Counter(_key(r) for r in first + second) == _expected(root, version)
+
+
+# ---------------------------------------------------------------- --net-changes in key-hash partitioned passes
+
+
+@pytest.fixture(scope="module")
+def rewrite(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """Four files of 1,000 rows, then an overwrite without cdc files (CDF off) that keeps 2,000 rows as they
+    were, changes 1,500, drops 500 and adds 700 new ones. Returns the table and the overwrite's version."""
+    root = tmp_path_factory.mktemp("rewrite") / "t"
+    for first in range(0, 4_000, 1_000):
+        write_deltalake(str(root), _rows(range(first, first + 1_000), 0.0), mode="append")
+    kept = _rows(range(2_000), 0.0)
+    changed = _rows(range(2_000, 3_500), 7.0)
+    added = _rows(range(10_000, 10_700), 0.0)
+    write_deltalake(str(root), pa.concat_tables([kept, changed, added]), mode="overwrite")
+    return root, DeltaTable(str(root)).version()
+
+
+def _snapshot_diff(root: Path, version: int, *, keyed: bool) -> Counter[tuple[Any, ...]]:
+    """The net change of ``version`` as the difference of the snapshots around it (the ground truth)."""
+    before = {r["id"]: r for r in pa.table(DeltaTable(str(root), version=version - 1).to_pyarrow_table()).to_pylist()}
+    after = {r["id"]: r for r in pa.table(DeltaTable(str(root), version=version).to_pyarrow_table()).to_pylist()}
+    out: Counter[tuple[Any, ...]] = Counter()
+    for key in before.keys() | after.keys():
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        if keyed and old is not None and new is not None:
+            out[_key({**old, "_change_type": "update_preimage", "_commit_version": version})] += 1
+            out[_key({**new, "_change_type": "update_postimage", "_commit_version": version})] += 1
+            continue
+        if old is not None:
+            out[_key({**old, "_change_type": "delete", "_commit_version": version})] += 1
+        if new is not None:
+            out[_key({**new, "_change_type": "insert", "_commit_version": version})] += 1
+    return out
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["key", "no-key"])
+@pytest.mark.parametrize("passes", [1, 5], ids=["one-pass", "five-passes"])
+def test_net_changes_in_passes_equal_the_snapshot_difference(
+    rewrite: tuple[Path, int], monkeypatch: pytest.MonkeyPatch, keyed: bool, passes: int
+) -> None:
+    root, version = rewrite
+    plan = next(ChangeFeed(str(root)).plans(version, version))
+    total = sum(t.size or 0 for t in plan.tasks)
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", -(-total // passes))
+    assert net_changes_module.net_passes(plan.tasks) == passes
+    options = ChangeOptions(net_changes=True, key_columns=("id",) if keyed else (), batch_size=300, read_ahead=0)
+    batches = list(ChangeFeed(str(root), options=options).batches(version, version))
+    rows = [r for b in batches for r in b.rows.to_pylist()]
+    assert Counter(_key(r) for r in rows) == _snapshot_diff(root, version, keyed=keyed)
+    assert len(rows) == (3_000 + 1_200 if keyed else 2 * 1_500 + 500 + 700)
+    # Positions count the netted rows: 0..n-1, each once, in order.
+    starts = [b.start.index for b in batches]
+    assert starts == sorted(starts) and starts[0] == 0
+    assert [b.end.index for b in batches[:-1]] == starts[1:] and batches[-1].end.index == len(rows)
+
+
+def test_net_passes_are_bounded(rewrite: tuple[Path, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    root, version = rewrite
+    plan = next(ChangeFeed(str(root)).plans(version, version))
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", 1)
+    assert net_changes_module.net_passes(plan.tasks) == 1024
+    assert net_changes_module.net_passes([]) == 1
+
+
+# ---------------------------------------------------------------- reading ahead within a commit of many large files
+
+
+def test_reading_ahead_decodes_a_few_large_files_of_a_commit_not_all(giant: tuple[Path, int]) -> None:
+    """Every cdc file counts as large (``read_ahead_min_bytes=1``): workers decode the file being read and at
+    most ``READ_THREADS`` after it, whatever the commit holds; the rows are still exactly the commit's."""
+    root, version = giant
+    events: list[tuple[str, Any]] = []
+    options = ChangeOptions(batch_size=BATCH, read_ahead_min_bytes=1, reader_processes=0)
+    batches = ChangeFeed(str(root), RecordingStorage(events), options).batches(version, version)
+    rows = next(batches).rows.to_pylist()
+    time.sleep(0.5)  # time for workers to run ahead (they may not: then the count is lower still)
+    opened = [path for kind, path in events if kind == "open" and "_change_data" in str(path)]
+    assert 1 <= len(opened) <= READ_THREADS + 1 < 16
+    rows += [r for b in batches for r in b.rows.to_pylist()]
+    assert Counter(_key(r) for r in rows) == _expected(root, version)
