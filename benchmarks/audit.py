@@ -38,15 +38,15 @@ import orjson
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from state.actions import parse_json_actions
-from state.alerts import evaluate, parse_alert_rules
-from state.audit import build_audit_event
-from state.commit import Commit
-from state.snapshot import Snapshot
-from tailer.audit.commit_files import read_local_commit
-from tailer.audit.feed import AuditFeed, AuditTracker
-from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import LogFollower
+from deltatail.state.actions import parse_json_actions
+from deltatail.state.alerts import evaluate, parse_alert_rules
+from deltatail.state.audit import build_audit_event
+from deltatail.state.commit import Commit
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.audit.commit_files import read_local_commit
+from deltatail.tailer.audit.feed import AuditFeed, AuditTracker
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.follower import LogFollower
 
 CACHE = Path("/tmp/deltatail-bench-audit")
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("part", pa.string()), pa.field("v", pa.string())])

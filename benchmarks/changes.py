@@ -52,8 +52,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from benchmarks.cdf_workloads import AppendsSpec, BulkSpec, MixedSpec, Spec, Workload, ensure
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.read.reader_pool import ReaderPool, shared_pool
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.read.reader_pool import ReaderPool, shared_pool
 
 PROJECT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = PROJECT / "benchmarks" / ".data" / "changes"

@@ -136,7 +136,7 @@ def run_load_cdf(table: Path, version: int) -> Measure:
 def run_deltatail(table: Path, version: int, sink: str, extra: list[str], scratch: Path) -> Measure:
     """``deltatail run --until-caught-up`` from ``version`` into ``sink`` in a child; rows from its last line."""
     script = Path(sys.executable).parent / "deltatail"
-    command = [str(script)] if script.is_file() else [sys.executable, "-m", "tailer.cli"]
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "deltatail"]
     state = tempfile.mkdtemp(prefix="state-", dir=scratch)
     command += ["run", str(table), "--state-dir", state, "--sink", sink, "--starting-version", str(version)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}

@@ -40,7 +40,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
-from tailer.iceberg.feed import IcebergFeed
+from deltatail.tailer.iceberg.feed import IcebergFeed
 
 DATA = Path(__file__).resolve().parent / ".data"
 SCHEMA = Schema(

@@ -33,11 +33,11 @@ from benchmarks.kafka_sink import (
     tansu_broker,
     through_sink,
 )
-from sinks.kafka.avro import AvroEncoder
-from sinks.kafka.debezium import EventOptions
-from sinks.kafka.encoding import ChangeEncoder
-from sinks.kafka.registry import RegistryClient
-from state.feed import ChangeBatch
+from deltatail.sinks.kafka.avro import AvroEncoder
+from deltatail.sinks.kafka.debezium import EventOptions
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.sinks.kafka.registry import RegistryClient
+from deltatail.state.feed import ChangeBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sinks"))
 from schema_registry import SchemaRegistry

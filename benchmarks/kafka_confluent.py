@@ -30,10 +30,10 @@ from kafka import KafkaAdminClient
 
 from benchmarks.kafka_sink import TABLE, encoded_messages, make_batches, new_topic, tansu_broker
 from benchmarks.kafka_tailer import warm_up
-from sinks.kafka.options import KafkaOptions
-from sinks.kafka.sink import KafkaSink
-from state.feed import ChangeBatch
-from tailer.collector import collector_paused
+from deltatail.sinks.kafka.options import KafkaOptions
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.feed import ChangeBatch
+from deltatail.tailer.collector import collector_paused
 
 #: Seconds of wall clock and of main-thread CPU.
 Timing = tuple[float, float]

@@ -37,8 +37,8 @@ PROJECT = Path(__file__).resolve().parent.parent
 LAUNCH = textwrap.dedent(
     """
     import sys
-    import sinks.uris
-    from tailer.cli.main import main
+    import deltatail.sinks.uris
+    from deltatail.tailer.cli.main import main
     if sys.argv[1] == "unshared":
         sinks.uris.PRODUCERS = None
     sys.exit(main(["serve", "--config", sys.argv[2]]))

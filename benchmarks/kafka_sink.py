@@ -29,14 +29,14 @@ import pyarrow as pa
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
-from sinks.kafka.debezium import EventOptions
-from sinks.kafka.encoding import ChangeEncoder
-from sinks.kafka.options import KafkaOptions
-from sinks.kafka.shared import ProducerPool
-from sinks.kafka.sink import KafkaSink
-from state.cursor import Position
-from state.feed import ChangeBatch, TableInfo
-from tailer.collector import collector_paused
+from deltatail.sinks.kafka.debezium import EventOptions
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.sinks.kafka.options import KafkaOptions
+from deltatail.sinks.kafka.shared import ProducerPool
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.cursor import Position
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.collector import collector_paused
 
 TABLE = TableInfo("/bench/orders", "bench-table-id", "orders")
 BATCH_ROWS = 10_000

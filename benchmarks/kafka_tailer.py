@@ -76,15 +76,15 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from benchmarks.kafka_sink import tansu_broker, writes_seconds
-from sinks.kafka.encoding import ChangeEncoder
-from sinks.kafka.options import KafkaOptions
-from sinks.kafka.partitioner import choose_partitions
-from sinks.kafka.producers import ConfluentProducer, Outgoing, PythonProducer
-from sinks.kafka.sink import KafkaSink
-from state.feed import ChangeBatch, TableInfo
-from tailer.collector import collector_paused
-from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.read.feed import ChangeFeed
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.sinks.kafka.options import KafkaOptions
+from deltatail.sinks.kafka.partitioner import choose_partitions
+from deltatail.sinks.kafka.producers import ConfluentProducer, Outgoing, PythonProducer
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.collector import collector_paused
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.tailer.read.feed import ChangeFeed
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT_ROWS = 10_000
@@ -181,7 +181,7 @@ class Bench:
         """``deltatail run --until-caught-up``: seconds from process start to exit, and its topic."""
         topic = self.topic()
         script = Path(sys.executable).parent / "deltatail"
-        command = [str(script)] if script.is_file() else [sys.executable, "-m", "tailer.cli"]
+        command = [str(script)] if script.is_file() else [sys.executable, "-m", "deltatail"]
         command += ["run", str(self.table), "--state-dir", self.state(), "--sink", self.uri(topic, backend)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
         started = time.perf_counter()

@@ -42,11 +42,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.embedded import JsonLinesSink
-from state.feed import ChangeBatch
-from tailer.follow.tailer import TailerConfig
-from tailer.lance.feed import LanceFeed
-from tailer.lance.follow import LanceTailer
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.state.feed import ChangeBatch
+from deltatail.tailer.follow.tailer import TailerConfig
+from deltatail.tailer.lance.feed import LanceFeed
+from deltatail.tailer.lance.follow import LanceTailer
 
 DATA = Path(__file__).resolve().parent / ".data"
 

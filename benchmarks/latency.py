@@ -56,12 +56,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
-from sinks.embedded import JsonLinesSink
-from state.cursor import Position
-from state.feed import ChangeBatch, CommitEvent, TableInfo
-from tailer.cli.process import tune_for_latency
-from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.sink import Sink
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.state.cursor import Position
+from deltatail.state.feed import ChangeBatch, CommitEvent, TableInfo
+from deltatail.tailer.cli.process import tune_for_latency
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.tailer.sink import Sink
 
 CDF = {"delta.enableChangeDataFeed": "true"}
 CHECKPOINT_EVERY = 100

@@ -61,10 +61,10 @@ from deltalake import DeltaTable, write_deltalake
 
 from benchmarks.cdf_workloads import AppendsSpec, MixedSpec, Workload, ensure
 from benchmarks.latency import CountingSink, TimedJsonLines
-from tailer.cli.process import tune_for_latency
-from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.read.feed import ChangeFeed
-from tailer.storage.objectstore import ObjectStoreStorage
+from deltatail.tailer.cli.process import tune_for_latency
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.tailer.read.feed import ChangeFeed
+from deltatail.tailer.storage.objectstore import ObjectStoreStorage
 
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT / "tests"))  # the test servers (tests/ is not a package); after the project's imports

@@ -57,10 +57,10 @@ from benchmarks.objectstore import (
     verdict,
 )
 from benchmarks.objectstore_idle import notifying_queue
-from tailer.cli.process import tune_for_latency
-from tailer.log.notifications import hub_for
-from tailer.read.feed import ChangeFeed
-from tailer.storage.objectstore import ObjectStoreStorage
+from deltatail.tailer.cli.process import tune_for_latency
+from deltatail.tailer.log.notifications import hub_for
+from deltatail.tailer.read.feed import ChangeFeed
+from deltatail.tailer.storage.objectstore import ObjectStoreStorage
 
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT / "tests"))  # the test servers (tests/ is not a package); after the project's imports

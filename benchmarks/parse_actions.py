@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from benchmarks.workload import add_action, commit_info_action, file_path, remove_action
-from state.actions import parse_json_actions
+from deltatail.state.actions import parse_json_actions
 
 _TAGS = {
     "INSERTION_TIME": "1700000000000000",

@@ -209,7 +209,7 @@ def idle_and_latency(
 def start_serve(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     err = log.open("ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)], cwd=PROJECT, stderr=err
+        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=PROJECT, stderr=err
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -263,7 +263,7 @@ def run_old_way(base: Path, cfg: Config) -> Figures:
             [
                 sys.executable,
                 "-m",
-                "tailer.cli",
+                "deltatail.tailer.cli",
                 "run",
                 str(t.root),
                 "--state-dir",

@@ -39,8 +39,8 @@ import pyarrow
 from deltalake import DeltaTable
 
 from benchmarks.workload import GeneratedTable, SyntheticFiles, TableSpec, generate_table
-from state.snapshot import Snapshot
-from tailer.log.delta_log import DeltaLog
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.log.delta_log import DeltaLog
 
 MEMORY_TARGET = 400
 """Bytes per live file the snapshot may retain."""

@@ -39,8 +39,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from benchmarks.workload import TableSpec, generate_table
-from sinks.spark import DeltaTailDataSource, DeltaTailStreamReader, register
-from tailer.read.feed import ChangeFeed
+from deltatail.sinks.spark import DeltaTailDataSource, DeltaTailStreamReader, register
+from deltatail.tailer.read.feed import ChangeFeed
 
 NEW_COMMITS = 10
 

@@ -28,8 +28,8 @@ from typing import Any
 import orjson
 from deltalake import DeltaTable
 
-from state.actions import Add, CommitInfo, Format, Metadata, Protocol, Remove
-from state.commit import Commit
+from deltatail.state.actions import Add, CommitInfo, Format, Metadata, Protocol, Remove
+from deltatail.state.commit import Commit
 
 PARTITION_COLUMN = "part"
 SCHEMA_STRING = orjson.dumps(

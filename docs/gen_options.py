@@ -18,10 +18,10 @@ from typing import Any
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
-from tailer.cli.main import build_parser
-from tailer.cli.model import RunSettings
-from tailer.cli.serve_config import DiscoverSettings, ServiceSettings
-from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, Number
+from deltatail.tailer.cli.main import build_parser
+from deltatail.tailer.cli.model import RunSettings
+from deltatail.tailer.cli.serve_config import DiscoverSettings, ServiceSettings
+from deltatail.tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, Number
 
 ROOT = Path(__file__).resolve().parent.parent
 

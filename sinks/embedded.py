@@ -45,12 +45,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sinks.json_text import VECTOR_ROWS, column_texts, concatenated, joined_objects, json_values, text_scalar
-from state.cursor import Position
-from state.errors import SinkError
-from state.feed import ChangeBatch, TableInfo
-from tailer.runtime.files import atomic_write
-from tailer.sink import Sink
+from deltatail.sinks.json_text import VECTOR_ROWS, column_texts, concatenated, joined_objects, json_values, text_scalar
+from deltatail.state.cursor import Position
+from deltatail.state.errors import SinkError
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.runtime.files import atomic_write
+from deltatail.tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
 

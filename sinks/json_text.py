@@ -45,7 +45,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.variant import is_variant_type, variant_json_array
+from deltatail.state.variant import is_variant_type, variant_json_array
 
 INSERT, DELETE = "insert", "delete"
 PREIMAGE, POSTIMAGE = "update_preimage", "update_postimage"

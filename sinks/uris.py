@@ -8,11 +8,11 @@ the command line finds them (:mod:`tailer.cli.sink_uri`) without importing this 
 
 from __future__ import annotations
 
-from sinks.embedded import JsonLinesSink, ParquetDirSink
-from sinks.kafka.shared import ProducerPool
-from sinks.kafka.sink import KafkaSink
-from state.errors import ConfigError
-from tailer.sink import Sink
+from deltatail.sinks.embedded import JsonLinesSink, ParquetDirSink
+from deltatail.sinks.kafka.shared import ProducerPool
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.sink import Sink
 
 #: The Kafka producers of a process's shared sinks (``deltatail serve``): one per cluster and producer
 #: settings (docs/serve.md). ``None``: every sink makes its own.

@@ -4,6 +4,6 @@ Nothing in this package touches files, the network or the clock. It folds
 parsed commits into snapshots and plans changes; :mod:`tailer` does the IO.
 """
 
-from state.errors import DeltaTailError
+from deltatail.state.errors import DeltaTailError
 
 __all__ = ["DeltaTailError"]

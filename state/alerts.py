@@ -71,10 +71,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from state.audit import AuditEvent, ValueChange, iso_utc
-from state.errors import ConfigError, InvalidLogError
-from state.schema_diff import SchemaDiff
-from state.snapshot import parse_interval_ms
+from deltatail.state.audit import AuditEvent, ValueChange, iso_utc
+from deltatail.state.errors import ConfigError, InvalidLogError
+from deltatail.state.schema_diff import SchemaDiff
+from deltatail.state.snapshot import parse_interval_ms
 
 #: The ``format`` tag of an alert's dict form.
 ALERT_FORMAT = "deltatail.audit.alert/1"

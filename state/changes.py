@@ -32,11 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from state.actions import Add, DeletionVector, Metadata, Remove
-from state.commit import Commit
-from state.errors import InvalidLogError, SchemaChangeError
-from state.files import FileEntry, FileKey
-from state.schema import ArrayType, DataType, MapType, StructType
+from deltatail.state.actions import Add, DeletionVector, Metadata, Remove
+from deltatail.state.commit import Commit
+from deltatail.state.errors import InvalidLogError, SchemaChangeError
+from deltatail.state.files import FileEntry, FileKey
+from deltatail.state.schema import ArrayType, DataType, MapType, StructType
 
 ChangeType = Literal["insert", "delete", "update_preimage", "update_postimage"]
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from state.actions import (
+from deltatail.state.actions import (
     Action,
     Add,
     AddCDCFile,
@@ -27,7 +27,7 @@ from state.actions import (
     Txn,
     parse_json_actions,
 )
-from state.errors import DuplicateActionError, InvalidLogError
+from deltatail.state.errors import DuplicateActionError, InvalidLogError
 
 
 @dataclass(slots=True, unsafe_hash=True)

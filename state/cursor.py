@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from state.errors import ConfigError, StateError, VersionNotFoundError
+from deltatail.state.errors import ConfigError, StateError, VersionNotFoundError
 
 
 @dataclass(frozen=True, slots=True, order=True)

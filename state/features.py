@@ -8,8 +8,8 @@ nothing; version 2 means column mapping (the only reader-v2 feature).
 
 from __future__ import annotations
 
-from state.actions import Protocol
-from state.errors import UnsupportedFeatureError
+from deltatail.state.actions import Protocol
+from deltatail.state.errors import UnsupportedFeatureError
 
 #: Reader features deltatail reads correctly, with the reason it can.
 SUPPORTED_READER_FEATURES: dict[str, str] = {

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from state.cursor import Position
-from state.schema import StructType
+from deltatail.state.cursor import Position
+from deltatail.state.schema import StructType
 
 if TYPE_CHECKING:  # only for the annotation: a reader process does not load the audit types
-    from state.audit import AuditEvent
+    from deltatail.state.audit import AuditEvent
 
 #: The column holding a row's change: ``insert``, ``delete``, ``update_preimage`` or ``update_postimage``
 #: (a cdc file carries it; deltatail adds it to the rows of add and remove files).

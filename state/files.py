@@ -23,7 +23,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from state.actions import Add, DeletionVector, Remove
+from deltatail.state.actions import Add, DeletionVector, Remove
 
 IndexKey = str | tuple[str, str]
 

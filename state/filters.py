@@ -48,10 +48,10 @@ import sqlglot
 import sqlglot.errors
 from sqlglot import expressions as sx
 
-from state.commit import Commit
-from state.cursor import Position
-from state.errors import ConfigError
-from state.feed import CHANGE_COLUMNS, CHANGE_TYPE_COLUMN, ChangeBatch
+from deltatail.state.commit import Commit
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError
+from deltatail.state.feed import CHANGE_COLUMNS, CHANGE_TYPE_COLUMN, ChangeBatch
 
 CHANGE_TYPES = ("insert", "delete", "update_preimage", "update_postimage")
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from state.errors import ConfigError, UnsafePathError
+from deltatail.state.errors import ConfigError, UnsafePathError
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 _AUTHORITY = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://([^/]*)(.*)$", re.DOTALL)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from state.changes import (
+from deltatail.state.changes import (
     FileTask,
     RowSelection,
     cdf_enabled,
@@ -30,11 +30,11 @@ from state.changes import (
     commit_timestamp,
     prepare,
 )
-from state.commit import Commit
-from state.errors import DeltaTailError, InvalidLogError, UnsafePathError
-from state.paths import resolve_logged_path
-from state.schema import StructType, parse_schema
-from state.snapshot import Snapshot
+from deltatail.state.commit import Commit
+from deltatail.state.errors import DeltaTailError, InvalidLogError, UnsafePathError
+from deltatail.state.paths import resolve_logged_path
+from deltatail.state.schema import StructType, parse_schema
+from deltatail.state.snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from state.errors import InvalidLogError
-from state.snapshot import parse_interval_ms
+from deltatail.state.errors import InvalidLogError
+from deltatail.state.snapshot import parse_interval_ms
 
 LOG_RETENTION = "delta.logRetentionDuration"
 FILE_RETENTION = "delta.deletedFileRetentionDuration"

@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from state.errors import InvalidLogError
-from state.variant import VARIANT_STORAGE_TYPE
+from deltatail.state.errors import InvalidLogError
+from deltatail.state.variant import VARIANT_STORAGE_TYPE
 
 PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
 FIELD_ID_KEY = "delta.columnMapping.id"

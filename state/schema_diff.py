@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from state.schema import (
+from deltatail.state.schema import (
     FIELD_ID_KEY,
     PHYSICAL_NAME_KEY,
     ArrayType,

@@ -33,9 +33,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from state.cursor import Position
-from state.errors import ConfigError, StateError
-from state.filters import MAX_WHERE_CHARS
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, StateError
+from deltatail.state.filters import MAX_WHERE_CHARS
 
 #: The default and the largest number of rows in one chunk (Debezium's ``incremental.snapshot.chunk.size``
 #: defaults to 1024; a Delta file's rows are read in batches of up to 65,536).

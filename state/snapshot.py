@@ -37,12 +37,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from state.actions import Add, DomainMetadata, Metadata, Protocol, Remove
-from state.commit import Commit
-from state.errors import InvalidLogError, StateError, VersionGapError
-from state.features import check_reader_support
-from state.files import FileEntry, FileKey, FileTable, PartitionValuesPool
-from state.schema import StructType
+from deltatail.state.actions import Add, DomainMetadata, Metadata, Protocol, Remove
+from deltatail.state.commit import Commit
+from deltatail.state.errors import InvalidLogError, StateError, VersionGapError
+from deltatail.state.features import check_reader_support
+from deltatail.state.files import FileEntry, FileKey, FileTable, PartitionValuesPool
+from deltatail.state.schema import StructType
 
 
 @dataclass(slots=True, unsafe_hash=True)

@@ -11,7 +11,7 @@ characters mark missing bytes, one per byte. Both are decoded here.
 
 from __future__ import annotations
 
-from state.errors import DeletionVectorError
+from deltatail.state.errors import DeletionVectorError
 
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _VALUE = {c: i for i, c in enumerate(_ALPHABET)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from state.errors import ConfigError
+from deltatail.state.errors import ConfigError
 
 _TRUE = frozenset(("true", "1", "yes", "on"))
 _FALSE = frozenset(("false", "0", "no", "off", ""))

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from state.cursor import Position
-from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
+from deltatail.state.cursor import Position
+from deltatail.state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
 
 
 class Sink(ABC):

@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tailer.storage import Storage
-from tailer.storage.factory import storage_for
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.storage.factory import storage_for
 
 if TYPE_CHECKING:
-    from tailer.formats.base import TableFormat
+    from deltatail.tailer.formats.base import TableFormat
 
 
 def table_storage(location: str, options: Mapping[str, str] | None = None) -> Storage:

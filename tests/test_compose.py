@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from tailer.cli.main import build_parser
-from tailer.cli.serve import load_serve_config
-from tailer.cli.sink_uri import open_sink
+from deltatail.tailer.cli.main import build_parser
+from deltatail.tailer.cli.serve import load_serve_config
+from deltatail.tailer.cli.sink_uri import open_sink
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tailer.cli.main import build_parser
+from deltatail.tailer.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")

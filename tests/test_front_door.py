@@ -14,7 +14,7 @@ VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["versi
 
 
 def test_the_command_says_its_version() -> None:
-    done = subprocess.run([sys.executable, "-m", "tailer.cli", "--version"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "deltatail", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == f"deltatail {VERSION}", done
 
 

@@ -33,17 +33,17 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.json_text import EncodedBatch, joined_objects
-from sinks.kafka.avro_options import AvroOptions
-from sinks.kafka.avro_schema import AvroSchema, to_avro
-from sinks.kafka.connect_schema import struct_schema
-from sinks.kafka.debezium import EVENT_FORMATS, POSITION_KEY_SCHEMA, EventEncoder, EventOptions
-from sinks.kafka.encoding import ChangeEncoder, wall_clock_ms
-from sinks.kafka.event_columns import mode_text
-from sinks.kafka.options import KafkaOptions
-from sinks.kafka.registry import Refused, RegistryClient
-from state.errors import ConfigError, SinkError
-from state.feed import ChangeBatch, TableInfo
+from deltatail.sinks.json_text import EncodedBatch, joined_objects
+from deltatail.sinks.kafka.avro_options import AvroOptions
+from deltatail.sinks.kafka.avro_schema import AvroSchema, to_avro
+from deltatail.sinks.kafka.connect_schema import struct_schema
+from deltatail.sinks.kafka.debezium import EVENT_FORMATS, POSITION_KEY_SCHEMA, EventEncoder, EventOptions
+from deltatail.sinks.kafka.encoding import ChangeEncoder, wall_clock_ms
+from deltatail.sinks.kafka.event_columns import mode_text
+from deltatail.sinks.kafka.options import KafkaOptions
+from deltatail.sinks.kafka.registry import Refused, RegistryClient
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import ChangeBatch, TableInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ class AvroEncoder:
         except ImportError:
             raise ConfigError("encoding=avro needs the package fastavro: pip install 'deltatail[avro]'") from None
         try:
-            self._columns = importlib.import_module("sinks.kafka.avro_columns").encode_payloads
+            self._columns = importlib.import_module("deltatail.sinks.kafka.avro_columns").encode_payloads
         except ImportError:
             raise ConfigError("encoding=avro needs the package numpy: pip install 'deltatail[avro]'") from None
         events = replace(events, schemas=False)

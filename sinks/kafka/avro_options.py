@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from sinks.kafka.registry import RegistryClient
-from state.errors import ConfigError
-from tailer.storage.options import ENV_PREFIX, FILE_PREFIX, MAX_SECRET_FILE
+from deltatail.sinks.kafka.registry import RegistryClient
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.storage.options import ENV_PREFIX, FILE_PREFIX, MAX_SECRET_FILE
 
 #: The URI options of this module.
 AVRO_OPTIONS = ("encoding", "registry", "registry_user", "registry_password", "registry_timeout_ms")

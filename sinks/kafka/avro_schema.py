@@ -42,8 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sinks.kafka.connect_schema import CONNECT_DATE, CONNECT_DECIMAL, CONNECT_TIMESTAMP
-from state.errors import SinkError
+from deltatail.sinks.kafka.connect_schema import CONNECT_DATE, CONNECT_DECIMAL, CONNECT_TIMESTAMP
+from deltatail.state.errors import SinkError
 
 #: Turns a decoded Connect JSON payload into the Avro datum (``None``: the payload is the datum).
 Converter = Callable[[Any], Any] | None

@@ -79,8 +79,8 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from state.errors import ConfigError, SinkError
-from state.variant import is_variant_type
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.variant import is_variant_type
 
 TimeMode = Literal["iso", "sql", "micros", "connect"]
 DecimalMode = Literal["string", "precise", "double"]

@@ -68,13 +68,23 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.json_text import DELETE, INSERT, POSTIMAGE, PREIMAGE, UPDATE, EncodedBatch, Text, Wrapped, joined_objects
-from sinks.json_text import text_scalar as _scalar
-from sinks.kafka.connect_schema import ValueModes, schema_name, struct_schema
-from sinks.kafka.event_columns import mode_text
-from sinks.kafka.transactions import BLOCK_SCHEMA, block_parts
-from state.errors import ConfigError, SinkError
-from state.feed import CHANGE_COLUMNS, ChangeBatch, FollowStatus, TableInfo
+from deltatail.sinks.json_text import (
+    DELETE,
+    INSERT,
+    POSTIMAGE,
+    PREIMAGE,
+    UPDATE,
+    EncodedBatch,
+    Text,
+    Wrapped,
+    joined_objects,
+)
+from deltatail.sinks.json_text import text_scalar as _scalar
+from deltatail.sinks.kafka.connect_schema import ValueModes, schema_name, struct_schema
+from deltatail.sinks.kafka.event_columns import mode_text
+from deltatail.sinks.kafka.transactions import BLOCK_SCHEMA, block_parts
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import CHANGE_COLUMNS, ChangeBatch, FollowStatus, TableInfo
 
 #: Message formats with Debezium's conventions.
 EVENT_FORMATS = ("debezium", "flat")

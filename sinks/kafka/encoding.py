@@ -42,7 +42,7 @@ from typing import Any, Literal
 import orjson
 import pyarrow.compute as pc
 
-from sinks.json_text import (
+from deltatail.sinks.json_text import (
     CHANGE_TYPES,
     DELETE,
     VECTOR_ROWS,
@@ -54,9 +54,9 @@ from sinks.json_text import (
     json_values,
     text_scalar,
 )
-from sinks.kafka.debezium import EVENT_FORMATS, EventEncoder, EventOptions
-from state.errors import ConfigError, SinkError
-from state.feed import CHANGE_COLUMNS, ChangeBatch, TableInfo
+from deltatail.sinks.kafka.debezium import EVENT_FORMATS, EventEncoder, EventOptions
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import CHANGE_COLUMNS, ChangeBatch, TableInfo
 
 Format = Literal["json", "debezium", "flat"]
 FORMATS: tuple[Format, ...] = ("json", "debezium", "flat")

@@ -18,9 +18,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.json_text import Text, Wrapped, column_text, json_values, text_scalar, variant_texts
-from sinks.kafka.connect_schema import ValueModes, is_json_extension
-from state.variant import is_variant_type
+from deltatail.sinks.json_text import Text, Wrapped, column_text, json_values, text_scalar, variant_texts
+from deltatail.sinks.kafka.connect_schema import ValueModes, is_json_extension
+from deltatail.state.variant import is_variant_type
 
 _NULL = text_scalar("null")
 _EMPTY = text_scalar("")

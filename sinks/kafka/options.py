@@ -14,13 +14,13 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 
-from sinks.kafka.avro_options import AVRO_OPTIONS, AvroOptions, avro_options
-from sinks.kafka.connect_schema import ValueModes
-from sinks.kafka.debezium import HEARTBEAT_TOPIC, EventOptions
-from sinks.kafka.transactions import TRANSACTION_OPTIONS, TRANSACTION_TOPIC, transaction_options
-from state.errors import ConfigError
-from state.feed import TableInfo
-from tailer.parse import parse_bool
+from deltatail.sinks.kafka.avro_options import AVRO_OPTIONS, AvroOptions, avro_options
+from deltatail.sinks.kafka.connect_schema import ValueModes
+from deltatail.sinks.kafka.debezium import HEARTBEAT_TOPIC, EventOptions
+from deltatail.sinks.kafka.transactions import TRANSACTION_OPTIONS, TRANSACTION_TOPIC, transaction_options
+from deltatail.state.errors import ConfigError
+from deltatail.state.feed import TableInfo
+from deltatail.tailer.parse import parse_bool
 
 #: Options that may also come from ``KAFKA_<NAME>`` and the kafka-python setting each feeds.
 SECURITY_OPTIONS: dict[str, str] = {
@@ -167,7 +167,7 @@ class KafkaOptions:
             "retry.backoff.ms": self.retry_backoff_ms,
             "reconnect.backoff.ms": min(50, self.reconnect_backoff_max_ms),
             "reconnect.backoff.max.ms": self.reconnect_backoff_max_ms,
-            "logger": logging.getLogger("sinks.kafka.librdkafka"),
+            "logger": logging.getLogger("deltatail.sinks.kafka.librdkafka"),
             **security,
         }
 

@@ -15,9 +15,9 @@ from typing import Any, ClassVar, Protocol
 from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from sinks.kafka.options import KafkaOptions
-from state.cursor import Position
-from state.errors import SinkUnavailableError
+from deltatail.sinks.kafka.options import KafkaOptions
+from deltatail.state.cursor import Position
+from deltatail.state.errors import SinkUnavailableError
 
 # A stamp orders a sink's messages: (version, snapshot_rank, index, 0 for an event / 1 for its tombstone).
 Stamp = tuple[int, int, int, int]
@@ -511,3 +511,13 @@ def describe_stamp(stamp: Stamp) -> str:
         return f"the heartbeat at version {version}"
     what = "tombstone" if sub else "row"
     return f"{what} at position {Position(version, rank, index)}"
+
+
+def refusal_text(e: SendRefused, topic: str, size: int, max_message_bytes: int, stamp: Stamp) -> str:
+    """Why the producer refused the message of ``stamp`` (``size`` bytes of key and value) to ``topic``."""
+    if e.too_large:
+        return (
+            f"the message for {describe_stamp(stamp)} is too large ({size} bytes of key and value, "
+            f"max_message_bytes={max_message_bytes}): {e.detail}"
+        )
+    return f"cannot send the message for {describe_stamp(stamp)} to {topic}: {e.detail}"

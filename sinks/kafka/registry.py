@@ -25,7 +25,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from state.errors import SinkError, SinkUnavailableError
+from deltatail.state.errors import SinkError, SinkUnavailableError
 
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 #: The largest registry answer read (a schema of a wide table is far smaller).

@@ -23,10 +23,10 @@ from typing import Any
 
 import orjson
 
-from sinks.kafka.debezium import EventOptions, deltatail_version
-from state.feed import TableInfo
-from state.schema import ArrayType, DataType, DecimalType, MapType, PrimitiveType, StructType
-from state.schema_diff import SchemaDiff, type_name
+from deltatail.sinks.kafka.debezium import EventOptions, deltatail_version
+from deltatail.state.feed import TableInfo
+from deltatail.state.schema import ArrayType, DataType, DecimalType, MapType, PrimitiveType, StructType
+from deltatail.state.schema_diff import SchemaDiff, type_name
 
 #: ``java.sql.Types`` of each Delta primitive type (Debezium's ``jdbcType``).
 _JDBC_TYPES = {

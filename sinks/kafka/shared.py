@@ -32,9 +32,9 @@ from typing import Any
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from sinks.kafka.options import KafkaOptions
-from sinks.kafka.producers import ConfluentProducer, OnError, Producer, PythonProducer, Stamp
-from state.errors import SinkUnavailableError
+from deltatail.sinks.kafka.options import KafkaOptions
+from deltatail.sinks.kafka.producers import ConfluentProducer, OnError, Producer, PythonProducer, Stamp
+from deltatail.state.errors import SinkUnavailableError
 
 
 @dataclass(slots=True, eq=False)

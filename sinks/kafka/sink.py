@@ -16,13 +16,13 @@ from collections.abc import Callable, Mapping
 
 import orjson
 
-from sinks.json_text import CHANGE_TYPES, UPDATE, EncodedBatch
-from sinks.kafka.avro import AvroEncoder, avro_encoder
-from sinks.kafka.debezium import check_ordering, heartbeat_message
-from sinks.kafka.encoding import ChangeEncoder
-from sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
-from sinks.kafka.partitioner import choose_partition, choose_partitions
-from sinks.kafka.producers import (
+from deltatail.sinks.json_text import CHANGE_TYPES, UPDATE, EncodedBatch
+from deltatail.sinks.kafka.avro import AvroEncoder, avro_encoder
+from deltatail.sinks.kafka.debezium import check_ordering, heartbeat_message
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
+from deltatail.sinks.kafka.partitioner import choose_partition, choose_partitions
+from deltatail.sinks.kafka.producers import (
     COMMIT_RANK,
     HEARTBEAT_RANK,
     ConfluentProducer,
@@ -34,19 +34,26 @@ from sinks.kafka.producers import (
     Stamp,
     describe_stamp,
     held_rows,
+    refusal_text,
 )
-from sinks.kafka.schema_changes import schema_change_message
-from sinks.kafka.shared import ProducerPool
-from sinks.kafka.tails import Tail, TailCheck, TailReader, header_map
-from sinks.kafka.transactions import TransactionLog, boundary_message, boundary_schemas, commit_ms, data_collection
-from state.audit import AuditEvent
-from state.cursor import Position
-from state.errors import ConfigError, SinkError, SinkUnavailableError
-from state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
-from state.schema import StructType
-from state.schema_diff import SchemaDiff
-from tailer.collector import collector_paused
-from tailer.sink import Sink
+from deltatail.sinks.kafka.schema_changes import schema_change_message
+from deltatail.sinks.kafka.shared import ProducerPool
+from deltatail.sinks.kafka.tails import Tail, TailCheck, TailReader, header_map
+from deltatail.sinks.kafka.transactions import (
+    TransactionLog,
+    boundary_message,
+    boundary_schemas,
+    commit_ms,
+    data_collection,
+)
+from deltatail.state.audit import AuditEvent
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, SinkError, SinkUnavailableError
+from deltatail.state.feed import ChangeBatch, CommitEvent, FollowStatus, TableInfo
+from deltatail.state.schema import StructType
+from deltatail.state.schema_diff import SchemaDiff
+from deltatail.tailer.collector import collector_paused
+from deltatail.tailer.sink import Sink
 
 _BEFORE_ALL: Stamp = (-1, 0, 0, 0)
 #: The ``dt.change_type`` header of each change type the encoder emits.
@@ -526,15 +533,8 @@ class KafkaSink(Sink):
 
     def _refused(self, e: SendRefused, topic: str, key: bytes, value: bytes | None, stamp: Stamp) -> SinkError:
         """Stop the sink: the producer refused the message of ``stamp``."""
-        if e.too_large:
-            size = len(key) + len(value or b"")
-            message = (
-                f"the message for {describe_stamp(stamp)} is too large ({size} bytes of key and value, "
-                f"max_message_bytes={self.options.max_message_bytes}): {e.detail}"
-            )
-        else:
-            message = f"cannot send the message for {describe_stamp(stamp)} to {topic}: {e.detail}"
-        return self._fail(message, stamp)
+        size = len(key) + len(value or b"")
+        return self._fail(refusal_text(e, topic, size, self.options.max_message_bytes, stamp), stamp)
 
     def _on_error(self, stamp: Stamp, detail: str) -> None:
         """Called by the producer for each unacknowledged message; the first one stops the sink."""

@@ -16,11 +16,11 @@ import orjson
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from sinks.kafka.options import KafkaOptions
-from sinks.kafka.producers import Stamp
-from state.cursor import Position
-from state.errors import SinkError, SinkUnavailableError, StateError
-from state.feed import TableInfo
+from deltatail.sinks.kafka.options import KafkaOptions
+from deltatail.sinks.kafka.producers import Stamp
+from deltatail.state.cursor import Position
+from deltatail.state.errors import SinkError, SinkUnavailableError, StateError
+from deltatail.state.feed import TableInfo
 
 
 @dataclass(frozen=True, slots=True)

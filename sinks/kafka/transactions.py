@@ -32,9 +32,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.kafka.connect_schema import schema_name
-from state.errors import ConfigError
-from tailer.parse import parse_bool
+from deltatail.sinks.kafka.connect_schema import schema_name
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.parse import parse_bool
 
 #: The default transaction topic (a template), Debezium's ``<topic.prefix>.transaction``.
 TRANSACTION_TOPIC = "{server_name}.transaction"

@@ -3,6 +3,6 @@
 ``from sinks.spark import register; register(spark)`` makes ``spark.readStream.format("deltatail")`` available.
 """
 
-from sinks.spark.source import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
+from deltatail.sinks.spark.source import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
 
 __all__ = ["DeltaTailBatchReader", "DeltaTailDataSource", "DeltaTailStreamReader", "register"]

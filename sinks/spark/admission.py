@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxFiles
 
-from sinks.spark.offsets import AnyPlan, Offset, after, is_snapshot, plan_key, plan_version
-from sinks.spark.options import SourceOptions
-from state.changes import FileTask
-from state.errors import ConfigError, DeltaTailError
-from state.iceberg.planning import IcebergPlan
-from state.iceberg.planning import RowTask as IcebergTask
-from state.lance.planning import LancePlan, RowTask
+from deltatail.sinks.spark.offsets import AnyPlan, Offset, after, is_snapshot, plan_key, plan_version
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.state.changes import FileTask
+from deltatail.state.errors import ConfigError, DeltaTailError
+from deltatail.state.iceberg.planning import IcebergPlan
+from deltatail.state.iceberg.planning import RowTask as IcebergTask
+from deltatail.state.lance.planning import LancePlan, RowTask
 
 log = logging.getLogger("deltatail")
 

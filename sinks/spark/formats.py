@@ -13,21 +13,21 @@ from typing import Protocol
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from sinks.spark.iceberg import IcebergStreamPlanner, iceberg_source_schema
-from sinks.spark.iceberg import batch_partitions as iceberg_batch_partitions
-from sinks.spark.lance import LanceStreamPlanner, lance_feed, lance_source_schema, version_schema
-from sinks.spark.options import SourceOptions
-from sinks.spark.partitions import make_partitions
-from sinks.spark.planner import StreamPlanner
-from sinks.spark.schema import check_fits, check_schema_fits
-from state.errors import ConfigError
-from state.feed import change_schema
-from tailer.formats.delta import DELTA
-from tailer.formats.iceberg import ICEBERG
-from tailer.formats.lance import LANCE
-from tailer.log.delta_log import DeltaLog
-from tailer.read.feed import ChangeFeed
-from tailer.storage import Storage
+from deltatail.sinks.spark.iceberg import IcebergStreamPlanner, iceberg_source_schema
+from deltatail.sinks.spark.iceberg import batch_partitions as iceberg_batch_partitions
+from deltatail.sinks.spark.lance import LanceStreamPlanner, lance_feed, lance_source_schema, version_schema
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.sinks.spark.partitions import make_partitions
+from deltatail.sinks.spark.planner import StreamPlanner
+from deltatail.sinks.spark.schema import check_fits, check_schema_fits
+from deltatail.state.errors import ConfigError
+from deltatail.state.feed import change_schema
+from deltatail.tailer.formats.delta import DELTA
+from deltatail.tailer.formats.iceberg import ICEBERG
+from deltatail.tailer.formats.lance import LANCE
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.read.feed import ChangeFeed
+from deltatail.tailer.storage import Storage
 
 #: The driver's planning state of a stream, whatever the format.
 Planner = StreamPlanner | LanceStreamPlanner | IcebergStreamPlanner

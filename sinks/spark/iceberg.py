@@ -36,19 +36,19 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from sinks.spark.offsets import Offset, plan_key
-from sinks.spark.options import SourceOptions
-from sinks.spark.plan_cache import PlanCache
-from sinks.spark.schema import arrow_target, check_schema_fits, conform, spark_schema
-from state.errors import ConfigError, StateError, VersionNotFoundError
-from state.iceberg.ancestry import Ancestry
-from state.iceberg.model import SnapshotInfo, TableState
-from state.iceberg.planning import IcebergPlan
-from tailer.formats.iceberg import ICEBERG, open_feed
-from tailer.iceberg.feed import IcebergFeed
-from tailer.iceberg.follow import iceberg_table_id
-from tailer.storage import Storage
-from tailer.table import TableRef
+from deltatail.sinks.spark.offsets import Offset, plan_key
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.sinks.spark.plan_cache import PlanCache
+from deltatail.sinks.spark.schema import arrow_target, check_schema_fits, conform, spark_schema
+from deltatail.state.errors import ConfigError, StateError, VersionNotFoundError
+from deltatail.state.iceberg.ancestry import Ancestry
+from deltatail.state.iceberg.model import SnapshotInfo, TableState
+from deltatail.state.iceberg.planning import IcebergPlan
+from deltatail.tailer.formats.iceberg import ICEBERG, open_feed
+from deltatail.tailer.iceberg.feed import IcebergFeed
+from deltatail.tailer.iceberg.follow import iceberg_table_id
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.table import TableRef
 
 #: What the stream's errors tell a user to do about a re-created table or a reset branch.
 RESTART_HINT = "start a new query (a new checkpointLocation) to read the table as it is now"

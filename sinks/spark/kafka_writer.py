@@ -2,8 +2,8 @@
 
 Usage::
 
-    from sinks.spark import register
-    from sinks.spark.kafka_writer import kafka_batch_writer
+    from deltatail.sinks.spark import register
+    from deltatail.sinks.spark.kafka_writer import kafka_batch_writer
 
     register(spark)
     query = (
@@ -58,17 +58,17 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from sinks.json_text import EncodedBatch
-from sinks.kafka.encoding import ChangeEncoder
-from sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
-from sinks.kafka.partitioner import choose_partitions
-from state.cursor import Position
-from state.errors import ConfigError, SinkError
-from state.feed import ChangeBatch, TableInfo
-from tailer.collector import collector_paused
-from tailer.log.delta_log import DeltaLog
-from tailer.log.starts import table_id
-from tailer.table import table_storage
+from deltatail.sinks.json_text import EncodedBatch
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
+from deltatail.sinks.kafka.partitioner import choose_partitions
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.collector import collector_paused
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.starts import table_id
+from deltatail.tailer.table import table_storage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -40,19 +40,19 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from sinks.spark.offsets import Offset, plan_key
-from sinks.spark.options import SourceOptions
-from sinks.spark.plan_cache import PlanCache
-from sinks.spark.schema import arrow_target, check_schema_fits, conform, spark_schema
-from state.errors import StateError, VersionGapError, VersionNotFoundError
-from state.lance.manifest import Manifest
-from state.lance.planning import LancePlan, RowTask, plan_snapshot
-from tailer.lance.dataset import CLEANED_UP_HINT
-from tailer.lance.feed import LanceFeed, LanceOptions
-from tailer.lance.follow import lance_table_id
-from tailer.lance.rows import LanceRows, change_schema_of
-from tailer.storage import Storage
-from tailer.table import table_storage
+from deltatail.sinks.spark.offsets import Offset, plan_key
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.sinks.spark.plan_cache import PlanCache
+from deltatail.sinks.spark.schema import arrow_target, check_schema_fits, conform, spark_schema
+from deltatail.state.errors import StateError, VersionGapError, VersionNotFoundError
+from deltatail.state.lance.manifest import Manifest
+from deltatail.state.lance.planning import LancePlan, RowTask, plan_snapshot
+from deltatail.tailer.lance.dataset import CLEANED_UP_HINT
+from deltatail.tailer.lance.feed import LanceFeed, LanceOptions
+from deltatail.tailer.lance.follow import lance_table_id
+from deltatail.tailer.lance.rows import LanceRows, change_schema_of
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.table import table_storage
 
 log = logging.getLogger("deltatail")
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from state.errors import StateError
-from state.iceberg.planning import IcebergPlan
-from state.lance.planning import LancePlan
-from state.planning import VersionPlan
+from deltatail.state.errors import StateError
+from deltatail.state.iceberg.planning import IcebergPlan
+from deltatail.state.lance.planning import LancePlan
+from deltatail.state.planning import VersionPlan
 
 #: ``(version, rank)``: rank 0 for an initial snapshot taken at ``version``, 1 for commit ``version``.
 Key = tuple[int, int]

@@ -14,15 +14,15 @@ from typing import TypeVar
 
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxBytes, ReadMaxFiles
 
-from state.errors import ConfigError
-from state.paths import check_external_root
-from tailer.formats.base import DATA_LOSS, KEY, MAX_BYTES, NET_CHANGES
-from tailer.formats.registry import detect, format_named, split_prefix
-from tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
-from tailer.read.feed import ChangeOptions
-from tailer.storage import Storage
-from tailer.storage.options import resolve_references
-from tailer.table import table_storage
+from deltatail.state.errors import ConfigError
+from deltatail.state.paths import check_external_root
+from deltatail.tailer.formats.base import DATA_LOSS, KEY, MAX_BYTES, NET_CHANGES
+from deltatail.tailer.formats.registry import detect, format_named, split_prefix
+from deltatail.tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
+from deltatail.tailer.read.feed import ChangeOptions
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.storage.options import resolve_references
+from deltatail.tailer.table import table_storage
 
 #: Options with this prefix are the table's storage options (``storage.aws_region``...).
 STORAGE_PREFIX = "storage."

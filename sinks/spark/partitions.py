@@ -8,19 +8,19 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from sinks.spark.iceberg import iceberg_partitions
-from sinks.spark.lance import lance_partitions
-from sinks.spark.offsets import AnyPlan
-from sinks.spark.options import SourceOptions
-from sinks.spark.schema import conform
-from state.changes import FileTask
-from state.feed import change_schema
-from state.iceberg.planning import IcebergPlan
-from state.lance.planning import LancePlan
-from state.planning import ReadContext, VersionPlan
-from tailer.read.net_changes import net_changes
-from tailer.read.tasks import read_task
-from tailer.storage import Storage
+from deltatail.sinks.spark.iceberg import iceberg_partitions
+from deltatail.sinks.spark.lance import lance_partitions
+from deltatail.sinks.spark.offsets import AnyPlan
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.sinks.spark.schema import conform
+from deltatail.state.changes import FileTask
+from deltatail.state.feed import change_schema
+from deltatail.state.iceberg.planning import IcebergPlan
+from deltatail.state.lance.planning import LancePlan
+from deltatail.state.planning import ReadContext, VersionPlan
+from deltatail.tailer.read.net_changes import net_changes
+from deltatail.tailer.read.tasks import read_task
+from deltatail.tailer.storage import Storage
 
 BATCH_SIZE = 65536
 

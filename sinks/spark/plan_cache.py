@@ -17,12 +17,12 @@ from typing import Generic, TypeVar
 
 import pyarrow as pa
 
-from sinks.spark.offsets import Key, Offset, plan_key
-from sinks.spark.options import SourceOptions
-from state.errors import DeltaTailError, StateError
-from state.iceberg.planning import IcebergPlan
-from state.lance.planning import LancePlan
-from state.planning import VersionPlan
+from deltatail.sinks.spark.offsets import Key, Offset, plan_key
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.state.errors import DeltaTailError, StateError
+from deltatail.state.iceberg.planning import IcebergPlan
+from deltatail.state.lance.planning import LancePlan
+from deltatail.state.planning import VersionPlan
 
 log = logging.getLogger("deltatail")
 

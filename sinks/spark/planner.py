@@ -9,18 +9,18 @@ from collections import deque
 
 import pyarrow as pa
 
-from sinks.spark.offsets import Offset, plan_key
-from sinks.spark.options import SourceOptions
-from sinks.spark.plan_cache import PlanCache
-from sinks.spark.schema import check_fits
-from state.errors import StateError, VersionGapError, VersionNotFoundError
-from state.planning import VersionPlan, plan_snapshot
-from state.snapshot import Snapshot
-from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import Hints, LogFollower
-from tailer.log.starts import snapshot_time, table_id, version_at_or_after
-from tailer.read.feed import ChangeFeed
-from tailer.storage import Storage
+from deltatail.sinks.spark.offsets import Offset, plan_key
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.sinks.spark.plan_cache import PlanCache
+from deltatail.sinks.spark.schema import check_fits
+from deltatail.state.errors import StateError, VersionGapError, VersionNotFoundError
+from deltatail.state.planning import VersionPlan, plan_snapshot
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.follower import Hints, LogFollower
+from deltatail.tailer.log.starts import snapshot_time, table_id, version_at_or_after
+from deltatail.tailer.read.feed import ChangeFeed
+from deltatail.tailer.storage import Storage
 
 log = logging.getLogger("deltatail")
 

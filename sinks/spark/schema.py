@@ -6,9 +6,9 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from state.errors import SchemaChangeError
-from state.feed import change_schema
-from state.planning import VersionPlan
+from deltatail.state.errors import SchemaChangeError
+from deltatail.state.feed import change_schema
+from deltatail.state.planning import VersionPlan
 
 
 def spark_schema(schema: pa.Schema) -> StructType:

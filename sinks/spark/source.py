@@ -2,7 +2,7 @@
 
 Usage::
 
-    from sinks.spark import register
+    from deltatail.sinks.spark import register
     register(spark)
     stream = spark.readStream.format("deltatail").option("startingVersion", 0).load("/data/events")
     batch = (spark.read.format("deltatail")
@@ -129,16 +129,16 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from sinks.spark.admission import Budget, admit
-from sinks.spark.formats import Planner, spark_format
-from sinks.spark.iceberg import IcebergPartition, read_iceberg_partition
-from sinks.spark.lance import LancePartition, read_lance_partition
-from sinks.spark.offsets import Offset, plan_key
-from sinks.spark.options import SourceOptions
-from sinks.spark.partitions import make_partitions, read_partition
-from sinks.spark.schema import arrow_target, spark_schema
-from state.errors import ConfigError
-from tailer.storage import Storage
+from deltatail.sinks.spark.admission import Budget, admit
+from deltatail.sinks.spark.formats import Planner, spark_format
+from deltatail.sinks.spark.iceberg import IcebergPartition, read_iceberg_partition
+from deltatail.sinks.spark.lance import LancePartition, read_lance_partition
+from deltatail.sinks.spark.offsets import Offset, plan_key
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.sinks.spark.partitions import make_partitions, read_partition
+from deltatail.sinks.spark.schema import arrow_target, spark_schema
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.storage import Storage
 
 SHORT_NAME = "deltatail"
 

@@ -25,8 +25,8 @@ each action's fields declared once with their checks and path decoding
 (:mod:`state.actions.fields`). Import the names below from this package.
 """
 
-from state.actions.fields import decode_path
-from state.actions.model import (
+from deltatail.state.actions.fields import decode_path
+from deltatail.state.actions.model import (
     Action,
     Add,
     AddCDCFile,
@@ -41,7 +41,7 @@ from state.actions.model import (
     Sidecar,
     Txn,
 )
-from state.actions.parsing import (
+from deltatail.state.actions.parsing import (
     parse_action,
     parse_add,
     parse_json_actions,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 from urllib.parse import unquote
 
-from state.errors import InvalidLogError
+from deltatail.state.errors import InvalidLogError
 
 
 def decode_path(raw: str) -> str:

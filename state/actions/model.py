@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import unquote
 
-from state.actions.fields import (
+from deltatail.state.actions.fields import (
     _DV_SCHEMA,
     _MAX_INT,
     _MAX_LONG,
@@ -20,10 +20,10 @@ from state.actions.fields import (
     _first_problem,
     _shown,
 )
-from state.errors import DeletionVectorError, InvalidLogError
-from state.paths import resolve_logged_path
-from state.schema import StructType, parse_schema
-from state.z85 import z85_decode
+from deltatail.state.errors import DeletionVectorError, InvalidLogError
+from deltatail.state.paths import resolve_logged_path
+from deltatail.state.schema import StructType, parse_schema
+from deltatail.state.z85 import z85_decode
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from state.actions.fields import (
+from deltatail.state.actions.fields import (
     _ADD_SCHEMA,
     _CDC_SCHEMA,
     _CHECKPOINT_METADATA_SCHEMA,
@@ -30,7 +30,7 @@ from state.actions.fields import (
     _validate,
     decode_path,
 )
-from state.actions.model import (
+from deltatail.state.actions.model import (
     Action,
     Add,
     AddCDCFile,
@@ -45,7 +45,7 @@ from state.actions.model import (
     Txn,
     _deletion_vector,
 )
-from state.errors import InvalidLogError
+from deltatail.state.errors import InvalidLogError
 
 
 def parse_add(a: dict[str, Any]) -> Add:

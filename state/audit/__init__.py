@@ -73,8 +73,8 @@ Modules: the event, its parts and its dict form (:mod:`state.audit.event`); the 
 (:mod:`state.audit.row_figures`). Import the names below from this package.
 """
 
-from state.audit.builder import build_audit_event
-from state.audit.event import (
+from deltatail.state.audit.builder import build_audit_event
+from deltatail.state.audit.event import (
     AUDIT_FORMAT,
     ROW_FIGURES,
     ROW_SOURCES,
@@ -87,7 +87,7 @@ from state.audit.event import (
     ValueChange,
     iso_utc,
 )
-from state.audit.row_figures import RowCount
+from deltatail.state.audit.row_figures import RowCount
 
 __all__ = [
     "AUDIT_FORMAT",

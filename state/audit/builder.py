@@ -14,14 +14,14 @@ from typing import Any
 
 import orjson
 
-from state.actions import DomainMetadata, Metadata, Protocol
-from state.audit.event import Actor, AppTransaction, AuditEvent, ProtocolChange, TransactionInfo, ValueChange
-from state.audit.row_figures import RowCount, _counts, _FileRows, _int, _settle_unknown
-from state.changes import commit_timestamp, is_noop_merge
-from state.commit import Commit
-from state.errors import InvalidLogError, VersionGapError
-from state.schema_diff import SchemaDiff, diff_schemas
-from state.snapshot import Snapshot
+from deltatail.state.actions import DomainMetadata, Metadata, Protocol
+from deltatail.state.audit.event import Actor, AppTransaction, AuditEvent, ProtocolChange, TransactionInfo, ValueChange
+from deltatail.state.audit.row_figures import RowCount, _counts, _FileRows, _int, _settle_unknown
+from deltatail.state.changes import commit_timestamp, is_noop_merge
+from deltatail.state.commit import Commit
+from deltatail.state.errors import InvalidLogError, VersionGapError
+from deltatail.state.schema_diff import SchemaDiff, diff_schemas
+from deltatail.state.snapshot import Snapshot
 
 #: commitInfo keys mapped to typed fields; the rest go to ``commit_info_extra``.
 _MAPPED_KEYS = frozenset(

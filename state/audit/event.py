@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from state.errors import InvalidLogError
-from state.schema_diff import SchemaDiff
+from deltatail.state.errors import InvalidLogError
+from deltatail.state.schema_diff import SchemaDiff
 
 #: The ``format`` tag of an event's dict form; bumped when a field changes meaning or is removed.
 AUDIT_FORMAT = "deltatail.audit.commit/1"

@@ -14,11 +14,11 @@ from typing import Any
 
 import orjson
 
-from state.actions import Add, Remove
-from state.audit.event import ROW_FIGURES, Counts
-from state.commit import Commit
-from state.files import FileKey
-from state.snapshot import Snapshot
+from deltatail.state.actions import Add, Remove
+from deltatail.state.audit.event import ROW_FIGURES, Counts
+from deltatail.state.commit import Commit
+from deltatail.state.files import FileKey
+from deltatail.state.snapshot import Snapshot
 
 #: Row metrics by operation and figure: Delta Spark's camelCase names first, then delta-rs's snake_case ones.
 _DELETED = ("numDeletedRows", "num_deleted_rows")

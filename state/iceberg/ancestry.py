@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from state.errors import InvalidLogError, VersionGapError
-from state.iceberg.model import SnapshotInfo, TableState
+from deltatail.state.errors import InvalidLogError, VersionGapError
+from deltatail.state.iceberg.model import SnapshotInfo, TableState
 
 #: How to recover when snapshots a reader needs were expired.
 EXPIRED_HINT = (

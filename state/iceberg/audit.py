@@ -36,11 +36,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from state.audit import AuditEvent
-from state.audit.event import Actor, Counts, TransactionInfo, ValueChange
-from state.errors import InvalidLogError
-from state.iceberg.model import SnapshotInfo
-from state.schema_diff import ColumnRename, NullabilityChange, SchemaDiff, TypeChange
+from deltatail.state.audit import AuditEvent
+from deltatail.state.audit.event import Actor, Counts, TransactionInfo, ValueChange
+from deltatail.state.errors import InvalidLogError
+from deltatail.state.iceberg.model import SnapshotInfo
+from deltatail.state.schema_diff import ColumnRename, NullabilityChange, SchemaDiff, TypeChange
 
 #: The largest number a summary field may hold.
 MAX_SUMMARY_NUMBER = 2**63 - 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from state.errors import UnsupportedFeatureError
+from deltatail.state.errors import UnsupportedFeatureError
 
 #: Manifest entry content kinds.
 DATA = 0

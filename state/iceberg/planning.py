@@ -38,8 +38,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from state.errors import InvalidLogError, UnsupportedFeatureError
-from state.iceberg.model import DATA, EQUALITY_DELETES, POSITION_DELETES, ContentFile, SnapshotInfo
+from deltatail.state.errors import InvalidLogError, UnsupportedFeatureError
+from deltatail.state.iceberg.model import DATA, EQUALITY_DELETES, POSITION_DELETES, ContentFile, SnapshotInfo
 
 ChangeType = Literal["insert", "delete"]
 

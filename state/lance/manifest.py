@@ -29,9 +29,9 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from state.errors import InvalidLogError, UnsupportedFeatureError
-from state.lance.protobuf import as_bytes, as_int, fields, packed_varints, signed32, text
-from state.schema import PHYSICAL_NAME_KEY, ArrayType, DataType, PrimitiveType, StructField, StructType
+from deltatail.state.errors import InvalidLogError, UnsupportedFeatureError
+from deltatail.state.lance.protobuf import as_bytes, as_int, fields, packed_varints, signed32, text
+from deltatail.state.schema import PHYSICAL_NAME_KEY, ArrayType, DataType, PrimitiveType, StructField, StructType
 
 #: ``u64::MAX``: a V2 manifest name holds this minus the version.
 U64_MAX = (1 << 64) - 1

@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
-from state.errors import InvalidLogError, UnsupportedFeatureError
-from state.lance.manifest import DeletionFile, Fragment, Manifest, Transaction
+from deltatail.state.errors import InvalidLogError, UnsupportedFeatureError
+from deltatail.state.lance.manifest import DeletionFile, Fragment, Manifest, Transaction
 
 ChangeType = Literal["insert", "delete", "update_preimage", "update_postimage"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-from state.errors import InvalidLogError
+from deltatail.state.errors import InvalidLogError
 
 #: Wire types.
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.errors import InvalidLogError
-from state.lance.manifest import MAX_FRAGMENT_ROWS
-from state.lance.protobuf import as_bytes, as_int, fields
+from deltatail.state.errors import InvalidLogError
+from deltatail.state.lance.manifest import MAX_FRAGMENT_ROWS
+from deltatail.state.lance.protobuf import as_bytes, as_int, fields
 
 
 def _encoded_u64(buf: bytes) -> pa.Array:

@@ -13,9 +13,9 @@ The names below are the package's public API; import them from here. Names with 
 underscore in the modules are the package's internals, shared between its modules only.
 """
 
-from state.variant.decode import MAX_DEPTH, TimestampNanos, metadata_keys, variant_to_python
-from state.variant.json_text import java_double_text, json_string, variant_to_json
-from state.variant.shredding import (
+from deltatail.state.variant.decode import MAX_DEPTH, TimestampNanos, metadata_keys, variant_to_python
+from deltatail.state.variant.json_text import java_double_text, json_string, variant_to_json
+from deltatail.state.variant.shredding import (
     VARIANT_MARKER,
     VARIANT_STORAGE_TYPE,
     check_values,

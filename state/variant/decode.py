@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from state.errors import DataFileError
+from deltatail.state.errors import DataFileError
 
 #: How deep objects and arrays may nest before a value is refused (as malformed, not as a crash).
 MAX_DEPTH = 256

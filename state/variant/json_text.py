@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from state.variant.decode import (
+from deltatail.state.variant.decode import (
     _ARRAY,
     _BINARY,
     _DATE,

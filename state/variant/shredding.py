@@ -27,8 +27,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.errors import DataFileError
-from state.variant.decode import (
+from deltatail.state.errors import DataFileError
+from deltatail.state.variant.decode import (
     _ARRAY,
     _BINARY,
     _DATE,
@@ -62,7 +62,7 @@ from state.variant.decode import (
     _value_end,
     metadata_keys,
 )
-from state.variant.json_text import (
+from deltatail.state.variant.json_text import (
     _to_json,
     variant_to_json,
 )

@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from state.alerts import AlertRule, Evaluation, evaluate, parse_alert_rules
-from state.audit import AuditEvent
-from state.errors import ConfigError
-from tailer.audit.webhook import Webhook, WebhookConfig
+from deltatail.state.alerts import AlertRule, Evaluation, evaluate, parse_alert_rules
+from deltatail.state.audit import AuditEvent
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.audit.webhook import Webhook, WebhookConfig
 
 log = logging.getLogger("deltatail.audit")
 

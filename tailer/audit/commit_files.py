@@ -29,10 +29,10 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from state.errors import DeltaTailError, MissingFileError
-from tailer.audit import commit_reader
-from tailer.storage import Storage
-from tailer.storage.local import to_local_path
+from deltatail.state.errors import DeltaTailError, MissingFileError
+from deltatail.tailer.audit import commit_reader
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.storage.local import to_local_path
 
 log = logging.getLogger("deltatail.audit")
 

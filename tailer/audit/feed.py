@@ -36,23 +36,23 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from state.audit import AuditEvent, build_audit_event
-from state.commit import Commit
-from state.cursor import version_range
-from state.errors import (
+from deltatail.state.audit import AuditEvent, build_audit_event
+from deltatail.state.commit import Commit
+from deltatail.state.cursor import version_range
+from deltatail.state.errors import (
     DeltaTailError,
     MissingFileError,
     VersionGapError,
 )
-from state.planning import plan_commit
-from state.snapshot import Snapshot
-from tailer.audit.commit_files import CommitFiles, open_commit_files
-from tailer.collector import collector_paused
-from tailer.log.delta_log import DeltaLog, LogListing
-from tailer.log.starts import snapshot_time, table_id, version_at_or_after
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.read.rows import resolve_data_path
-from tailer.storage import FileInfo, Storage
+from deltatail.state.planning import plan_commit
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.audit.commit_files import CommitFiles, open_commit_files
+from deltatail.tailer.collector import collector_paused
+from deltatail.tailer.log.delta_log import DeltaLog, LogListing
+from deltatail.tailer.log.starts import snapshot_time, table_id, version_at_or_after
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.read.rows import resolve_data_path
+from deltatail.tailer.storage import FileInfo, Storage
 
 log = logging.getLogger("deltatail.audit")
 

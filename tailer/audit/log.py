@@ -39,10 +39,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from state.alerts import Alert
-from state.audit import AuditEvent
-from state.errors import ConfigError, DeltaTailError, InvalidLogError, SinkError
-from tailer.runtime.files import fsync_dir
+from deltatail.state.alerts import Alert
+from deltatail.state.audit import AuditEvent
+from deltatail.state.errors import ConfigError, DeltaTailError, InvalidLogError, SinkError
+from deltatail.tailer.runtime.files import fsync_dir
 
 #: The columns of a Parquet audit log, in order.
 AUDIT_ARROW_SCHEMA = pa.schema(

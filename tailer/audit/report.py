@@ -35,9 +35,9 @@ from typing import Any
 
 import orjson
 
-from state.alerts import Alert
-from state.audit import AuditEvent
-from state.errors import ConfigError, DeltaTailError
+from deltatail.state.alerts import Alert
+from deltatail.state.audit import AuditEvent
+from deltatail.state.errors import ConfigError, DeltaTailError
 
 #: Width of the charts in CSS pixels (wider timelines scroll sideways).
 CHART_WIDTH = 1100

@@ -49,7 +49,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from state.errors import ConfigError
+from deltatail.state.errors import ConfigError
 
 log = logging.getLogger("deltatail.webhook")
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from tailer.cli.main import main
+from deltatail.tailer.cli.main import main
 
 sys.exit(main())

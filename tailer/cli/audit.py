@@ -34,19 +34,19 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from state.alerts import SEVERITIES, Alert
-from state.audit import AuditEvent
-from state.errors import ConfigError
-from tailer.audit.alerts import AlertNotifier
-from tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
-from tailer.audit.report import require_report_extra, write_report
-from tailer.cli.configure import follow_fields
-from tailer.cli.model import AuditCommandSettings, audit_command_settings
-from tailer.cli.process import stop_on_signals
-from tailer.cli.settings import external_root_option, flag_type
-from tailer.follow.audit import AuditFollowConfig
-from tailer.formats.registry import open_table
-from tailer.table import TableRef
+from deltatail.state.alerts import SEVERITIES, Alert
+from deltatail.state.audit import AuditEvent
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.audit.alerts import AlertNotifier
+from deltatail.tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
+from deltatail.tailer.audit.report import require_report_extra, write_report
+from deltatail.tailer.cli.configure import follow_fields
+from deltatail.tailer.cli.model import AuditCommandSettings, audit_command_settings
+from deltatail.tailer.cli.process import stop_on_signals
+from deltatail.tailer.cli.settings import external_root_option, flag_type
+from deltatail.tailer.follow.audit import AuditFollowConfig
+from deltatail.tailer.formats.registry import open_table
+from deltatail.tailer.table import TableRef
 
 log = logging.getLogger("deltatail.audit")
 

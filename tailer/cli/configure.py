@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from state.errors import ConfigError
-from tailer.cli.model import (
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.cli.model import (
     DEFAULT_ON_SCHEMA_CHANGE,
     DEFAULT_SINK,
     FOLLOW_DEFAULTS,
@@ -14,12 +14,12 @@ from tailer.cli.model import (
     keys,
     table_filter,
 )
-from tailer.follow.tailer import TailerConfig
-from tailer.formats.base import starting_version
-from tailer.formats.registry import open_table
-from tailer.parse import parse_timestamp_ms
-from tailer.read.feed import ChangeOptions
-from tailer.table import TableRef
+from deltatail.tailer.follow.tailer import TailerConfig
+from deltatail.tailer.formats.base import starting_version
+from deltatail.tailer.formats.registry import open_table
+from deltatail.tailer.parse import parse_timestamp_ms
+from deltatail.tailer.read.feed import ChangeOptions
+from deltatail.tailer.table import TableRef
 
 __all__ = ["DEFAULT_SINK", "READ_DEFAULTS", "RUN_DEFAULTS", "crosses_schema_changes", "tailer_config"]
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import orjson
 
-from state.errors import ConfigError
-from tailer.cli.tables import flag_storage_options
-from tailer.follow.control import TableState, describe, reset, seek
-from tailer.follow.state_store import CURSOR_FILE, StateStore
-from tailer.parse import parse_timestamp_ms
-from tailer.serve.state_root import StateRoot, read_status
-from tailer.table import table_storage
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.cli.tables import flag_storage_options
+from deltatail.tailer.follow.control import TableState, describe, reset, seek
+from deltatail.tailer.follow.state_store import CURSOR_FILE, StateStore
+from deltatail.tailer.parse import parse_timestamp_ms
+from deltatail.tailer.serve.state_root import StateRoot, read_status
+from deltatail.tailer.table import table_storage
 
 
 def _targets(state: Path, table: str | None) -> list[tuple[Path, str | None, str]]:

@@ -22,10 +22,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from state.errors import ConfigError
-from tailer.cli.process import stop_on_signals
-from tailer.cli.sink_uri import open_sink
-from tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.cli.process import stop_on_signals
+from deltatail.tailer.cli.sink_uri import open_sink
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
 
 log = logging.getLogger("deltatail")
 

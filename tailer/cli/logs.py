@@ -25,7 +25,7 @@ from typing import ClassVar, NoReturn
 
 import orjson
 
-from state.errors import DeltaTailError, StorageError
+from deltatail.state.errors import DeltaTailError, StorageError
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 

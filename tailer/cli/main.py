@@ -17,32 +17,32 @@ from collections.abc import Sequence
 
 import orjson
 
-from state.errors import ConfigError, DeltaTailError, StorageError
-from tailer.cli import audit, logs
-from tailer.cli.configure import DEFAULT_SINK, READ_DEFAULTS, RUN_DEFAULTS, tailer_config
-from tailer.cli.cursor import add_parsers as add_cursor_parsers
-from tailer.cli.demo import run_demo
-from tailer.cli.model import changes_settings, run_settings, snapshot_settings
-from tailer.cli.outputs import write_changes
-from tailer.cli.process import stop_on_signals, tune_for_latency
-from tailer.cli.progress import ServiceProgress
-from tailer.cli.serve import serve
-from tailer.cli.settings import (
+from deltatail.state.errors import ConfigError, DeltaTailError, StorageError
+from deltatail.tailer.cli import audit, logs
+from deltatail.tailer.cli.configure import DEFAULT_SINK, READ_DEFAULTS, RUN_DEFAULTS, tailer_config
+from deltatail.tailer.cli.cursor import add_parsers as add_cursor_parsers
+from deltatail.tailer.cli.demo import run_demo
+from deltatail.tailer.cli.model import changes_settings, run_settings, snapshot_settings
+from deltatail.tailer.cli.outputs import write_changes
+from deltatail.tailer.cli.process import stop_on_signals, tune_for_latency
+from deltatail.tailer.cli.progress import ServiceProgress
+from deltatail.tailer.cli.serve import serve
+from deltatail.tailer.cli.settings import (
     DATA_LOSS_CHOICES,
     SCHEMA_CHANGE_CHOICES,
     SINK_GAP_CHOICES,
     external_root_option,
     flag_type,
 )
-from tailer.cli.signal import add_parser as add_signal_parser
-from tailer.cli.sink_uri import open_sink
-from tailer.cli.tables import add_format_option, open_arg, tailer_maker
-from tailer.follow.service import TailerService
-from tailer.follow.stats import TableStats
-from tailer.follow.tailer import table_name
-from tailer.formats.base import DATA_LOSS, KEY, NET_CHANGES, ChangeRequest
-from tailer.read.feed import ChangeOptions
-from tailer.table import TableRef
+from deltatail.tailer.cli.signal import add_parser as add_signal_parser
+from deltatail.tailer.cli.sink_uri import open_sink
+from deltatail.tailer.cli.tables import add_format_option, open_arg, tailer_maker
+from deltatail.tailer.follow.service import TailerService
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.follow.tailer import table_name
+from deltatail.tailer.formats.base import DATA_LOSS, KEY, NET_CHANGES, ChangeRequest
+from deltatail.tailer.read.feed import ChangeOptions
+from deltatail.tailer.table import TableRef
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -22,14 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from state.errors import ConfigError
-from state.filters import ChangeFilter
-from tailer.audit.alerts import AuditSettings
-from tailer.cli.settings import audit_config, merge, names
-from tailer.follow.tailer import TailerConfig
-from tailer.parse import parse_timestamp_ms
-from tailer.read.feed import ChangeOptions
-from tailer.storage.options import parse_option_pairs
+from deltatail.state.errors import ConfigError
+from deltatail.state.filters import ChangeFilter
+from deltatail.tailer.audit.alerts import AuditSettings
+from deltatail.tailer.cli.settings import audit_config, merge, names
+from deltatail.tailer.follow.tailer import TailerConfig
+from deltatail.tailer.parse import parse_timestamp_ms
+from deltatail.tailer.read.feed import ChangeOptions
+from deltatail.tailer.storage.options import parse_option_pairs
 
 #: The sink of ``deltatail run`` when none is given: JSON lines on stdout.
 DEFAULT_SINK = "jsonl:-"

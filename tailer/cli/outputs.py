@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from state.errors import ConfigError
-from state.feed import ChangeBatch, TableInfo
-from tailer.cli.sink_uri import open_sink
+from deltatail.state.errors import ConfigError
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.cli.sink_uri import open_sink
 
 
 def write_changes(

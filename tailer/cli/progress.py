@@ -17,8 +17,8 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from tailer.cli import logs
-from tailer.follow.stats import TableStats
+from deltatail.tailer.cli import logs
+from deltatail.tailer.follow.stats import TableStats
 
 
 class ServiceProgress:

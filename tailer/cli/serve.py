@@ -62,23 +62,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from state.errors import ConfigError, DeltaTailError, StorageError
-from tailer.cli.configure import tailer_config
-from tailer.cli.model import ServeTableSettings, TableSettings
-from tailer.cli.process import stop_on_signals, tune_for_latency
-from tailer.cli.progress import ServiceProgress
-from tailer.cli.serve_config import ServeConfig, load_serve_config
-from tailer.cli.sink_uri import open_sink
-from tailer.formats.base import DATA_LOSS, KEY, NET_CHANGES
-from tailer.formats.registry import FALLBACK, claimed, open_table
-from tailer.runtime.transient import is_transient
-from tailer.serve.discovery import find_tables
-from tailer.serve.http import HealthServer
-from tailer.serve.service import Service, TableSource, probe_state_root
-from tailer.serve.signal_topic import SignalTopic
-from tailer.serve.state_root import StateRoot
-from tailer.sink import Sink
-from tailer.storage.local import to_local_path
+from deltatail.state.errors import ConfigError, DeltaTailError, StorageError
+from deltatail.tailer.cli.configure import tailer_config
+from deltatail.tailer.cli.model import ServeTableSettings, TableSettings
+from deltatail.tailer.cli.process import stop_on_signals, tune_for_latency
+from deltatail.tailer.cli.progress import ServiceProgress
+from deltatail.tailer.cli.serve_config import ServeConfig, load_serve_config
+from deltatail.tailer.cli.sink_uri import open_sink
+from deltatail.tailer.formats.base import DATA_LOSS, KEY, NET_CHANGES
+from deltatail.tailer.formats.registry import FALLBACK, claimed, open_table
+from deltatail.tailer.runtime.transient import is_transient
+from deltatail.tailer.serve.discovery import find_tables
+from deltatail.tailer.serve.http import HealthServer
+from deltatail.tailer.serve.service import Service, TableSource, probe_state_root
+from deltatail.tailer.serve.signal_topic import SignalTopic
+from deltatail.tailer.serve.state_root import StateRoot
+from deltatail.tailer.sink import Sink
+from deltatail.tailer.storage.local import to_local_path
 
 __all__ = ["ServeConfig", "check_tables", "load_serve_config", "serve", "source"]
 

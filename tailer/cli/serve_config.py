@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from state.errors import ConfigError
-from tailer.cli.model import ServeTableSettings
-from tailer.cli.settings import (
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.cli.model import ServeTableSettings
+from deltatail.tailer.cli.settings import (
     DISCOVER_SETTINGS,
     RUN_SETTINGS,
     SERVICE_SETTINGS,
@@ -26,11 +26,11 @@ from tailer.cli.settings import (
     read_toml,
     storage_table,
 )
-from tailer.follow.tailer import table_name
-from tailer.formats.registry import format_names, split_prefix
-from tailer.serve.http import load_auth_token
-from tailer.serve.service import ServiceOptions
-from tailer.serve.signal_topic import signal_topic
+from deltatail.tailer.follow.tailer import table_name
+from deltatail.tailer.formats.registry import format_names, split_prefix
+from deltatail.tailer.serve.http import load_auth_token
+from deltatail.tailer.serve.service import ServiceOptions
+from deltatail.tailer.serve.signal_topic import signal_topic
 
 #: Settings of ``run`` that make no sense per table in a service.
 _NOT_PER_TABLE = frozenset({"state_dir", "until_caught_up", "sink_retries"})

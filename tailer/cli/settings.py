@@ -22,11 +22,11 @@ import tomllib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from state.errors import ConfigError
-from state.paths import check_external_root
-from tailer.audit.alerts import AuditSettings, load_audit_settings
-from tailer.parse import parse_bool
-from tailer.storage.options import parse_option_pairs, resolve_references
+from deltatail.state.errors import ConfigError
+from deltatail.state.paths import check_external_root
+from deltatail.tailer.audit.alerts import AuditSettings, load_audit_settings
+from deltatail.tailer.parse import parse_bool
+from deltatail.tailer.storage.options import parse_option_pairs, resolve_references
 
 
 class Number:

@@ -17,16 +17,16 @@ from typing import Any
 
 import orjson
 
-from state.errors import ConfigError
-from state.filters import ChangeFilter
-from state.signals import DEFAULT_CHUNK_ROWS, SnapshotRequest, checked
-from tailer.cli.cursor import _one
-from tailer.cli.tables import flag_storage_options
-from tailer.follow import signals
-from tailer.follow.state_store import StateStore
-from tailer.formats.base import SIGNALS
-from tailer.formats.registry import open_table
-from tailer.log.delta_log import DeltaLog
+from deltatail.state.errors import ConfigError
+from deltatail.state.filters import ChangeFilter
+from deltatail.state.signals import DEFAULT_CHUNK_ROWS, SnapshotRequest, checked
+from deltatail.tailer.cli.cursor import _one
+from deltatail.tailer.cli.tables import flag_storage_options
+from deltatail.tailer.follow import signals
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.formats.base import SIGNALS
+from deltatail.tailer.formats.registry import open_table
+from deltatail.tailer.log.delta_log import DeltaLog
 
 ACTIONS = ("snapshot", "status", "cancel")
 

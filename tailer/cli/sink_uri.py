@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 
-from state.errors import ConfigError
-from tailer.sink import Sink
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.sink import Sink
 
 #: The entry-point group sinks register under, by URI scheme.
 ENTRY_POINTS = "deltatail.sinks"

@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from tailer.cli.model import TableArg
-from tailer.follow.service import Runner
-from tailer.follow.stats import TableStats
-from tailer.follow.tailer import TailerConfig
-from tailer.formats.registry import format_names, open_table
-from tailer.sink import Sink
-from tailer.storage.options import parse_option_pairs
-from tailer.table import TableRef
+from deltatail.tailer.cli.model import TableArg
+from deltatail.tailer.follow.service import Runner
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.follow.tailer import TailerConfig
+from deltatail.tailer.formats.registry import format_names, open_table
+from deltatail.tailer.sink import Sink
+from deltatail.tailer.storage.options import parse_option_pairs
+from deltatail.tailer.table import TableRef
 
 
 def add_format_option(parser: argparse.ArgumentParser) -> None:

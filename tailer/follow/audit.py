@@ -40,31 +40,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from state.alerts import Alert, Evaluation
-from state.audit import AuditEvent
-from state.cursor import Position
-from state.errors import DeltaTailError, InvalidLogError, StateError
-from state.feed import FollowStatus
-from state.retention import retention
-from state.snapshot import Snapshot
-from tailer.audit.alerts import AlertNotifier
-from tailer.audit.feed import AuditTracker, table_row_count
-from tailer.audit.log import AuditOutput
-from tailer.follow.checkpointer import Checkpointer
-from tailer.follow.config import FollowConfig
-from tailer.follow.log_parts import checkpointer, log_follower
-from tailer.follow.loop import FollowLoop
-from tailer.follow.state_store import SavedState
-from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import Hints, LogFollower
-from tailer.log.starts import snapshot_time, table_id, version_at_or_after
-from tailer.log.watch import Watcher
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.runtime.faults import crash_point
-from tailer.runtime.files import atomic_write
-from tailer.runtime.status import Progress, status
-from tailer.storage import Storage
-from tailer.table import table_storage
+from deltatail.state.alerts import Alert, Evaluation
+from deltatail.state.audit import AuditEvent
+from deltatail.state.cursor import Position
+from deltatail.state.errors import DeltaTailError, InvalidLogError, StateError
+from deltatail.state.feed import FollowStatus
+from deltatail.state.retention import retention
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.audit.alerts import AlertNotifier
+from deltatail.tailer.audit.feed import AuditTracker, table_row_count
+from deltatail.tailer.audit.log import AuditOutput
+from deltatail.tailer.follow.checkpointer import Checkpointer
+from deltatail.tailer.follow.config import FollowConfig
+from deltatail.tailer.follow.log_parts import checkpointer, log_follower
+from deltatail.tailer.follow.loop import FollowLoop
+from deltatail.tailer.follow.state_store import SavedState
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.follower import Hints, LogFollower
+from deltatail.tailer.log.starts import snapshot_time, table_id, version_at_or_after
+from deltatail.tailer.log.watch import Watcher
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.runtime.faults import crash_point
+from deltatail.tailer.runtime.files import atomic_write
+from deltatail.tailer.runtime.status import Progress, status
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.table import table_storage
 
 log = logging.getLogger("deltatail.audit")
 

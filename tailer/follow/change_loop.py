@@ -21,17 +21,17 @@ from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 
-from state.cursor import Position
-from state.errors import SinkError
-from state.feed import ChangeBatch, TableInfo
-from tailer.follow.config import TailerConfig
-from tailer.follow.loop import FollowLoop
-from tailer.follow.state_store import StateStore
-from tailer.follow.stats import TableStats
-from tailer.log.watch import Watcher
-from tailer.runtime.faults import crash_point
-from tailer.runtime.status import count_change_types, status
-from tailer.sink import Sink
+from deltatail.state.cursor import Position
+from deltatail.state.errors import SinkError
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.follow.config import TailerConfig
+from deltatail.tailer.follow.loop import FollowLoop
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.log.watch import Watcher
+from deltatail.tailer.runtime.faults import crash_point
+from deltatail.tailer.runtime.status import count_change_types, status
+from deltatail.tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
 

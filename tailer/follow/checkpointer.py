@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from state.cursor import Position
-from state.signals import SnapshotRequest
-from state.snapshot import Snapshot
-from tailer.follow.state_store import SavedState, StateStore
-from tailer.runtime.faults import crash_point
+from deltatail.state.cursor import Position
+from deltatail.state.signals import SnapshotRequest
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.follow.state_store import SavedState, StateStore
+from deltatail.tailer.runtime.faults import crash_point
 
 
 class Flushable(Protocol):

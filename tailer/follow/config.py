@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tailer.log.follower import GAP_CHECK_SECONDS
-from tailer.read.feed import ChangeOptions
+from deltatail.tailer.log.follower import GAP_CHECK_SECONDS
+from deltatail.tailer.read.feed import ChangeOptions
 
 
 @dataclass

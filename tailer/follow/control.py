@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from state.cursor import Position
-from state.errors import ConfigError, DeltaTailError, StateError, VersionNotFoundError
-from state.signals import resume_version
-from state.snapshot import Snapshot
-from tailer.follow.state_store import CURSOR_FILE, SavedState, StateStore
-from tailer.log.delta_log import DeltaLog
-from tailer.log.starts import snapshot_before, snapshot_time, table_id, version_at_or_after
-from tailer.storage import Storage
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, DeltaTailError, StateError, VersionNotFoundError
+from deltatail.state.signals import resume_version
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.follow.state_store import CURSOR_FILE, SavedState, StateStore
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.starts import snapshot_before, snapshot_time, table_id, version_at_or_after
+from deltatail.tailer.storage import Storage
 
 
 @dataclass(frozen=True, slots=True)

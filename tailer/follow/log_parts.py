@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from state.snapshot import Snapshot
-from tailer.follow.checkpointer import Checkpointer, Flushable
-from tailer.follow.config import FollowConfig
-from tailer.follow.state_store import StateStore
-from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import AuditBuilder, Hints, LogFollower
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.follow.checkpointer import Checkpointer, Flushable
+from deltatail.tailer.follow.config import FollowConfig
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.follower import AuditBuilder, Hints, LogFollower
 
 
 def log_follower(

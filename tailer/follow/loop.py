@@ -28,17 +28,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
-from state.cursor import Position
-from state.errors import DeltaTailError
-from state.feed import FollowStatus
-from tailer.follow.config import FollowConfig
-from tailer.follow.state_store import StateStore
-from tailer.follow.stats import TableState, TableStats
-from tailer.follow.status_file import StatusWriter
-from tailer.log.notifications import NotifiedWatcher, hub_for
-from tailer.log.watch import LogWatcher, Watcher
-from tailer.runtime.backoff import idle_poll_interval
-from tailer.runtime.status import Progress, StatusThrottle, status
+from deltatail.state.cursor import Position
+from deltatail.state.errors import DeltaTailError
+from deltatail.state.feed import FollowStatus
+from deltatail.tailer.follow.config import FollowConfig
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.stats import TableState, TableStats
+from deltatail.tailer.follow.status_file import StatusWriter
+from deltatail.tailer.log.notifications import NotifiedWatcher, hub_for
+from deltatail.tailer.log.watch import LogWatcher, Watcher
+from deltatail.tailer.runtime.backoff import idle_poll_interval
+from deltatail.tailer.runtime.status import Progress, StatusThrottle, status
 
 log = logging.getLogger("deltatail")
 

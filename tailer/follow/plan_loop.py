@@ -20,14 +20,14 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from state.feed import ChangeBatch, CommitEvent
-from tailer.follow.change_loop import ChangeLoop
-from tailer.follow.config import TailerConfig
-from tailer.follow.state_store import SavedState, StateStore
-from tailer.follow.stats import TableStats
-from tailer.log.watch import Watcher
-from tailer.runtime.faults import crash_point
-from tailer.sink import Sink
+from deltatail.state.feed import ChangeBatch, CommitEvent
+from deltatail.tailer.follow.change_loop import ChangeLoop
+from deltatail.tailer.follow.config import TailerConfig
+from deltatail.tailer.follow.state_store import SavedState, StateStore
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.log.watch import Watcher
+from deltatail.tailer.runtime.faults import crash_point
+from deltatail.tailer.sink import Sink
 
 PlanT = TypeVar("PlanT")
 

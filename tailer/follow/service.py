@@ -7,15 +7,15 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from state.errors import DeltaTailError, StateError, StorageError
-from tailer.follow.signalled import SignalledTailer
-from tailer.follow.state_store import StateStore
-from tailer.follow.stats import TableState, TableStats
-from tailer.follow.tailer import TailerConfig, table_name
-from tailer.runtime.backoff import retry_delay
-from tailer.runtime.status import Progress, status
-from tailer.runtime.transient import as_deltatail_error, describe, fault_of, is_transient
-from tailer.sink import Sink
+from deltatail.state.errors import DeltaTailError, StateError, StorageError
+from deltatail.tailer.follow.signalled import SignalledTailer
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.stats import TableState, TableStats
+from deltatail.tailer.follow.tailer import TailerConfig, table_name
+from deltatail.tailer.runtime.backoff import retry_delay
+from deltatail.tailer.runtime.status import Progress, status
+from deltatail.tailer.runtime.transient import as_deltatail_error, describe, fault_of, is_transient
+from deltatail.tailer.sink import Sink
 
 
 class Runner(Protocol):

@@ -18,18 +18,18 @@ from collections.abc import Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
-from state.cursor import Position
-from state.errors import ConfigError, DeltaTailError, MissingFileError, StateError
-from state.feed import ChangeBatch
-from state.planning import plan_snapshot
-from state.signals import SnapshotRequest, both, resume_version
-from state.snapshot import Snapshot
-from tailer.follow import signals
-from tailer.follow.checkpointer import Checkpointer
-from tailer.follow.state_store import SavedState
-from tailer.follow.tailer import Tailer
-from tailer.log.starts import snapshot_time
-from tailer.read.feed import ChangeFeed
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, DeltaTailError, MissingFileError, StateError
+from deltatail.state.feed import ChangeBatch
+from deltatail.state.planning import plan_snapshot
+from deltatail.state.signals import SnapshotRequest, both, resume_version
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.follow import signals
+from deltatail.tailer.follow.checkpointer import Checkpointer
+from deltatail.tailer.follow.state_store import SavedState
+from deltatail.tailer.follow.tailer import Tailer
+from deltatail.tailer.log.starts import snapshot_time
+from deltatail.tailer.read.feed import ChangeFeed
 
 log = logging.getLogger("deltatail")
 

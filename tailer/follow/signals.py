@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
-from state.errors import ConfigError, StateError
-from state.signals import SnapshotRequest
-from tailer.runtime.files import atomic_write
+from deltatail.state.errors import ConfigError, StateError
+from deltatail.state.signals import SnapshotRequest
+from deltatail.tailer.runtime.files import atomic_write
 
 REQUEST_FILE = "signal.json"
 CANCEL_FILE = "signal-cancel.json"

@@ -29,15 +29,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from state.actions import DeletionVector
-from state.cursor import Position
-from state.errors import StateError
-from state.files import FileTable
-from state.signals import SnapshotRequest
-from state.snapshot import Snapshot
-from tailer.log.checkpoint import CheckpointState, read_parquet_checkpoint_file
-from tailer.runtime.files import atomic_write, fsync_dir, remove_quietly
-from tailer.storage import LocalStorage
+from deltatail.state.actions import DeletionVector
+from deltatail.state.cursor import Position
+from deltatail.state.errors import StateError
+from deltatail.state.files import FileTable
+from deltatail.state.signals import SnapshotRequest
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.log.checkpoint import CheckpointState, read_parquet_checkpoint_file
+from deltatail.tailer.runtime.files import atomic_write, fsync_dir, remove_quietly
+from deltatail.tailer.storage import LocalStorage
 
 FORMAT_VERSION = 1
 CURSOR_FILE = "cursor.json"

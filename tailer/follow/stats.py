@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
-from state.retention import Retention
+from deltatail.state.retention import Retention
 
 
 class TableState(Enum):

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tailer.follow.stats import TableStats
-from tailer.runtime.files import atomic_write
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.runtime.files import atomic_write
 
 STATUS_FILE = "status.json"
 #: The least time between two writes of a table's status while its figures keep changing.

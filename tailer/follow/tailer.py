@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from state.audit import AuditEvent
-from state.cursor import Position
-from state.errors import (
+from deltatail.state.audit import AuditEvent
+from deltatail.state.cursor import Position
+from deltatail.state.errors import (
     DeltaTailError,
     InvalidLogError,
     MissingFileError,
@@ -47,26 +47,26 @@ from state.errors import (
     UnsupportedFeatureError,
     VersionGapError,
 )
-from state.feed import CommitEvent, TableInfo
-from state.planning import VersionPlan, plan_snapshot
-from state.retention import retention
-from state.snapshot import Snapshot
-from tailer.audit.feed import AuditTracker
-from tailer.follow.change_loop import ChangeLoop
-from tailer.follow.checkpointer import Checkpointer
-from tailer.follow.config import TailerConfig
-from tailer.follow.log_parts import checkpointer, log_follower
-from tailer.follow.loop import table_name
-from tailer.follow.state_store import SavedState, StateStore
-from tailer.follow.stats import TableStats
-from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import PREFETCH_COMMITS, AuditBuilder, Hints, LogFollower
-from tailer.log.starts import snapshot_time, table_id, version_at_or_after
-from tailer.log.watch import Watcher
-from tailer.read.feed import ChangeFeed
-from tailer.sink import Sink
-from tailer.storage import FileInfo
-from tailer.table import table_storage
+from deltatail.state.feed import CommitEvent, TableInfo
+from deltatail.state.planning import VersionPlan, plan_snapshot
+from deltatail.state.retention import retention
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.audit.feed import AuditTracker
+from deltatail.tailer.follow.change_loop import ChangeLoop
+from deltatail.tailer.follow.checkpointer import Checkpointer
+from deltatail.tailer.follow.config import TailerConfig
+from deltatail.tailer.follow.log_parts import checkpointer, log_follower
+from deltatail.tailer.follow.loop import table_name
+from deltatail.tailer.follow.state_store import SavedState, StateStore
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.follower import PREFETCH_COMMITS, AuditBuilder, Hints, LogFollower
+from deltatail.tailer.log.starts import snapshot_time, table_id, version_at_or_after
+from deltatail.tailer.log.watch import Watcher
+from deltatail.tailer.read.feed import ChangeFeed
+from deltatail.tailer.sink import Sink
+from deltatail.tailer.storage import FileInfo
+from deltatail.tailer.table import table_storage
 
 __all__ = ["TAILER_HINTS", "Tailer", "TailerConfig", "table_name"]
 

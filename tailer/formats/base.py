@@ -49,19 +49,19 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from state.errors import ConfigError
-from state.feed import ChangeBatch, TableInfo
-from tailer.audit.alerts import AlertNotifier
-from tailer.audit.feed import AuditSource
-from tailer.audit.log import AuditOutput
-from tailer.follow.audit import AuditFollowConfig, AuditLoop
-from tailer.follow.change_loop import ChangeLoop
-from tailer.follow.stats import TableStats
-from tailer.follow.tailer import TailerConfig
-from tailer.read.feed import ChangeOptions
-from tailer.sink import Sink
-from tailer.storage import Storage
-from tailer.table import TableRef
+from deltatail.state.errors import ConfigError
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.audit.alerts import AlertNotifier
+from deltatail.tailer.audit.feed import AuditSource
+from deltatail.tailer.audit.log import AuditOutput
+from deltatail.tailer.follow.audit import AuditFollowConfig, AuditLoop
+from deltatail.tailer.follow.change_loop import ChangeLoop
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.follow.tailer import TailerConfig
+from deltatail.tailer.read.feed import ChangeOptions
+from deltatail.tailer.sink import Sink
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.table import TableRef
 
 #: Settings a format may refuse (:meth:`TableFormat.refused`), by their canonical names.
 NET_CHANGES = "net_changes"

@@ -14,22 +14,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from state.feed import TableInfo, change_schema
-from tailer.audit.alerts import AlertNotifier
-from tailer.audit.feed import AuditFeed, AuditSource
-from tailer.audit.log import AuditOutput
-from tailer.follow.audit import AuditFollowConfig, AuditFollower
-from tailer.follow.signalled import SignalledTailer
-from tailer.follow.stats import TableStats
-from tailer.follow.tailer import Tailer, TailerConfig, table_name
-from tailer.formats.base import ChangeRequest, ChangeRun, starting_version
-from tailer.formats.delta_report import snapshot_document, snapshot_text
-from tailer.log.delta_log import DeltaLog
-from tailer.log.starts import table_id
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.sink import Sink
-from tailer.storage import Storage
-from tailer.table import TableRef
+from deltatail.state.feed import TableInfo, change_schema
+from deltatail.tailer.audit.alerts import AlertNotifier
+from deltatail.tailer.audit.feed import AuditFeed, AuditSource
+from deltatail.tailer.audit.log import AuditOutput
+from deltatail.tailer.follow.audit import AuditFollowConfig, AuditFollower
+from deltatail.tailer.follow.signalled import SignalledTailer
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig, table_name
+from deltatail.tailer.formats.base import ChangeRequest, ChangeRun, starting_version
+from deltatail.tailer.formats.delta_report import snapshot_document, snapshot_text
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.starts import table_id
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.sink import Sink
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.table import TableRef
 
 
 @dataclass(frozen=True, slots=True)

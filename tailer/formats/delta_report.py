@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from state.snapshot import Snapshot
+from deltatail.state.snapshot import Snapshot
 
 
 def snapshot_document(snap: Snapshot) -> dict[str, Any]:

@@ -18,25 +18,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from state.errors import ConfigError, MissingFileError, VersionNotFoundError
-from state.feed import TableInfo
-from tailer.audit.alerts import AlertNotifier
-from tailer.audit.feed import AuditSource
-from tailer.audit.log import AuditOutput
-from tailer.follow.audit import AuditFollowConfig
-from tailer.follow.stats import TableStats
-from tailer.follow.tailer import TailerConfig, table_name
-from tailer.formats.base import DATA_LOSS, MAX_BYTES, SIGNALS, ChangeRequest, ChangeRun
-from tailer.iceberg.audit import IcebergAuditFeed
-from tailer.iceberg.audit_follow import IcebergAuditFollower
-from tailer.iceberg.catalog import catalog_pointer, parse_catalog_name
-from tailer.iceberg.feed import IcebergFeed, IcebergOptions
-from tailer.iceberg.follow import IcebergTailer, iceberg_table_id
-from tailer.iceberg.metadata import METADATA_DIR, join, looks_like_iceberg, metadata_number
-from tailer.read.feed import ChangeOptions
-from tailer.sink import Sink
-from tailer.storage import Storage
-from tailer.table import TableRef, table_storage
+from deltatail.state.errors import ConfigError, MissingFileError, VersionNotFoundError
+from deltatail.state.feed import TableInfo
+from deltatail.tailer.audit.alerts import AlertNotifier
+from deltatail.tailer.audit.feed import AuditSource
+from deltatail.tailer.audit.log import AuditOutput
+from deltatail.tailer.follow.audit import AuditFollowConfig
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.follow.tailer import TailerConfig, table_name
+from deltatail.tailer.formats.base import DATA_LOSS, MAX_BYTES, SIGNALS, ChangeRequest, ChangeRun
+from deltatail.tailer.iceberg.audit import IcebergAuditFeed
+from deltatail.tailer.iceberg.audit_follow import IcebergAuditFollower
+from deltatail.tailer.iceberg.catalog import catalog_pointer, parse_catalog_name
+from deltatail.tailer.iceberg.feed import IcebergFeed, IcebergOptions
+from deltatail.tailer.iceberg.follow import IcebergTailer, iceberg_table_id
+from deltatail.tailer.iceberg.metadata import METADATA_DIR, join, looks_like_iceberg, metadata_number
+from deltatail.tailer.read.feed import ChangeOptions
+from deltatail.tailer.sink import Sink
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.table import TableRef, table_storage
 
 #: The settings Iceberg tables refuse.
 REFUSED = (MAX_BYTES, DATA_LOSS, SIGNALS)

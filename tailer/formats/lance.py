@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from state.errors import ConfigError
-from state.feed import TableInfo
-from state.lance.manifest import Manifest
-from tailer.audit.alerts import AlertNotifier
-from tailer.audit.feed import AuditSource
-from tailer.audit.log import AuditOutput
-from tailer.follow.audit import AuditFollowConfig, AuditLoop
-from tailer.follow.stats import TableStats
-from tailer.follow.tailer import TailerConfig, table_name
-from tailer.formats.base import (
+from deltatail.state.errors import ConfigError
+from deltatail.state.feed import TableInfo
+from deltatail.state.lance.manifest import Manifest
+from deltatail.tailer.audit.alerts import AlertNotifier
+from deltatail.tailer.audit.feed import AuditSource
+from deltatail.tailer.audit.log import AuditOutput
+from deltatail.tailer.follow.audit import AuditFollowConfig, AuditLoop
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.follow.tailer import TailerConfig, table_name
+from deltatail.tailer.formats.base import (
     DATA_LOSS,
     KEY,
     MAX_BYTES,
@@ -33,13 +33,13 @@ from tailer.formats.base import (
     ChangeRun,
     starting_version,
 )
-from tailer.lance.dataset import LanceDataset, is_lance_dataset, looks_like_lance
-from tailer.lance.feed import LanceFeed, LanceOptions
-from tailer.lance.follow import LanceTailer, lance_state_id, lance_table_id
-from tailer.read.feed import ChangeOptions
-from tailer.sink import Sink
-from tailer.storage import Storage
-from tailer.table import TableRef
+from deltatail.tailer.lance.dataset import LanceDataset, is_lance_dataset, looks_like_lance
+from deltatail.tailer.lance.feed import LanceFeed, LanceOptions
+from deltatail.tailer.lance.follow import LanceTailer, lance_state_id, lance_table_id
+from deltatail.tailer.read.feed import ChangeOptions
+from deltatail.tailer.sink import Sink
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.table import TableRef
 
 #: The settings Lance datasets refuse.
 REFUSED = (NET_CHANGES, KEY, MAX_BYTES, DATA_LOSS, SIGNALS)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from state.errors import ConfigError
-from tailer.formats.base import TableFormat
-from tailer.formats.delta import DELTA
-from tailer.formats.iceberg import ICEBERG
-from tailer.formats.lance import LANCE
-from tailer.storage import Storage
-from tailer.table import TableRef, table_storage
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.formats.base import TableFormat
+from deltatail.tailer.formats.delta import DELTA
+from deltatail.tailer.formats.iceberg import ICEBERG
+from deltatail.tailer.formats.lance import LANCE
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.table import TableRef, table_storage
 
 #: Every format, in detection order; the last one (Delta) claims what no other does.
 FORMATS: tuple[TableFormat, ...] = (LANCE, ICEBERG, DELTA)

@@ -18,14 +18,14 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from state.audit import AuditEvent
-from state.errors import DeltaTailError, MissingFileError, VersionGapError
-from state.iceberg.ancestry import Ancestry
-from state.iceberg.audit import Column, Settings, SnapshotFacts, build_iceberg_event, schema_diff
-from state.iceberg.model import SnapshotInfo, TableState
-from state.schema_diff import SchemaDiff
-from tailer.iceberg.feed import IcebergFeed
-from tailer.iceberg.follow import iceberg_table_id
+from deltatail.state.audit import AuditEvent
+from deltatail.state.errors import DeltaTailError, MissingFileError, VersionGapError
+from deltatail.state.iceberg.ancestry import Ancestry
+from deltatail.state.iceberg.audit import Column, Settings, SnapshotFacts, build_iceberg_event, schema_diff
+from deltatail.state.iceberg.model import SnapshotInfo, TableState
+from deltatail.state.schema_diff import SchemaDiff
+from deltatail.tailer.iceberg.feed import IcebergFeed
+from deltatail.tailer.iceberg.follow import iceberg_table_id
 
 log = logging.getLogger("deltatail.audit")
 

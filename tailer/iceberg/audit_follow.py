@@ -33,21 +33,21 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from state.cursor import Position
-from state.errors import DeltaTailError, InvalidLogError, StateError, VersionGapError
-from state.iceberg.ancestry import Ancestry
-from state.iceberg.model import SnapshotInfo, TableState
-from tailer.audit.alerts import AlertNotifier
-from tailer.audit.log import AuditOutput
-from tailer.follow.audit import AuditFollowConfig, AuditOutputs, AuditProgress, mark_audit_state
-from tailer.follow.loop import FollowLoop
-from tailer.follow.state_store import SavedState
-from tailer.iceberg.audit import IcebergAuditFeed
-from tailer.iceberg.feed import IcebergFeed
-from tailer.iceberg.follow import iceberg_table_id
-from tailer.log.watch import Watcher
-from tailer.runtime.faults import crash_point
-from tailer.runtime.status import status
+from deltatail.state.cursor import Position
+from deltatail.state.errors import DeltaTailError, InvalidLogError, StateError, VersionGapError
+from deltatail.state.iceberg.ancestry import Ancestry
+from deltatail.state.iceberg.model import SnapshotInfo, TableState
+from deltatail.tailer.audit.alerts import AlertNotifier
+from deltatail.tailer.audit.log import AuditOutput
+from deltatail.tailer.follow.audit import AuditFollowConfig, AuditOutputs, AuditProgress, mark_audit_state
+from deltatail.tailer.follow.loop import FollowLoop
+from deltatail.tailer.follow.state_store import SavedState
+from deltatail.tailer.iceberg.audit import IcebergAuditFeed
+from deltatail.tailer.iceberg.feed import IcebergFeed
+from deltatail.tailer.iceberg.follow import iceberg_table_id
+from deltatail.tailer.log.watch import Watcher
+from deltatail.tailer.runtime.faults import crash_point
+from deltatail.tailer.runtime.status import status
 
 log = logging.getLogger("deltatail.audit")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from state.errors import ConfigError, StorageError, TableNotFoundError
+from deltatail.state.errors import ConfigError, StorageError, TableNotFoundError
 
 #: The location prefix (after ``iceberg://``) of a catalog table.
 CATALOG_PREFIX = "catalog:"

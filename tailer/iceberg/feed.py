@@ -23,19 +23,19 @@ from typing import Any
 
 import pyarrow as pa
 
-from state.cursor import Position
-from state.errors import ConfigError, DeltaTailError, SchemaChangeError, VersionGapError, VersionNotFoundError
-from state.feed import ChangeBatch
-from state.filters import ChangeFilter
-from state.iceberg.ancestry import EXPIRED_HINT, Ancestry, first_files_say_first, main_ancestry
-from state.iceberg.model import ContentFile, SnapshotInfo, TableState
-from state.iceberg.planning import IcebergPlan, plan_initial, plan_snapshot
-from tailer.iceberg.metadata import IcebergTable, arrow_schema
-from tailer.iceberg.rows import IcebergRows, output_schema
-from tailer.read.net_changes import net_changes
-from tailer.read.plan_feed import PlanFeed
-from tailer.storage import Storage
-from tailer.table import table_storage
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, DeltaTailError, SchemaChangeError, VersionGapError, VersionNotFoundError
+from deltatail.state.feed import ChangeBatch
+from deltatail.state.filters import ChangeFilter
+from deltatail.state.iceberg.ancestry import EXPIRED_HINT, Ancestry, first_files_say_first, main_ancestry
+from deltatail.state.iceberg.model import ContentFile, SnapshotInfo, TableState
+from deltatail.state.iceberg.planning import IcebergPlan, plan_initial, plan_snapshot
+from deltatail.tailer.iceberg.metadata import IcebergTable, arrow_schema
+from deltatail.tailer.iceberg.rows import IcebergRows, output_schema
+from deltatail.tailer.read.net_changes import net_changes
+from deltatail.tailer.read.plan_feed import PlanFeed
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.table import table_storage
 
 #: Type promotions the spec allows ("Schema Evolution": int to long, float to double, decimal widening).
 _PROMOTIONS = {("int", "long"), ("float", "double")}

@@ -25,20 +25,20 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from state.cursor import Position
-from state.errors import SchemaChangeError, StateError, UnsupportedFeatureError, VersionGapError
-from state.feed import ChangeBatch, TableInfo
-from state.iceberg.ancestry import EXPIRED_HINT, Ancestry
-from state.iceberg.model import SnapshotInfo, TableState
-from state.iceberg.planning import IcebergPlan
-from tailer.follow.config import TailerConfig
-from tailer.follow.loop import table_name
-from tailer.follow.plan_loop import PlanLoop
-from tailer.follow.state_store import StateStore
-from tailer.follow.stats import TableStats
-from tailer.iceberg.feed import IcebergFeed
-from tailer.log.watch import Watcher
-from tailer.sink import Sink
+from deltatail.state.cursor import Position
+from deltatail.state.errors import SchemaChangeError, StateError, UnsupportedFeatureError, VersionGapError
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.state.iceberg.ancestry import EXPIRED_HINT, Ancestry
+from deltatail.state.iceberg.model import SnapshotInfo, TableState
+from deltatail.state.iceberg.planning import IcebergPlan
+from deltatail.tailer.follow.config import TailerConfig
+from deltatail.tailer.follow.loop import table_name
+from deltatail.tailer.follow.plan_loop import PlanLoop
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.iceberg.feed import IcebergFeed
+from deltatail.tailer.log.watch import Watcher
+from deltatail.tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
 

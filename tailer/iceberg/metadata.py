@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from state.errors import (
+from deltatail.state.errors import (
     ConfigError,
     DeltaTailError,
     InvalidLogError,
@@ -39,10 +39,10 @@ from state.errors import (
     TableNotFoundError,
     UnsupportedFeatureError,
 )
-from state.iceberg.model import SUPPORTED_FORMAT_VERSIONS, ContentFile, SnapshotInfo, TableState
-from state.iceberg.planning import live_files
-from state.paths import resolve_logged_path
-from tailer.storage import Storage, to_local_path
+from deltatail.state.iceberg.model import SUPPORTED_FORMAT_VERSIONS, ContentFile, SnapshotInfo, TableState
+from deltatail.state.iceberg.planning import live_files
+from deltatail.state.paths import resolve_logged_path
+from deltatail.tailer.storage import Storage, to_local_path
 
 METADATA_DIR = "metadata"
 VERSION_HINT = "version-hint.text"

@@ -27,13 +27,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.errors import DataFileError, DeletionVectorError, DeltaTailError, UnsupportedFeatureError
-from state.feed import COMMIT_TIMESTAMP_TYPE
-from state.iceberg.model import EQUALITY_DELETES, ContentFile
-from state.iceberg.planning import IcebergPlan, RowTask
-from tailer.iceberg.metadata import IcebergTable
-from tailer.iceberg.vectors import read_vector, vector_positions
-from tailer.read.parquet_file import open_parquet
+from deltatail.state.errors import DataFileError, DeletionVectorError, DeltaTailError, UnsupportedFeatureError
+from deltatail.state.feed import COMMIT_TIMESTAMP_TYPE
+from deltatail.state.iceberg.model import EQUALITY_DELETES, ContentFile
+from deltatail.state.iceberg.planning import IcebergPlan, RowTask
+from deltatail.tailer.iceberg.metadata import IcebergTable
+from deltatail.tailer.iceberg.vectors import read_vector, vector_positions
+from deltatail.tailer.read.parquet_file import open_parquet
 
 FIELD_ID = b"PARQUET:field_id"
 #: The reserved field ids of a position delete file's columns.

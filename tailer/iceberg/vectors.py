@@ -22,10 +22,10 @@ import zlib
 import pyarrow as pa
 from pyroaring import BitMap64
 
-from state.errors import DeletionVectorError, InvalidLogError
-from state.iceberg.model import ContentFile
-from tailer.read.deletion_vectors import decode_bitmap
-from tailer.storage import Storage
+from deltatail.state.errors import DeletionVectorError, InvalidLogError
+from deltatail.state.iceberg.model import ContentFile
+from deltatail.tailer.read.deletion_vectors import decode_bitmap
+from deltatail.tailer.storage import Storage
 
 #: The length field and the CRC-32 around a blob's magic and vector.
 _FRAME = 4 + 4

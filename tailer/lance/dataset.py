@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 from pyroaring import BitMap
 
-from state.errors import (
+from deltatail.state.errors import (
     DeletionVectorError,
     DeltaTailError,
     InvalidLogError,
@@ -36,7 +36,7 @@ from state.errors import (
     UnsafePathError,
     VersionNotFoundError,
 )
-from state.lance.manifest import (
+from deltatail.state.lance.manifest import (
     DeletionFile,
     ExternalRowIds,
     Fragment,
@@ -48,11 +48,11 @@ from state.lance.manifest import (
     parse_manifest_name,
     transaction_bytes,
 )
-from state.lance.planning import VersionDiff
-from state.lance.row_ids import decode_row_ids
-from state.paths import resolve_logged_path
-from tailer.storage import FileInfo, Storage
-from tailer.table import table_storage
+from deltatail.state.lance.planning import VersionDiff
+from deltatail.state.lance.row_ids import decode_row_ids
+from deltatail.state.paths import resolve_logged_path
+from deltatail.tailer.storage import FileInfo, Storage
+from deltatail.tailer.table import table_storage
 
 VERSIONS_DIR = "_versions"
 #: Where a fragment's data files are, below the root.

@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from state.changes import check_schema_change
-from state.cursor import Position, version_range
-from state.errors import DeltaTailError, VersionNotFoundError
-from state.feed import ChangeBatch
-from state.filters import ChangeFilter
-from state.lance.manifest import Manifest
-from state.lance.planning import LancePlan, diff_versions, plan_snapshot, plan_version
-from tailer.lance.dataset import CLEANED_UP_HINT, LanceDataset
-from tailer.lance.rows import LanceRows
-from tailer.read.plan_feed import PlanFeed
-from tailer.storage import Storage
-from tailer.table import table_storage
+from deltatail.state.changes import check_schema_change
+from deltatail.state.cursor import Position, version_range
+from deltatail.state.errors import DeltaTailError, VersionNotFoundError
+from deltatail.state.feed import ChangeBatch
+from deltatail.state.filters import ChangeFilter
+from deltatail.state.lance.manifest import Manifest
+from deltatail.state.lance.planning import LancePlan, diff_versions, plan_snapshot, plan_version
+from deltatail.tailer.lance.dataset import CLEANED_UP_HINT, LanceDataset
+from deltatail.tailer.lance.rows import LanceRows
+from deltatail.tailer.read.plan_feed import PlanFeed
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.table import table_storage
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,26 +35,26 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
-from state.cursor import Position
-from state.errors import (
+from deltatail.state.cursor import Position
+from deltatail.state.errors import (
     SchemaChangeError,
     StateError,
     UnsupportedFeatureError,
     VersionGapError,
     VersionNotFoundError,
 )
-from state.feed import ChangeBatch, TableInfo
-from state.lance.manifest import Manifest
-from state.lance.planning import LancePlan, plan_snapshot
-from tailer.follow.config import TailerConfig
-from tailer.follow.loop import table_name
-from tailer.follow.plan_loop import PlanLoop
-from tailer.follow.state_store import StateStore
-from tailer.follow.stats import TableStats
-from tailer.lance.dataset import CLEANED_UP_HINT
-from tailer.lance.feed import LanceFeed, LanceOptions
-from tailer.log.watch import Watcher
-from tailer.sink import Sink
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.state.lance.manifest import Manifest
+from deltatail.state.lance.planning import LancePlan, plan_snapshot
+from deltatail.tailer.follow.config import TailerConfig
+from deltatail.tailer.follow.loop import table_name
+from deltatail.tailer.follow.plan_loop import PlanLoop
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.lance.dataset import CLEANED_UP_HINT
+from deltatail.tailer.lance.feed import LanceFeed, LanceOptions
+from deltatail.tailer.log.watch import Watcher
+from deltatail.tailer.sink import Sink
 
 log = logging.getLogger("deltatail")
 

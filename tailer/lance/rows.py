@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from state.errors import ConfigError, DataFileError, DeltaTailError, MissingFileError, SchemaChangeError
-from state.feed import COMMIT_TIMESTAMP_TYPE
-from state.lance.planning import LancePlan, RowTask
-from tailer.lance.dataset import DATA_DIR, join
-from tailer.lance.store import pylance_options, scrub
-from tailer.storage import Storage
+from deltatail.state.errors import ConfigError, DataFileError, DeltaTailError, MissingFileError, SchemaChangeError
+from deltatail.state.feed import COMMIT_TIMESTAMP_TYPE
+from deltatail.state.lance.planning import LancePlan, RowTask
+from deltatail.tailer.lance.dataset import DATA_DIR, join
+from deltatail.tailer.lance.store import pylance_options, scrub
+from deltatail.tailer.storage import Storage
 
 if TYPE_CHECKING:
     from lance.dataset import LanceDataset as PyLanceDataset

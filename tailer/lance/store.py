@@ -29,9 +29,9 @@ import math
 import re
 from collections.abc import Mapping
 
-from state.errors import ConfigError
-from tailer.storage.options import redacted, retry_config, store_config
-from tailer.storage.uris import is_object_uri, parse_uri
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.storage.options import redacted, retry_config, store_config
+from deltatail.tailer.storage.uris import is_object_uri, parse_uri
 
 _SIGNATURE = re.compile(r"(?i)(x-amz-signature|x-amz-credential|x-amz-security-token|sig|signature)=[^&\s\"'<>]+")
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from state.actions import (
+from deltatail.state.actions import (
     Action,
     Add,
     DeletionVector,
@@ -35,11 +35,17 @@ from state.actions import (
     parse_action,
     parse_json_actions,
 )
-from state.errors import DeltaTailError, IncompleteCheckpointError, InvalidLogError, MissingFileError, UnsafePathError
-from state.files import FileTable, PartitionValuesPool
-from state.paths import resolve_logged_path
-from state.snapshot import Snapshot
-from tailer.storage import Storage, to_local_path
+from deltatail.state.errors import (
+    DeltaTailError,
+    IncompleteCheckpointError,
+    InvalidLogError,
+    MissingFileError,
+    UnsafePathError,
+)
+from deltatail.state.files import FileTable, PartitionValuesPool
+from deltatail.state.paths import resolve_logged_path
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.storage import Storage, to_local_path
 
 _ADD_FIELDS = (
     "path",

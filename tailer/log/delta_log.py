@@ -28,8 +28,8 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from state.commit import Commit
-from state.errors import (
+from deltatail.state.commit import Commit
+from deltatail.state.errors import (
     DeltaTailError,
     IncompleteCheckpointError,
     MissingFileError,
@@ -38,12 +38,12 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from state.snapshot import AppliedCommit, Snapshot
-from tailer.log.checkpoint import load_checkpoint
-from tailer.log.files import LogFile, LogFileKind, classify, start_after_for
-from tailer.log.last_checkpoint import LastCheckpoint, parse_last_checkpoint
-from tailer.storage import FileInfo, Storage, to_local_path
-from tailer.table import table_storage
+from deltatail.state.snapshot import AppliedCommit, Snapshot
+from deltatail.tailer.log.checkpoint import load_checkpoint
+from deltatail.tailer.log.files import LogFile, LogFileKind, classify, start_after_for
+from deltatail.tailer.log.last_checkpoint import LastCheckpoint, parse_last_checkpoint
+from deltatail.tailer.storage import FileInfo, Storage, to_local_path
+from deltatail.tailer.table import table_storage
 
 log = logging.getLogger("deltatail")
 

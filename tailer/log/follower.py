@@ -39,14 +39,14 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from state.audit import AuditEvent
-from state.changes import commit_timestamp
-from state.commit import Commit
-from state.errors import DeltaTailError, InvalidLogError, MissingFileError, StateError, VersionGapError
-from state.planning import VersionPlan, plan_commit
-from state.snapshot import Snapshot
-from tailer.log.delta_log import DeltaLog, LogListing
-from tailer.storage import FileInfo
+from deltatail.state.audit import AuditEvent
+from deltatail.state.changes import commit_timestamp
+from deltatail.state.commit import Commit
+from deltatail.state.errors import DeltaTailError, InvalidLogError, MissingFileError, StateError, VersionGapError
+from deltatail.state.planning import VersionPlan, plan_commit
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.log.delta_log import DeltaLog, LogListing
+from deltatail.tailer.storage import FileInfo
 
 #: Seconds between listings of the log that look for a gap when no next commit exists.
 GAP_CHECK_SECONDS = 10.0

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import unquote_plus, urlsplit
 
-from state.errors import ConfigError, DeltaTailError, StorageError
-from tailer.storage.uris import parse_uri
+from deltatail.state.errors import ConfigError, DeltaTailError, StorageError
+from deltatail.tailer.storage.uris import parse_uri
 
 log = logging.getLogger("deltatail")
 

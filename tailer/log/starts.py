@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import bisect
 
-from state.changes import commit_timestamp
-from state.errors import InvalidLogError, MissingFileError, VersionNotFoundError
-from state.files import FileTable
-from state.snapshot import Snapshot
-from tailer.log.delta_log import DeltaLog, LogListing
+from deltatail.state.changes import commit_timestamp
+from deltatail.state.errors import InvalidLogError, MissingFileError, VersionNotFoundError
+from deltatail.state.files import FileTable
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.log.delta_log import DeltaLog, LogListing
 
 
 def version_at_or_after(log: DeltaLog, timestamp_ms: int) -> int:

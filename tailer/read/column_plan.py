@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from state.errors import ConfigError, InvalidLogError
-from state.feed import CHANGE_TYPE_COLUMN
-from state.schema import PARQUET_FIELD_ID, StructField, StructType, contains_variant, to_arrow_type
-from tailer.read.parquet_file import OpenFile
-from tailer.read.partition_values import parse_partition_value
+from deltatail.state.errors import ConfigError, InvalidLogError
+from deltatail.state.feed import CHANGE_TYPE_COLUMN
+from deltatail.state.schema import PARQUET_FIELD_ID, StructField, StructType, contains_variant, to_arrow_type
+from deltatail.tailer.read.parquet_file import OpenFile
+from deltatail.tailer.read.partition_values import parse_partition_value
 
 
 def selected_fields(schema: StructType, columns: Sequence[str] | None) -> list[StructField]:

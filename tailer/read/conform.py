@@ -17,10 +17,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from state.errors import InvalidLogError
-from state.schema import ArrayType, DataType, MapType, StructType, contains_variant, is_variant, to_arrow_type
-from state.variant import check_values, is_variant_group, unshred
-from tailer.read.column_plan import match_field
+from deltatail.state.errors import InvalidLogError
+from deltatail.state.schema import ArrayType, DataType, MapType, StructType, contains_variant, is_variant, to_arrow_type
+from deltatail.state.variant import check_values, is_variant_group, unshred
+from deltatail.tailer.read.column_plan import match_field
 
 
 def conform(array: pa.Array, dtype: DataType, mode: str, name: str) -> pa.Array:

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 from pyroaring import BitMap64
 
-from state.actions import DeletionVector
-from state.errors import DeletionVectorError, InvalidLogError, MissingFileError, UnsafePathError
-from state.z85 import z85_decode
-from tailer.storage import Storage
+from deltatail.state.actions import DeletionVector
+from deltatail.state.errors import DeletionVectorError, InvalidLogError, MissingFileError, UnsafePathError
+from deltatail.state.z85 import z85_decode
+from deltatail.tailer.storage import Storage
 
 MAGIC = 1681511377
 """The magic number that starts every serialized DV (little-endian on disk)."""

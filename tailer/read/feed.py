@@ -21,24 +21,24 @@ from typing import TypedDict, Unpack
 
 import pyarrow as pa
 
-from state.changes import FileTask
-from state.cursor import Position, version_range
-from state.errors import SchemaChangeError, VersionGapError
-from state.feed import ChangeBatch, change_schema
-from state.filters import ChangeFilter
-from state.planning import ReadContext, VersionPlan, plan_snapshot
-from state.snapshot import Snapshot
-from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import PREFETCH_COMMITS, LogFollower
-from tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
-from tailer.read.conform import nulls
-from tailer.read.net_changes import in_pass, net_changes, net_passes
-from tailer.read.pruning import prune
-from tailer.read.read_ahead import ReadAheadReader
-from tailer.read.reader_pool import ReaderPool, shared_pool
-from tailer.read.readers import PlanReader, PlanRows, SequentialReader
-from tailer.read.tasks import count_task_rows, read_task
-from tailer.storage import Storage
+from deltatail.state.changes import FileTask
+from deltatail.state.cursor import Position, version_range
+from deltatail.state.errors import SchemaChangeError, VersionGapError
+from deltatail.state.feed import ChangeBatch, change_schema
+from deltatail.state.filters import ChangeFilter
+from deltatail.state.planning import ReadContext, VersionPlan, plan_snapshot
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.follower import PREFETCH_COMMITS, LogFollower
+from deltatail.tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
+from deltatail.tailer.read.conform import nulls
+from deltatail.tailer.read.net_changes import in_pass, net_changes, net_passes
+from deltatail.tailer.read.pruning import prune
+from deltatail.tailer.read.read_ahead import ReadAheadReader
+from deltatail.tailer.read.reader_pool import ReaderPool, shared_pool
+from deltatail.tailer.read.readers import PlanReader, PlanRows, SequentialReader
+from deltatail.tailer.read.tasks import count_task_rows, read_task
+from deltatail.tailer.storage import Storage
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from state.changes import FileTask
-from state.errors import ConfigError
+from deltatail.state.changes import FileTask
+from deltatail.state.errors import ConfigError
 
 _CHANGE = ("_change_type", "_commit_version", "_commit_timestamp")
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from state.errors import DeltaTailError, InvalidLogError
-from state.feed import CHANGE_TYPE_COLUMN
-from tailer.storage import Storage
+from deltatail.state.errors import DeltaTailError, InvalidLogError
+from deltatail.state.feed import CHANGE_TYPE_COLUMN
+from deltatail.tailer.storage import Storage
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from state.errors import InvalidLogError
-from state.schema import DataType, DecimalType, PrimitiveType, StructField, to_arrow_type
+from deltatail.state.errors import InvalidLogError
+from deltatail.state.schema import DataType, DecimalType, PrimitiveType, StructField, to_arrow_type
 
 
 def _parse_bool(raw: str) -> bool:

@@ -14,8 +14,8 @@ from typing import Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
-from state.feed import ChangeBatch
-from state.filters import ChangeFilter
+from deltatail.state.feed import ChangeBatch
+from deltatail.state.filters import ChangeFilter
 
 PlanT = TypeVar("PlanT")
 

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from tailer.read.rows import FileBatch
+from deltatail.tailer.read.rows import FileBatch
 
 #: Worker threads reading large files ahead (pyarrow decodes without holding the GIL).
 READ_THREADS = 2

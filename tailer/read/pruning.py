@@ -20,12 +20,12 @@ from dataclasses import replace
 
 import pyarrow as pa
 
-from state.changes import FileTask
-from state.errors import DeltaTailError
-from state.feed import COMMIT_TIMESTAMP_TYPE
-from state.filters import ChangeFilter
-from state.planning import ReadContext, VersionPlan
-from tailer.read.partition_values import parse_partition_value
+from deltatail.state.changes import FileTask
+from deltatail.state.errors import DeltaTailError
+from deltatail.state.feed import COMMIT_TIMESTAMP_TYPE
+from deltatail.state.filters import ChangeFilter
+from deltatail.state.planning import ReadContext, VersionPlan
+from deltatail.tailer.read.partition_values import parse_partition_value
 
 
 def prune(plan: VersionPlan, change_filter: ChangeFilter) -> VersionPlan:

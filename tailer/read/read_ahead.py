@@ -32,14 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
-from state.changes import FileTask
-from state.errors import DeltaTailError, UnsafePathError
-from state.planning import ReadContext, VersionPlan
-from tailer.read.prefetch import READ_THREADS, Prefetch
-from tailer.read.reader_pool import ReaderPool, RemoteRun
-from tailer.read.readers import PlanRows
-from tailer.read.tasks import decode_task, finish_batch, read_task
-from tailer.storage import Storage
+from deltatail.state.changes import FileTask
+from deltatail.state.errors import DeltaTailError, UnsafePathError
+from deltatail.state.planning import ReadContext, VersionPlan
+from deltatail.tailer.read.prefetch import READ_THREADS, Prefetch
+from deltatail.tailer.read.reader_pool import ReaderPool, RemoteRun
+from deltatail.tailer.read.readers import PlanRows
+from deltatail.tailer.read.tasks import decode_task, finish_batch, read_task
+from deltatail.tailer.storage import Storage
 
 
 class _EndOfPlans(DeltaTailError):

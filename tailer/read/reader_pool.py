@@ -53,11 +53,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from state.changes import FileTask
-from state.errors import ConfigError
-from state.planning import ReadContext
-from tailer.read.reader_worker import read_frame, wire, write_frame
-from tailer.storage import Storage
+from deltatail.state.changes import FileTask
+from deltatail.state.errors import ConfigError
+from deltatail.state.planning import ReadContext
+from deltatail.tailer.read.reader_worker import read_frame, wire, write_frame
+from deltatail.tailer.storage import Storage
 
 log = logging.getLogger("deltatail")
 
@@ -151,7 +151,7 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tailer.read.reader_worker"] if command is None else list(command),
+            [sys.executable, "-m", "deltatail.tailer.read.reader_worker"] if command is None else list(command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

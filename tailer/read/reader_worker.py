@@ -32,10 +32,10 @@ from typing import IO
 
 import pyarrow as pa
 
-from state.changes import FileTask, RowSelection
-from state.planning import ReadContext
-from tailer.read.tasks import read_run
-from tailer.storage import Storage
+from deltatail.state.changes import FileTask, RowSelection
+from deltatail.state.planning import ReadContext
+from deltatail.tailer.read.tasks import read_run
+from deltatail.tailer.storage import Storage
 
 _FRAME = struct.Struct("<Q")
 

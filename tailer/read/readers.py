@@ -15,9 +15,9 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from state.planning import VersionPlan
-from tailer.read.tasks import read_task
-from tailer.storage import Storage
+from deltatail.state.planning import VersionPlan
+from deltatail.tailer.read.tasks import read_task
+from deltatail.tailer.storage import Storage
 
 #: A planned version and the rows of each of its tasks, in task order.
 PlanRows = tuple[VersionPlan, Iterator[Iterable[pa.RecordBatch]]]

@@ -33,14 +33,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
-from state.errors import DeletionVectorError, DeltaTailError, UnsafePathError
-from state.feed import CHANGE_TYPE_COLUMN
-from state.paths import resolve_logged_path
-from state.schema import StructType
-from tailer.read.column_plan import ColumnPlan, bind, file_plan, selected_fields
-from tailer.read.conform import cast, conform, nulls
-from tailer.read.parquet_file import DEFAULT_OPENING, ParquetOpening, open_parquet
-from tailer.storage import Storage
+from deltatail.state.errors import DeletionVectorError, DeltaTailError, UnsafePathError
+from deltatail.state.feed import CHANGE_TYPE_COLUMN
+from deltatail.state.paths import resolve_logged_path
+from deltatail.state.schema import StructType
+from deltatail.tailer.read.column_plan import ColumnPlan, bind, file_plan, selected_fields
+from deltatail.tailer.read.conform import cast, conform, nulls
+from deltatail.tailer.read.parquet_file import DEFAULT_OPENING, ParquetOpening, open_parquet
+from deltatail.tailer.storage import Storage
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,21 +19,21 @@ from collections.abc import Generator, Iterator, Sequence
 import pyarrow as pa
 from pyroaring import BitMap64
 
-from state.actions import DeletionVector
-from state.changes import FileTask
-from state.errors import DeltaTailError
-from state.feed import COMMIT_TIMESTAMP_TYPE, change_schema
-from state.planning import ReadContext
-from tailer.read.deletion_vectors import read_deletion_vector
-from tailer.read.parquet_file import DEFAULT_OPENING, REMOTE_OPENING
-from tailer.read.rows import (
+from deltatail.state.actions import DeletionVector
+from deltatail.state.changes import FileTask
+from deltatail.state.errors import DeltaTailError
+from deltatail.state.feed import COMMIT_TIMESTAMP_TYPE, change_schema
+from deltatail.state.planning import ReadContext
+from deltatail.tailer.read.deletion_vectors import read_deletion_vector
+from deltatail.tailer.read.parquet_file import DEFAULT_OPENING, REMOTE_OPENING
+from deltatail.tailer.read.rows import (
     FileBatch,
     RowFilter,
     check_row_filter,
     count_file_rows,
     read_file_batches,
 )
-from tailer.storage import Storage
+from deltatail.tailer.storage import Storage
 
 
 def _bitmap(storage: Storage, ctx: ReadContext, dv: DeletionVector | None, data_file: str) -> BitMap64 | None:

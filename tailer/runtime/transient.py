@@ -17,7 +17,7 @@ permanent one stops the table.
 
 from __future__ import annotations
 
-from state.errors import DeltaTailError, SinkError, SinkUnavailableError, StateError, StorageError
+from deltatail.state.errors import DeltaTailError, SinkError, SinkUnavailableError, StateError, StorageError
 
 
 def is_transient(error: BaseException) -> bool:

@@ -11,9 +11,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from state.errors import ConfigError
-from tailer.formats.registry import claimed
-from tailer.storage.uris import is_object_uri
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.formats.registry import claimed
+from deltatail.tailer.storage.uris import is_object_uri
 
 
 def find_tables(

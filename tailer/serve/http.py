@@ -63,9 +63,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from state.errors import ConfigError
-from tailer.follow.stats import TableState, TableStats
-from tailer.read.reader_pool import shared_pools
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.follow.stats import TableState, TableStats
+from deltatail.tailer.read.reader_pool import shared_pools
 
 log = logging.getLogger("deltatail")
 

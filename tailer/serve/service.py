@@ -52,19 +52,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from state.errors import DeltaTailError, StateError
-from tailer.follow.change_loop import ChangeLoop
-from tailer.follow.stats import TableState, TableStats
-from tailer.follow.tailer import TailerConfig
-from tailer.formats.registry import FALLBACK, open_table
-from tailer.log.notifications import Subscription, hub_for
-from tailer.log.watch_many import DirectoryWatcher
-from tailer.runtime.backoff import POLL_JITTER, next_poll, retry_delay
-from tailer.runtime.status import status
-from tailer.runtime.transient import describe, fault_of, is_transient
-from tailer.serve.state_root import StateRoot, write_status
-from tailer.sink import Sink
-from tailer.table import TableRef
+from deltatail.state.errors import DeltaTailError, StateError
+from deltatail.tailer.follow.change_loop import ChangeLoop
+from deltatail.tailer.follow.stats import TableState, TableStats
+from deltatail.tailer.follow.tailer import TailerConfig
+from deltatail.tailer.formats.registry import FALLBACK, open_table
+from deltatail.tailer.log.notifications import Subscription, hub_for
+from deltatail.tailer.log.watch_many import DirectoryWatcher
+from deltatail.tailer.runtime.backoff import POLL_JITTER, next_poll, retry_delay
+from deltatail.tailer.runtime.status import status
+from deltatail.tailer.runtime.transient import describe, fault_of, is_transient
+from deltatail.tailer.serve.state_root import StateRoot, write_status
+from deltatail.tailer.sink import Sink
+from deltatail.tailer.table import TableRef
 
 log = logging.getLogger("deltatail")
 

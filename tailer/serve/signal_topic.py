@@ -27,12 +27,12 @@ import orjson
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from state.errors import ConfigError, DeltaTailError, StateError
-from state.signals import SnapshotRequest, debezium_snapshots
-from tailer.follow import signals
-from tailer.follow.state_store import StateStore
-from tailer.runtime.files import atomic_write
-from tailer.serve.state_root import StateRoot
+from deltatail.state.errors import ConfigError, DeltaTailError, StateError
+from deltatail.state.signals import SnapshotRequest, debezium_snapshots
+from deltatail.tailer.follow import signals
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.runtime.files import atomic_write
+from deltatail.tailer.serve.state_root import StateRoot
 
 log = logging.getLogger("deltatail")
 

@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from state.errors import StateError
-from tailer.follow.status_file import STATUS_FILE, read_status, write_status
-from tailer.runtime.files import atomic_write
+from deltatail.state.errors import StateError
+from deltatail.tailer.follow.status_file import STATUS_FILE, read_status, write_status
+from deltatail.tailer.runtime.files import atomic_write
 
 __all__ = ["STATUS_FILE", "TABLE_FILE", "StateRoot", "TableEntry", "read_status", "write_status"]
 

@@ -5,7 +5,7 @@
 object-store URIs (imported only where it is needed: it loads the store client).
 """
 
-from tailer.storage.base import FileInfo, Storage
-from tailer.storage.local import LocalStorage, to_local_path
+from deltatail.tailer.storage.base import FileInfo, Storage
+from deltatail.tailer.storage.local import LocalStorage, to_local_path
 
 __all__ = ["FileInfo", "LocalStorage", "Storage", "to_local_path"]

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from state.errors import ConfigError
-from tailer.storage.base import Storage
-from tailer.storage.local import LocalStorage
-from tailer.storage.objectstore import ObjectStoreStorage
-from tailer.storage.uris import is_object_uri
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.storage.base import Storage
+from deltatail.tailer.storage.local import LocalStorage
+from deltatail.tailer.storage.objectstore import ObjectStoreStorage
+from deltatail.tailer.storage.uris import is_object_uri
 
 
 def storage_for(location: str, options: Mapping[str, str] | None = None) -> Storage:

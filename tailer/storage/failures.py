@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import obstore.exceptions as oe
 
-from state.errors import DeltaTailError, MissingFileError, StorageError
+from deltatail.state.errors import DeltaTailError, MissingFileError, StorageError
 
 _STATUS = re.compile(r"status code: (\d{3})")
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from state.errors import MissingFileError
-from tailer.storage.base import FileInfo
+from deltatail.state.errors import MissingFileError
+from deltatail.tailer.storage.base import FileInfo
 
 
 def to_local_path(path: str) -> str:

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 import obstore as obs
 import pyarrow as pa
 
-from state.errors import DeltaTailError, MissingFileError
-from tailer.storage.base import FileInfo
-from tailer.storage.failures import translate
-from tailer.storage.options import Store, build_store, merge_options, reading_config, redacted, retry_config
-from tailer.storage.prefetch import Prefetcher
-from tailer.storage.uris import Cloud, ObjectUri, parse_uri
+from deltatail.state.errors import DeltaTailError, MissingFileError
+from deltatail.tailer.storage.base import FileInfo
+from deltatail.tailer.storage.failures import translate
+from deltatail.tailer.storage.options import Store, build_store, merge_options, reading_config, redacted, retry_config
+from deltatail.tailer.storage.prefetch import Prefetcher
+from deltatail.tailer.storage.uris import Cloud, ObjectUri, parse_uri
 
 if TYPE_CHECKING:
     from obstore import ObjectMeta

@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 import obstore.exceptions as oe
 from obstore.store import AzureStore, GCSStore, S3Store
 
-from state.errors import ConfigError
-from tailer.storage.uris import Cloud, ObjectUri, root_of
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.storage.uris import Cloud, ObjectUri, root_of
 
 if TYPE_CHECKING:
     from obstore.store import BackoffConfig, RetryConfig

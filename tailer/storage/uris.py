@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from state.errors import ConfigError
+from deltatail.state.errors import ConfigError
 
 Cloud = Literal["s3", "azure", "gcs"]
 

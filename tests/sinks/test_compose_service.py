@@ -76,7 +76,7 @@ def test_the_compose_service_config_follows_a_lake_into_debezium_topics(tmp_path
     config.write_text(_config(lake, state, kafka_broker.bootstrap))
     log = tmp_path / "serve.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)], cwd=ROOT, stderr=log.open("ab")
+        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=ROOT, stderr=log.open("ab")
     )
     try:
         port = 0

@@ -17,15 +17,15 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sinks.json_text import Wrapped
-from sinks.kafka.connect_schema import ValueModes, schema_name, struct_schema, value_schema
-from sinks.kafka.debezium import EventOptions
-from sinks.kafka.encoding import ChangeEncoder
-from sinks.kafka.event_columns import convert, mode_text
-from state.cursor import Position
-from state.errors import ConfigError, SinkError
-from state.feed import ChangeBatch, TableInfo
-from state.variant import VARIANT_STORAGE_TYPE
+from deltatail.sinks.json_text import Wrapped
+from deltatail.sinks.kafka.connect_schema import ValueModes, schema_name, struct_schema, value_schema
+from deltatail.sinks.kafka.debezium import EventOptions
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.sinks.kafka.event_columns import convert, mode_text
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.state.variant import VARIANT_STORAGE_TYPE
 
 TABLE = TableInfo("/data/orders", "tid", "orders")
 UTC = dt.UTC

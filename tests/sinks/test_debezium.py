@@ -9,9 +9,9 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sinks.json_text import EncodedBatch
-from sinks.kafka.connect_schema import ValueModes
-from sinks.kafka.debezium import (
+from deltatail.sinks.json_text import EncodedBatch
+from deltatail.sinks.kafka.connect_schema import ValueModes
+from deltatail.sinks.kafka.debezium import (
     HEARTBEAT_TOPIC,
     POSITION_KEY_SCHEMA,
     SOURCE_SCHEMA,
@@ -21,11 +21,11 @@ from sinks.kafka.debezium import (
     deltatail_version,
     heartbeat_message,
 )
-from sinks.kafka.encoding import ChangeEncoder
-from sinks.kafka.options import KafkaOptions, fill_topic
-from state.cursor import Position
-from state.errors import ConfigError, SinkError
-from state.feed import ChangeBatch, FollowStatus, TableInfo
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.sinks.kafka.options import KafkaOptions, fill_topic
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import ChangeBatch, FollowStatus, TableInfo
 
 TABLE = TableInfo("/data/orders", "tid-1", "orders")
 TS = dt.datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC)

@@ -9,12 +9,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sinks.embedded import JsonLinesSink, ParquetDirSink
-from state.cursor import Position
-from state.errors import ConfigError, SinkError
-from state.feed import ChangeBatch, TableInfo
-from tailer.cli.settings import load_toml
-from tailer.cli.sink_uri import open_sink
+from deltatail.sinks.embedded import JsonLinesSink, ParquetDirSink
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.cli.settings import load_toml
+from deltatail.tailer.cli.sink_uri import open_sink
 
 TABLE = TableInfo("/data/t", "table-id", "t")
 

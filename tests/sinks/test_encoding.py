@@ -11,11 +11,11 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sinks.json_text import SMALL_TIMESTAMP_COLUMN, EncodedBatch, json_values, row_dicts
-from sinks.kafka.encoding import ChangeEncoder
-from state.cursor import Position
-from state.errors import ConfigError, SinkError
-from state.feed import ChangeBatch, TableInfo
+from deltatail.sinks.json_text import SMALL_TIMESTAMP_COLUMN, EncodedBatch, json_values, row_dicts
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import ChangeBatch, TableInfo
 
 TABLE = TableInfo("/data/orders", "0f1e2d3c-table-id", "orders")
 UTC = dt.UTC

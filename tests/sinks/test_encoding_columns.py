@@ -17,14 +17,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-import sinks.embedded as embedded
-import sinks.kafka.encoding as encoding
-from sinks.json_text import EncodedBatch, concatenated, constant_text, json_texts, json_values
-from sinks.kafka.encoding import ChangeEncoder
-from state.cursor import Position
-from state.errors import SinkError
-from state.feed import ChangeBatch, TableInfo
-from state.variant import VARIANT_STORAGE_TYPE
+import deltatail.sinks.embedded as embedded
+import deltatail.sinks.kafka.encoding as encoding
+from deltatail.sinks.json_text import EncodedBatch, concatenated, constant_text, json_texts, json_values
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.state.cursor import Position
+from deltatail.state.errors import SinkError
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.state.variant import VARIANT_STORAGE_TYPE
 
 TABLE = TableInfo("/data/orders", "0f1e2d3c-table-id", "orders")
 UTC = dt.UTC

@@ -35,8 +35,8 @@ pytest.importorskip("deltalake")
 from deltalake import DeltaTable, write_deltalake
 from flink_env import FlinkWorker, flink_python, java_home
 
-from sinks.kafka.sink import KafkaSink
-from tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
 
 pytestmark = pytest.mark.flink
 

@@ -23,18 +23,18 @@ pytest.importorskip("kafka")
 
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
-from sinks.kafka.partitioner import choose_partition, choose_partitions, murmur2
-from sinks.kafka.producers import Outgoing, _Finder
-from sinks.kafka.sink import KafkaSink
-from state.actions import parse_json_actions
-from state.audit import AuditEvent, build_audit_event
-from state.commit import Commit
-from state.cursor import Position
-from state.errors import ConfigError, SinkError
-from state.feed import ChangeBatch, CommitEvent, TableInfo
-from state.snapshot import Snapshot
-from tailer.collector import collector_paused
+from deltatail.sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
+from deltatail.sinks.kafka.partitioner import choose_partition, choose_partitions, murmur2
+from deltatail.sinks.kafka.producers import Outgoing, _Finder
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.actions import parse_json_actions
+from deltatail.state.audit import AuditEvent, build_audit_event
+from deltatail.state.commit import Commit
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import ChangeBatch, CommitEvent, TableInfo
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.collector import collector_paused
 
 TABLE = TableInfo("/data/orders", "tid-orders", "orders")
 OTHER = TableInfo("/data/users", "tid-users", "users")

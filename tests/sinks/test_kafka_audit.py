@@ -26,15 +26,15 @@ from deltalake import write_deltalake
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # tests/tailer: audit_tables.py
 from audit_tables import write_ops_table
 
-from sinks.kafka.options import default_sink_id
-from tailer.audit.feed import AuditFeed
+from deltatail.sinks.kafka.options import default_sink_id
+from deltatail.tailer.audit.feed import AuditFeed
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(table: Path, state: Path, uri: str) -> None:
     args = ["run", str(table), "--state-dir", str(state), "--sink", uri, "--until-caught-up", "--allow-non-additive"]
-    result = subprocess.run([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, capture_output=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, timeout=120)
     assert result.returncode == 0, result.stderr.decode()
 
 

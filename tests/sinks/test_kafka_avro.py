@@ -42,13 +42,13 @@ from deltalake import DeltaTable, write_deltalake
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from schema_registry import SchemaRegistry
 
-from sinks.kafka.options import KafkaOptions
-from sinks.kafka.registry import RegistryClient
-from sinks.kafka.sink import KafkaSink
-from state.cursor import Position
-from state.errors import ConfigError, SinkError, SinkUnavailableError
-from state.feed import ChangeBatch, CommitEvent, TableInfo
-from tailer.runtime.transient import is_transient
+from deltatail.sinks.kafka.options import KafkaOptions
+from deltatail.sinks.kafka.registry import RegistryClient
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, SinkError, SinkUnavailableError
+from deltatail.state.feed import ChangeBatch, CommitEvent, TableInfo
+from deltatail.tailer.runtime.transient import is_transient
 
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}

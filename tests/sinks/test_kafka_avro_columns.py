@@ -34,16 +34,16 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from schema_registry import SchemaRegistry
 
-from sinks.kafka import avro_columns
-from sinks.kafka.avro import AvroEncoder
-from sinks.kafka.avro_columns import encode_payloads
-from sinks.kafka.avro_schema import to_avro
-from sinks.kafka.connect_schema import ValueModes
-from sinks.kafka.debezium import EventOptions
-from sinks.kafka.registry import RegistryClient
-from state.cursor import Position
-from state.errors import ConfigError, SinkError
-from state.feed import ChangeBatch, TableInfo
+from deltatail.sinks.kafka import avro_columns
+from deltatail.sinks.kafka.avro import AvroEncoder
+from deltatail.sinks.kafka.avro_columns import encode_payloads
+from deltatail.sinks.kafka.avro_schema import to_avro
+from deltatail.sinks.kafka.connect_schema import ValueModes
+from deltatail.sinks.kafka.debezium import EventOptions
+from deltatail.sinks.kafka.registry import RegistryClient
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import ChangeBatch, TableInfo
 
 HEADER = b"\x00\x00\x00\x00\x07"
 LONGS = [0, 1, -1, 63, -64, 64, -65, 8191, 8192, 2**31 - 1, -(2**31), 2**62, 2**63 - 1, -(2**63)]
@@ -247,7 +247,7 @@ def test_a_value_that_does_not_fit_is_still_named(registry: SchemaRegistry) -> N
 
 def test_avro_without_numpy_is_a_clear_error(registry: SchemaRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "numpy", None)  # as if not installed: importing it raises ImportError
-    monkeypatch.delitem(sys.modules, "sinks.kafka.avro_columns")
+    monkeypatch.delitem(sys.modules, "deltatail.sinks.kafka.avro_columns")
     with pytest.raises(ConfigError, match=r"encoding=avro needs the package numpy: pip install 'deltatail\[avro\]'"):
         AvroEncoder(
             TABLE,

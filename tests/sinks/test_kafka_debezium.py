@@ -14,10 +14,10 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from sinks.kafka.sink import KafkaSink
-from state.cursor import Position
-from state.errors import ConfigError, SinkError
-from state.feed import ChangeBatch, FollowStatus, TableInfo
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, SinkError
+from deltatail.state.feed import ChangeBatch, FollowStatus, TableInfo
 
 TABLE = TableInfo("/data/orders", "tid-orders", "orders")
 TS = dt.datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC)
@@ -116,7 +116,7 @@ def test_heartbeat_topic_must_be_its_own(kafka_broker: Any) -> None:
 
 def run_for(root: Path, state: Path, uri: str, seconds: float) -> None:
     """Run a tailer (polling every 0.05 s) for ``seconds``, then stop it; its errors fail the test."""
-    from tailer.follow.tailer import Tailer, TailerConfig
+    from deltatail.tailer.follow.tailer import Tailer, TailerConfig
 
     tailer = Tailer(TailerConfig(table=str(root), state_dir=str(state), poll_interval=0.05), KafkaSink(uri))
     failure: list[BaseException] = []

@@ -15,7 +15,7 @@ pytest.importorskip("kafka")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # helpers (tests/ is not a package)
 from lance_datasets import rows
 
-from tailer.cli.main import main
+from deltatail.tailer.cli.main import main
 
 
 def test_run_into_a_topic_named_by_the_lance_table_id(tmp_path: Path, kafka_broker: Any) -> None:

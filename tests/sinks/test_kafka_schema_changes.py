@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # tests
 from corpus import corpus_root
 from schema_change_tables import CORPUS, Row, log_actions, reference_rows, row_key, write_evolving_table
 
-from sinks.kafka.sink import KafkaSink
-from state.errors import ConfigError
-from state.feed import TableInfo
-from tailer.cli.main import main
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.errors import ConfigError
+from deltatail.state.feed import TableInfo
+from deltatail.tailer.cli.main import main
 
 TABLES = [*sorted(CORPUS), "generated"]
 

@@ -76,7 +76,7 @@ def delivered(kafka: Any, topic: str) -> Counter[Row]:
 def start(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     with log.open("ab") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)], cwd=ROOT, stderr=err
+            [sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=ROOT, stderr=err
         )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("kafka")
 
-from sinks.kafka.options import KafkaOptions
-from sinks.kafka.shared import ProducerPool
-from sinks.kafka.sink import KafkaSink
-from state.cursor import Position
-from state.errors import SinkError, SinkUnavailableError
-from state.feed import ChangeBatch, TableInfo
+from deltatail.sinks.kafka.options import KafkaOptions
+from deltatail.sinks.kafka.shared import ProducerPool
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.cursor import Position
+from deltatail.state.errors import SinkError, SinkUnavailableError
+from deltatail.state.feed import ChangeBatch, TableInfo
 
 COMMIT_TS = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 

@@ -57,7 +57,7 @@ def wait_for(proc: subprocess.Popen[bytes], done: Any, deadline: float) -> None:
 
 def serve(config: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)], cwd=ROOT, stderr=subprocess.PIPE
+        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=ROOT, stderr=subprocess.PIPE
     )
 
 
@@ -144,7 +144,7 @@ def run_into(table: Path, state: Path, uri: str, crash_at: str | None = None) ->
     if crash_at is not None:
         env["DELTATAIL_CRASH_AT"] = crash_at
     return subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "run", str(table), "--state-dir", str(state), "--sink", uri,
+        [sys.executable, "-m", "deltatail", "run", str(table), "--state-dir", str(state), "--sink", uri,
          "--until-caught-up", "--reader-processes", "0"],
         cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
@@ -158,7 +158,7 @@ def test_a_snapshot_into_debezium_is_op_r_once_across_a_kill(tmp_path: Path, kaf
     uri = kafka_broker.uri(topic, format="debezium", key="id", exactly_once=True)
     assert run_into(table, state, uri).returncode == 0
     asked = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "signal", str(state), "snapshot", "--chunk-rows", "4"],
+        [sys.executable, "-m", "deltatail", "signal", str(state), "snapshot", "--chunk-rows", "4"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert asked.returncode == 0, asked.stderr

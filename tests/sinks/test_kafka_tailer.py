@@ -74,7 +74,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
-from tailer.read.feed import ChangeFeed
+from deltatail.tailer.read.feed import ChangeFeed
 
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
@@ -224,7 +224,7 @@ def assert_rows(actual: Counter[Row], expected: Counter[Row]) -> None:
 
 def deltatail() -> list[str]:
     script = Path(sys.executable).parent / "deltatail"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "tailer.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "deltatail"]
 
 
 def run_args(table: Path, state: Path, sink: str, *extra: str) -> list[str]:
@@ -801,7 +801,7 @@ class Outage:
 
     @classmethod
     def start(cls, kit: Any, tmp_path: Path, open_timeout_ms: int, *extra: str) -> Outage:
-        root, state, log = tmp_path / "table", tmp_path / "state", tmp_path / "tailer.log"
+        root, state, log = tmp_path / "table", tmp_path / "state", tmp_path / "deltatail.tailer.log"
         write_deltalake(str(root), data(range(40)), configuration=CDF)
         topic = new_topic(kit.bootstrap)
         uri = kit.uri(

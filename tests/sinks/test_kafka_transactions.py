@@ -28,11 +28,11 @@ pytest.importorskip("deltalake")
 
 from deltalake import DeltaTable, write_deltalake
 
-from sinks.kafka.options import KafkaOptions
-from sinks.kafka.sink import KafkaSink
-from state.cursor import Position
-from state.errors import ConfigError
-from state.feed import ChangeBatch, CommitEvent, TableInfo
+from deltatail.sinks.kafka.options import KafkaOptions
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError
+from deltatail.state.feed import ChangeBatch, CommitEvent, TableInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}

@@ -36,15 +36,15 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # cdf_helpers (tests/ is not a package)
 from cdf_helpers import assert_same_rows, corpus_table, load_cdf
 
-from sinks.kafka.debezium import EventOptions
-from sinks.kafka.encoding import ChangeEncoder
-from sinks.spark import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
-from sinks.spark.kafka_writer import kafka_batch_writer, version_batches
-from sinks.spark.offsets import Offset
-from sinks.spark.options import SourceOptions
-from sinks.spark.partitions import ChangePartition, read_partition
-from sinks.spark.schema import arrow_target
-from state.errors import (
+from deltatail.sinks.kafka.debezium import EventOptions
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.sinks.spark import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
+from deltatail.sinks.spark.kafka_writer import kafka_batch_writer, version_batches
+from deltatail.sinks.spark.offsets import Offset
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.sinks.spark.partitions import ChangePartition, read_partition
+from deltatail.sinks.spark.schema import arrow_target
+from deltatail.state.errors import (
     ConfigError,
     DeletionVectorError,
     InvalidLogError,
@@ -56,10 +56,10 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from state.feed import TableInfo
-from tailer.parse import parse_bytes, parse_timestamp_ms
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.storage import FileInfo, LocalStorage, Storage
+from deltatail.state.feed import TableInfo
+from deltatail.tailer.parse import parse_bytes, parse_timestamp_ms
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.storage import FileInfo, LocalStorage, Storage
 
 CDF = {"delta.enableChangeDataFeed": "true"}
 #: kafka-python's first import warns (legacy ``importlib.resources`` calls); the helper imports it lazily.
@@ -901,7 +901,7 @@ def test_spark_kafka_foreach_batch(spark: SparkSession, tmp_path: Path, kafka_br
 
 def check_kafka_records(root: Path, records: list[Any], fmt: str) -> None:
     """Same messages as the sink's encoder makes of the standalone rows; each key's in commit order."""
-    from sinks.kafka.partitioner import choose_partition
+    from deltatail.sinks.kafka.partitioner import choose_partition
 
     rows = ChangeFeed(str(root)).read_table(0)
     encoder = ChangeEncoder(

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from sinks.spark.formats import SPARK_FORMATS, DeltaSpark, LanceSpark, spark_format
-from sinks.spark.options import SourceOptions
-from state.errors import ConfigError
-from tailer.formats.registry import format_names
+from deltatail.sinks.spark.formats import SPARK_FORMATS, DeltaSpark, LanceSpark, spark_format
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.formats.registry import format_names
 
 
 def test_every_format_has_a_spark_entry_and_one_without_is_refused(

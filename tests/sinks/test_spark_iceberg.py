@@ -36,11 +36,11 @@ from iceberg_tables import commit_deletes, new_table, rows, table_dir
 from pyiceberg.table import Table
 from pyiceberg.types import StringType
 
-from sinks.spark import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
-from sinks.spark.iceberg import IcebergPartition, IcebergStreamPlanner
-from sinks.spark.schema import arrow_target
-from state.errors import ConfigError, StateError, VersionGapError, VersionNotFoundError
-from tailer.iceberg.feed import IcebergFeed
+from deltatail.sinks.spark import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
+from deltatail.sinks.spark.iceberg import IcebergPartition, IcebergStreamPlanner
+from deltatail.sinks.spark.schema import arrow_target
+from deltatail.state.errors import ConfigError, StateError, VersionGapError, VersionNotFoundError
+from deltatail.tailer.iceberg.feed import IcebergFeed
 
 COLUMNS = ["id", "name", "grp"]
 #: The version of :func:`build`'s newest snapshot (pyiceberg's ninth sequence number).
@@ -349,7 +349,7 @@ def test_offsets_of_another_table_are_a_state_error(table: Table) -> None:
 CATALOG_READ = """
 import pickle, sys
 from pyspark.sql.streaming.datasource import ReadMaxFiles
-from sinks.spark import DeltaTailDataSource
+from deltatail.sinks.spark import DeltaTailDataSource
 ds = DeltaTailDataSource({"path": "iceberg://catalog:test/db.t", "startingVersion": "1"})
 reader = ds.streamReader(ds.schema())
 start = reader.initialOffset()

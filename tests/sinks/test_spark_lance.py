@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # helpe
 from cdf_helpers import assert_same_rows
 from lance_datasets import rows
 
-from sinks.spark import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
-from sinks.spark.lance import LancePartition, LanceStreamPlanner
-from sinks.spark.options import SourceOptions
-from sinks.spark.schema import arrow_target
-from state.errors import (
+from deltatail.sinks.spark import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
+from deltatail.sinks.spark.lance import LancePartition, LanceStreamPlanner
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.sinks.spark.schema import arrow_target
+from deltatail.state.errors import (
     ConfigError,
     DataFileError,
     InvalidLogError,
@@ -52,8 +52,8 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from state.lance.manifest import manifest_name
-from tailer.lance.feed import LanceFeed
+from deltatail.state.lance.manifest import manifest_name
+from deltatail.tailer.lance.feed import LanceFeed
 
 # ---------------------------------------------------------------- datasets --
 

@@ -24,9 +24,9 @@ pytest.importorskip("pyspark")
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
-from sinks.spark import register
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.storage.objectstore import ObjectStoreStorage
+from deltatail.sinks.spark import register
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.storage.objectstore import ObjectStoreStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # cdf_helpers (tests/ is not a package)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: objectstores.py

@@ -25,8 +25,8 @@ from corpus import corpus_root
 from schema_change_tables import CORPUS, log_actions
 from test_spark import all_rows, run_batches, source, stream_reader
 
-from sinks.spark.schema import arrow_target
-from state.errors import SchemaChangeError
+from deltatail.sinks.spark.schema import arrow_target
+from deltatail.state.errors import SchemaChangeError
 
 
 def added_files(table: Path, version: int) -> pa.Table:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from state.actions import (
+from deltatail.state.actions import (
     Add,
     AddCDCFile,
     CheckpointMetadata,
@@ -28,7 +28,7 @@ from state.actions import (
     parse_action,
     parse_json_actions,
 )
-from state.errors import InvalidLogError
+from deltatail.state.errors import InvalidLogError
 
 _DV = {"storageType": "u", "pathOrInlineDv": "ab^-aqEH.-t@S}K{vb[*k^", "offset": 4, "sizeInBytes": 40, "cardinality": 6}
 

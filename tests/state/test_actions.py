@@ -15,7 +15,7 @@ from urllib.parse import unquote
 import pytest
 from core_corpus import corpus_root
 
-from state.actions import (
+from deltatail.state.actions import (
     Action,
     Add,
     AddCDCFile,
@@ -29,7 +29,7 @@ from state.actions import (
     Txn,
     parse_json_actions,
 )
-from state.errors import DeltaTailError, InvalidLogError
+from deltatail.state.errors import DeltaTailError, InvalidLogError
 
 
 @pytest.fixture

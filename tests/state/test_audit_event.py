@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from state.actions import parse_json_actions
-from state.audit import AUDIT_FORMAT, AuditEvent, build_audit_event, iso_utc
-from state.commit import Commit
-from state.errors import InvalidLogError, VersionGapError
-from state.snapshot import Snapshot
+from deltatail.state.actions import parse_json_actions
+from deltatail.state.audit import AUDIT_FORMAT, AuditEvent, build_audit_event, iso_utc
+from deltatail.state.commit import Commit
+from deltatail.state.errors import InvalidLogError, VersionGapError
+from deltatail.state.snapshot import Snapshot
 
 TABLE = "/data/t"
 SCHEMA = json.dumps(

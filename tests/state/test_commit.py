@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from core_corpus import corpus_root
 
-from state.actions import parse_json_actions
-from state.commit import Commit
-from state.errors import DuplicateActionError, InvalidLogError
+from deltatail.state.actions import parse_json_actions
+from deltatail.state.commit import Commit
+from deltatail.state.errors import DuplicateActionError, InvalidLogError
 
 
 @pytest.fixture

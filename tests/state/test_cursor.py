@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from state.cursor import Position, version_range
-from state.errors import ConfigError, StateError, VersionNotFoundError
+from deltatail.state.cursor import Position, version_range
+from deltatail.state.errors import ConfigError, StateError, VersionNotFoundError
 
 _positions = st.builds(
     lambda version, snapshot, index: (

@@ -19,9 +19,9 @@ from core_corpus import corpus_root
 from hypothesis import given
 from hypothesis import strategies as st
 
-from state.actions import Add, DeletionVector, Remove, parse_json_actions
-from state.errors import DeletionVectorError, InvalidLogError, UnsafePathError
-from state.z85 import z85_decode
+from deltatail.state.actions import Add, DeletionVector, Remove, parse_json_actions
+from deltatail.state.errors import DeletionVectorError, InvalidLogError, UnsafePathError
+from deltatail.state.z85 import z85_decode
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from core_corpus import corpus_root
 
-from state.actions import Protocol, parse_json_actions
-from state.errors import DeltaTailError, UnsupportedFeatureError
-from state.features import check_reader_support
+from deltatail.state.actions import Protocol, parse_json_actions
+from deltatail.state.errors import DeltaTailError, UnsupportedFeatureError
+from deltatail.state.features import check_reader_support
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from state.actions import parse_json_actions
-from state.commit import Commit
-from state.cursor import Position
-from state.errors import ConfigError
-from state.feed import ChangeBatch
-from state.filters import ChangeFilter
+from deltatail.state.actions import parse_json_actions
+from deltatail.state.commit import Commit
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError
+from deltatail.state.feed import ChangeBatch
+from deltatail.state.filters import ChangeFilter
 
 TS = pa.timestamp("us", tz="UTC")
 ROWS = pa.record_batch(

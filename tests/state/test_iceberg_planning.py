@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from state.errors import InvalidLogError, UnsupportedFeatureError, VersionGapError
-from state.iceberg.ancestry import main_ancestry
-from state.iceberg.model import DATA, EQUALITY_DELETES, POSITION_DELETES, ContentFile, SnapshotInfo, TableState
-from state.iceberg.planning import DeleteIndex, check_files, plan_snapshot
+from deltatail.state.errors import InvalidLogError, UnsupportedFeatureError, VersionGapError
+from deltatail.state.iceberg.ancestry import main_ancestry
+from deltatail.state.iceberg.model import (
+    DATA,
+    EQUALITY_DELETES,
+    POSITION_DELETES,
+    ContentFile,
+    SnapshotInfo,
+    TableState,
+)
+from deltatail.state.iceberg.planning import DeleteIndex, check_files, plan_snapshot
 
 
 def snap(sid: int, parent: int | None, seq: int, op: str = "append", **summary: str) -> SnapshotInfo:

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 from pyroaring import BitMap
 
-from state.changes import check_schema_change
-from state.errors import InvalidLogError, SchemaChangeError, UnsupportedFeatureError
-from state.lance.manifest import (
+from deltatail.state.changes import check_schema_change
+from deltatail.state.errors import InvalidLogError, SchemaChangeError, UnsupportedFeatureError
+from deltatail.state.lance.manifest import (
     DataFile,
     DeletionFile,
     Fragment,
@@ -29,9 +29,9 @@ from state.lance.manifest import (
     parse_manifest_name,
     transaction_bytes,
 )
-from state.lance.planning import diff_versions, plan_snapshot, plan_version
-from state.lance.protobuf import as_bytes, as_int, fields, packed_varints, text
-from state.lance.row_ids import decode_row_ids
+from deltatail.state.lance.planning import diff_versions, plan_snapshot, plan_version
+from deltatail.state.lance.protobuf import as_bytes, as_int, fields, packed_varints, text
+from deltatail.state.lance.row_ids import decode_row_ids
 
 
 def varint(n: int) -> bytes:

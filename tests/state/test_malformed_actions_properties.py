@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_action_validation import VALID
 
-from state.actions import parse_json_actions
-from state.commit import Commit
-from state.errors import DeltaTailError
-from state.snapshot import Snapshot
+from deltatail.state.actions import parse_json_actions
+from deltatail.state.commit import Commit
+from deltatail.state.errors import DeltaTailError
+from deltatail.state.snapshot import Snapshot
 
 _SCHEMA = {
     "type": "struct",

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from state.actions import DeletionVector
-from state.errors import ConfigError, InvalidLogError, UnsafePathError
-from state.paths import check_external_root, resolve_logged_path
+from deltatail.state.actions import DeletionVector
+from deltatail.state.errors import ConfigError, InvalidLogError, UnsafePathError
+from deltatail.state.paths import check_external_root, resolve_logged_path
 
 ROOT = "/data/lake/t"
 S3_ROOT = "s3://lake/sales/t"

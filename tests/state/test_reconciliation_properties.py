@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state.actions import (
+from deltatail.state.actions import (
     Action,
     Add,
     DeletionVector,
@@ -35,9 +35,9 @@ from state.actions import (
     Remove,
     Txn,
 )
-from state.commit import Commit
-from state.files import FileKey, FileTable, PartitionValuesPool
-from state.snapshot import Snapshot
+from deltatail.state.commit import Commit
+from deltatail.state.files import FileKey, FileTable, PartitionValuesPool
+from deltatail.state.snapshot import Snapshot
 
 PATHS = ("a.parquet", "b=1/c.parquet", "d e.parquet", "f.parquet")
 APPS = ("app-1", "app-2")

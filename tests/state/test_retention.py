@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from state.errors import InvalidLogError
-from state.retention import Retention, retention
+from deltatail.state.errors import InvalidLogError
+from deltatail.state.retention import Retention, retention
 
 DAY_MS = 86_400_000
 

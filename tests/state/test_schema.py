@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from core_corpus import corpus_root
 
-from state.actions import Metadata, parse_json_actions
-from state.errors import InvalidLogError
-from state.schema import (
+from deltatail.state.actions import Metadata, parse_json_actions
+from deltatail.state.errors import InvalidLogError
+from deltatail.state.schema import (
     ArrayType,
     DecimalType,
     MapType,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from state.schema import parse_schema
-from state.schema_diff import ColumnRename, NullabilityChange, SchemaDiff, TypeChange, diff_schemas, type_name
+from deltatail.state.schema import parse_schema
+from deltatail.state.schema_diff import ColumnRename, NullabilityChange, SchemaDiff, TypeChange, diff_schemas, type_name
 
 
 def field(

@@ -20,11 +20,11 @@ import pyarrow as pa
 import pytest
 from core_corpus import corpus_root
 
-from state.actions import Protocol, parse_json_actions
-from state.commit import Commit
-from state.errors import InvalidLogError, StateError, UnsupportedFeatureError, VersionGapError
-from state.files import FileKey
-from state.snapshot import Snapshot, parse_interval_ms
+from deltatail.state.actions import Protocol, parse_json_actions
+from deltatail.state.commit import Commit
+from deltatail.state.errors import InvalidLogError, StateError, UnsupportedFeatureError, VersionGapError
+from deltatail.state.files import FileKey
+from deltatail.state.snapshot import Snapshot, parse_interval_ms
 
 
 @pytest.fixture

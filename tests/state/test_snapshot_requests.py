@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from state.cursor import Position
-from state.errors import ConfigError, StateError
-from state.signals import (
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, StateError
+from deltatail.state.signals import (
     MAX_CHUNK_ROWS,
     SnapshotRequest,
     both,

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from state.actions import Action, Add, Metadata, Protocol, Remove
-from state.commit import Commit
-from state.errors import InvalidLogError
-from state.snapshot import Snapshot, parse_interval_ms
+from deltatail.state.actions import Action, Add, Metadata, Protocol, Remove
+from deltatail.state.commit import Commit
+from deltatail.state.errors import InvalidLogError
+from deltatail.state.snapshot import Snapshot, parse_interval_ms
 
 DAY = 86_400_000
 

@@ -33,8 +33,8 @@ from core_corpus import corpus_root
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state.errors import DataFileError, DeltaTailError
-from state.variant import (
+from deltatail.state.errors import DataFileError, DeltaTailError
+from deltatail.state.variant import (
     MAX_DEPTH,
     VARIANT_STORAGE_TYPE,
     TimestampNanos,
@@ -49,7 +49,7 @@ from state.variant import (
     variant_to_json,
     variant_to_python,
 )
-from state.z85 import z85_decode
+from deltatail.state.z85 import z85_decode
 
 EXPECTATIONS = Path(__file__).resolve().parents[1] / "expectations" / "variant_expectations.json"
 EMPTY = bytes([0x01, 0x00, 0x00])

@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from tailer.audit.feed import AuditFeed
+from deltatail.tailer.audit.feed import AuditFeed
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string())])
 

@@ -35,7 +35,7 @@ from types import FrameType
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tailer.cli.main import main
+from deltatail.tailer.cli.main import main
 
 #: Seconds a command may take on a damaged copy before it counts as hanging.
 TIME_LIMIT = 60

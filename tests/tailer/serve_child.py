@@ -49,7 +49,7 @@ class ServeChild:
         before = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tailer.cli", "serve", "--config", str(self.config)],
+                [sys.executable, "-m", "deltatail", "serve", "--config", str(self.config)],
                 cwd=ROOT,
                 stderr=subprocess.PIPE if self.piped else err,
                 env={**os.environ, "DELTATAIL_LOG_FORMAT": "json"},

@@ -18,11 +18,11 @@ import pytest
 from audit_tables import AuditTables
 from cdf_helpers import corpus_table
 
-from state.alerts import ALERT_FORMAT, AlertRule, evaluate, parse_alert_rules
-from state.audit import AuditEvent
-from state.errors import ConfigError
-from tailer.audit.alerts import AlertNotifier, audit_settings, load_audit_settings
-from tailer.audit.feed import AuditFeed
+from deltatail.state.alerts import ALERT_FORMAT, AlertRule, evaluate, parse_alert_rules
+from deltatail.state.audit import AuditEvent
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.audit.alerts import AlertNotifier, audit_settings, load_audit_settings
+from deltatail.tailer.audit.feed import AuditFeed
 
 
 @pytest.fixture(scope="module")

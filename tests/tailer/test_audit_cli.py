@@ -22,25 +22,25 @@ import pytest
 from audit_tables import write_ops_table
 from deltalake import write_deltalake
 
-from state.alerts import parse_alert_rules
-from state.audit import AuditEvent
-from state.errors import ConfigError, MissingFileError, SinkError
-from tailer.audit.alerts import AlertNotifier
-from tailer.audit.commit_files import read_local_commit
-from tailer.audit.feed import AuditFeed
-from tailer.audit.log import (
+from deltatail.state.alerts import parse_alert_rules
+from deltatail.state.audit import AuditEvent
+from deltatail.state.errors import ConfigError, MissingFileError, SinkError
+from deltatail.tailer.audit.alerts import AlertNotifier
+from deltatail.tailer.audit.commit_files import read_local_commit
+from deltatail.tailer.audit.feed import AuditFeed
+from deltatail.tailer.audit.log import (
     AlertLog,
     JsonlAuditLog,
     ParquetAuditLog,
     open_audit_log,
     read_audit_log,
 )
-from tailer.cli.audit import EventPrinter, details, format_line, table_row
-from tailer.cli.settings import audit_config, load_toml
-from tailer.log.delta_log import DeltaLog
-from tailer.storage import LocalStorage
+from deltatail.tailer.cli.audit import EventPrinter, details, format_line, table_row
+from deltatail.tailer.cli.settings import audit_config, load_toml
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.storage import LocalStorage
 
-DELTATAIL = [sys.executable, "-m", "tailer.cli"]
+DELTATAIL = [sys.executable, "-m", "deltatail"]
 ROOT = Path(__file__).resolve().parents[2]
 
 RULES = """

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 from audit_tables import write_ops_table
 
-import tailer.audit.commit_files as commit_files
-from state.errors import DeltaTailError, MissingFileError, VersionGapError
-from tailer.audit.commit_files import (
+import deltatail.tailer.audit.commit_files as commit_files
+from deltatail.state.errors import DeltaTailError, MissingFileError, VersionGapError
+from deltatail.tailer.audit.commit_files import (
     PipedCommitFiles,
     ThreadedCommitFiles,
     open_commit_files,
     read_local_commit,
 )
-from tailer.audit.feed import AuditFeed
-from tailer.storage import LocalStorage
+from deltatail.tailer.audit.feed import AuditFeed
+from deltatail.tailer.storage import LocalStorage
 
 
 def write_log(root: Path, versions: range, *, size: int = 40) -> Path:

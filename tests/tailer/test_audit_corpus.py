@@ -26,14 +26,14 @@ from cdf_helpers import corpus_table, manifest_entries
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from state.actions import parse_json_actions
-from state.audit import AuditEvent, build_audit_event
-from state.commit import Commit
-from state.errors import DeltaTailError, InvalidLogError
-from state.files import FileTable
-from state.snapshot import Snapshot
-from tailer.audit.feed import AuditFeed
-from tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.state.actions import parse_json_actions
+from deltatail.state.audit import AuditEvent, build_audit_event
+from deltatail.state.commit import Commit
+from deltatail.state.errors import DeltaTailError, InvalidLogError
+from deltatail.state.files import FileTable
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.audit.feed import AuditFeed
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
 
 
 def events(table: str, **kwargs: Any) -> dict[int, AuditEvent]:

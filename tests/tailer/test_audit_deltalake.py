@@ -20,8 +20,8 @@ import pytest
 from audit_tables import AuditTables
 from deltalake import DeltaTable, QueryBuilder
 
-from state.audit import AuditEvent
-from state.errors import (
+from deltatail.state.audit import AuditEvent
+from deltatail.state.errors import (
     ConfigError,
     DeltaTailError,
     InvalidLogError,
@@ -30,12 +30,12 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from state.snapshot import Snapshot
-from tailer.audit.feed import AuditFeed, AuditTracker, parquet_row_count, table_row_count
-from tailer.audit.log import AUDIT_ARROW_SCHEMA, read_audit_log, write_audit_log
-from tailer.log.delta_log import DeltaLog
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.storage import LocalStorage
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.audit.feed import AuditFeed, AuditTracker, parquet_row_count, table_row_count
+from deltatail.tailer.audit.log import AUDIT_ARROW_SCHEMA, read_audit_log, write_audit_log
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.storage import LocalStorage
 
 
 @pytest.fixture(scope="module")

@@ -41,9 +41,9 @@ from deltalake import DeltaTable, write_deltalake
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import strike
 
-from state.alerts import parse_alert_rules
-from state.cursor import Position
-from state.errors import (
+from deltatail.state.alerts import parse_alert_rules
+from deltatail.state.cursor import Position
+from deltatail.state.errors import (
     InvalidLogError,
     MissingFileError,
     SinkError,
@@ -52,20 +52,20 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from state.feed import ChangeBatch, CommitEvent, TableInfo
-from state.snapshot import Snapshot
-from tailer.audit.alerts import AlertNotifier
-from tailer.audit.feed import AuditFeed, AuditTracker
-from tailer.audit.log import AlertLog, JsonlAuditLog, read_audit_log
-from tailer.follow.audit import AuditFollowConfig, AuditFollower
-from tailer.follow.state_store import StateStore
-from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import LogFollower
-from tailer.read.feed import ChangeOptions
-from tailer.sink import Sink
+from deltatail.state.feed import ChangeBatch, CommitEvent, TableInfo
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.audit.alerts import AlertNotifier
+from deltatail.tailer.audit.feed import AuditFeed, AuditTracker
+from deltatail.tailer.audit.log import AlertLog, JsonlAuditLog, read_audit_log
+from deltatail.tailer.follow.audit import AuditFollowConfig, AuditFollower
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.follower import LogFollower
+from deltatail.tailer.read.feed import ChangeOptions
+from deltatail.tailer.sink import Sink
 
-DELTATAIL = [sys.executable, "-m", "tailer.cli"]
+DELTATAIL = [sys.executable, "-m", "deltatail"]
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string())])

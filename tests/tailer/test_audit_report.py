@@ -19,10 +19,10 @@ import pytest
 from audit_tables import AuditTables
 from playwright.sync_api import Page, Route, sync_playwright
 
-from state.alerts import Alert, evaluate, parse_alert_rules
-from state.errors import ConfigError, DeltaTailError
-from tailer.audit import report as audit_report
-from tailer.audit.report import write_report
+from deltatail.state.alerts import Alert, evaluate, parse_alert_rules
+from deltatail.state.errors import ConfigError, DeltaTailError
+from deltatail.tailer.audit import report as audit_report
+from deltatail.tailer.audit.report import write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 REQUIRE_ENV = "DELTATAIL_REQUIRE_BROWSER"

@@ -59,10 +59,10 @@ from cdf_helpers import (
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 
-from state.actions import parse_json_actions
-from state.changes import check_schema_change, prepare
-from state.commit import Commit
-from state.errors import (
+from deltatail.state.actions import parse_json_actions
+from deltatail.state.changes import check_schema_change, prepare
+from deltatail.state.commit import Commit
+from deltatail.state.errors import (
     ConfigError,
     DeletionVectorError,
     InvalidLogError,
@@ -72,10 +72,10 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from state.schema import StructType, parse_schema
-from tailer.log.starts import version_at_or_after
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.read.net_changes import net_changes
+from deltatail.state.schema import StructType, parse_schema
+from deltatail.tailer.log.starts import version_at_or_after
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.read.net_changes import net_changes
 
 CDF_ON = {"delta.enableChangeDataFeed": "true"}
 UTC = dt.UTC

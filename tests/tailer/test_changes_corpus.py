@@ -50,8 +50,8 @@ from cdf_helpers import (
 )
 from deltalake import DeltaTable
 
-from state.errors import MissingFileError, UnsafePathError, VersionNotFoundError
-from tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.state.errors import MissingFileError, UnsafePathError, VersionNotFoundError
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
 
 REFERENCE_DIR = "_reference-outputs/deltalake-1.6.6"
 

@@ -23,9 +23,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_table
 
-from state.z85 import z85_decode
-from tailer.log.checkpoint import CheckpointState, read_parquet_checkpoint_file
-from tailer.storage import LocalStorage
+from deltatail.state.z85 import z85_decode
+from deltatail.tailer.log.checkpoint import CheckpointState, read_parquet_checkpoint_file
+from deltatail.tailer.storage import LocalStorage
 
 TABLES = [
     "delta-spark/variant-stats-no-checkpoint",

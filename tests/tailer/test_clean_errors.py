@@ -24,10 +24,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from tailer.cli.main import main
+from deltatail.tailer.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
-DELTATAIL = [sys.executable, "-m", "tailer.cli"]
+DELTATAIL = [sys.executable, "-m", "deltatail"]
 CDF = {"delta.enableChangeDataFeed": "true"}
 
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-DELTATAIL = [sys.executable, "-m", "tailer.cli"]
+DELTATAIL = [sys.executable, "-m", "deltatail"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -177,8 +177,8 @@ def test_starting_version_latest(tmp_path: Path) -> None:
 def test_json_logs_are_one_object_per_line_with_status_fields(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from tailer.cli.logs import JsonFormatter
-    from tailer.runtime.status import status
+    from deltatail.tailer.cli.logs import JsonFormatter
+    from deltatail.tailer.runtime.status import status
 
     _table(tmp_path / "t")
     result = _run(
@@ -198,7 +198,7 @@ def test_json_logs_are_one_object_per_line_with_status_fields(tmp_path: Path, ca
 def test_client_library_chatter_is_shown_only_when_verbose() -> None:
     import logging
 
-    from tailer.cli.logs import configure
+    from deltatail.tailer.cli.logs import configure
 
     root, kafka = logging.getLogger(), logging.getLogger("kafka")
     handlers, root_level, kafka_level = root.handlers[:], root.level, kafka.level

@@ -18,7 +18,7 @@ import pytest
 from audit_tables import write_ops_table
 from deltalake import write_deltalake
 
-from state.cursor import Position
+from deltatail.state.cursor import Position
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ property_change = ["delta.enableChangeDataFeed"]
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tailer.cli", *args],
+        [sys.executable, "-m", "deltatail", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -229,7 +229,7 @@ def test_json_mode_on_a_terminal_draws_no_progress_bars(table: Path, tmp_path: P
     out = tmp_path / "out.jsonl"
     args = ["--log-format", "json", "run", str(table), "--state-dir", str(tmp_path / "s"), "--sink", f"jsonl:{out}"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tailer.cli", *args, "--until-caught-up"],
+        [sys.executable, "-m", "deltatail", *args, "--until-caught-up"],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

@@ -53,7 +53,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_root, manifest_paths, read_manifest
 
-from state.errors import (
+from deltatail.state.errors import (
     DeltaTailError,
     InvalidLogError,
     TableNotFoundError,
@@ -61,8 +61,8 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from state.files import FileKey
-from tailer.log.delta_log import DeltaLog
+from deltatail.state.files import FileKey
+from deltatail.tailer.log.delta_log import DeltaLog
 
 EXPECTATIONS = Path(__file__).resolve().parents[1] / "expectations" / "snapshot_expectations.json"
 

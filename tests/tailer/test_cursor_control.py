@@ -11,16 +11,16 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from state.cursor import Position
-from state.errors import ConfigError, StateError, VersionNotFoundError
-from tailer.follow.control import describe, reset, seek
-from tailer.follow.state_store import StateStore
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, StateError, VersionNotFoundError
+from deltatail.tailer.follow.control import describe, reset, seek
+from deltatail.tailer.follow.state_store import StateStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def deltatail(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, text=True)
 
 
 def make(tmp_path: Path, versions: int = 4) -> Path:

@@ -113,7 +113,7 @@ def run(
     args = ["run", str(root), "--state-dir", str(state), "--sink", f"jsonl:{out}", "--until-caught-up"]
     start = [] if "--initial-snapshot" in extra else ["--starting-version", "0"]
     return subprocess.run(
-        [sys.executable, "-m", "tailer.cli", *args, *start, "--no-watch", *extra],
+        [sys.executable, "-m", "deltatail", *args, *start, "--no-watch", *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -123,7 +123,7 @@ def run(
 
 def status(state: Path) -> dict[str, object]:
     done = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "status", str(state), "--json"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "deltatail", "status", str(state), "--json"], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     [doc] = json.loads(done.stdout)
@@ -268,7 +268,7 @@ def test_serve_resnapshots_a_table_whose_files_were_vacuumed(tmp_path: Path) -> 
     )
     with (tmp_path / "serve.log").open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tailer.cli", "serve", "--config", str(conf)], cwd=ROOT, stderr=err
+            [sys.executable, "-m", "deltatail", "serve", "--config", str(conf)], cwd=ROOT, stderr=err
         )
     try:
         _poll("the snapshot delivered", lambda: out.exists() and len(out.read_text().splitlines()) == 7)

@@ -23,10 +23,10 @@ from pyroaring import BitMap64
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_table
 
-from state.actions import Add, DeletionVector, Remove, parse_json_actions
-from state.errors import DeletionVectorError, InvalidLogError, MissingFileError, UnsafePathError
-from tailer.read.deletion_vectors import MAGIC, decode_bitmap, dv_file_location, read_deletion_vector
-from tailer.storage import LocalStorage
+from deltatail.state.actions import Add, DeletionVector, Remove, parse_json_actions
+from deltatail.state.errors import DeletionVectorError, InvalidLogError, MissingFileError, UnsafePathError
+from deltatail.tailer.read.deletion_vectors import MAGIC, decode_bitmap, dv_file_location, read_deletion_vector
+from deltatail.tailer.storage import LocalStorage
 
 STORAGE = LocalStorage()
 

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from state.errors import ConfigError, InvalidLogError
-from state.filters import ChangeFilter
-from tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.state.errors import ConfigError, InvalidLogError
+from deltatail.state.filters import ChangeFilter
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_table
@@ -91,7 +91,7 @@ def test_an_unknown_column_is_refused_before_anything_is_read(tmp_path: Path) ->
 
 
 def deltatail(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, text=True)
 
 
 @pytest.mark.slow

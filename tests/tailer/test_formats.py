@@ -13,16 +13,16 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from lance_datasets import rows
 
-import tailer.table
-from sinks.embedded import JsonLinesSink
-from state.errors import ConfigError, StorageError
-from tailer.cli.configure import tailer_config
-from tailer.cli.main import main
-from tailer.cli.model import TableSettings
-from tailer.formats.registry import FALLBACK, FORMATS, claimed, format_named, format_names, open_table
-from tailer.serve.service import TableSource
-from tailer.storage import LocalStorage, Storage
-from tailer.storage.factory import storage_for
+import deltatail.tailer.table
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.state.errors import ConfigError, StorageError
+from deltatail.tailer.cli.configure import tailer_config
+from deltatail.tailer.cli.main import main
+from deltatail.tailer.cli.model import TableSettings
+from deltatail.tailer.formats.registry import FALLBACK, FORMATS, claimed, format_named, format_names, open_table
+from deltatail.tailer.serve.service import TableSource
+from deltatail.tailer.storage import LocalStorage, Storage
+from deltatail.tailer.storage.factory import storage_for
 
 
 def delta_table(root: Path) -> Path:
@@ -47,7 +47,7 @@ def resolutions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append(location)
         return real(location, options)
 
-    monkeypatch.setattr(tailer.table, "storage_for", counting)
+    monkeypatch.setattr(deltatail.tailer.table, "storage_for", counting)
     return seen
 
 

@@ -20,16 +20,16 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from state.cursor import Position
-from state.feed import ChangeBatch, TableInfo
-from tailer.follow.config import TailerConfig
-from tailer.follow.state_store import StateStore
-from tailer.follow.tailer import Tailer
-from tailer.read import net_changes as net_changes_module
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.read.prefetch import READ_THREADS
-from tailer.sink import Sink
-from tailer.storage.local import LocalStorage
+from deltatail.state.cursor import Position
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.follow.config import TailerConfig
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.tailer import Tailer
+from deltatail.tailer.read import net_changes as net_changes_module
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.read.prefetch import READ_THREADS
+from deltatail.tailer.sink import Sink
+from deltatail.tailer.storage.local import LocalStorage
 
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
@@ -141,7 +141,7 @@ def test_the_cursor_moves_inside_a_giant_commit_and_a_kill_resumes_there(
     restart resumed from the cursor saved inside the commit."""
     root, version = giant
     state = tmp_path / "state"
-    args = [sys.executable, "-m", "tailer.cli", "run", str(root), "--state-dir", str(state), "--sink", "jsonl:-"]
+    args = [sys.executable, "-m", "deltatail", "run", str(root), "--state-dir", str(state), "--sink", "jsonl:-"]
     args += ["--starting-version", str(version), "--until-caught-up", "--flush-rows", str(FLUSH)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
     killed = subprocess.run(args, cwd=ROOT, env={**env, "DELTATAIL_CRASH_AT": "after_save:3"}, capture_output=True)

@@ -14,11 +14,11 @@ from iceberg_tables import commit_deletes, new_table, rows, table_dir
 from pyiceberg.table import Table
 from pyiceberg.types import StringType
 
-from state.audit import AuditEvent
-from state.errors import ConfigError, InvalidLogError, TableNotFoundError, VersionNotFoundError
-from state.iceberg.audit import Column, SnapshotFacts, build_iceberg_event, schema_diff
-from state.iceberg.model import SnapshotInfo
-from tailer.formats.registry import open_table
+from deltatail.state.audit import AuditEvent
+from deltatail.state.errors import ConfigError, InvalidLogError, TableNotFoundError, VersionNotFoundError
+from deltatail.state.iceberg.audit import Column, SnapshotFacts, build_iceberg_event, schema_diff
+from deltatail.state.iceberg.model import SnapshotInfo
+from deltatail.tailer.formats.registry import open_table
 
 
 def history(tmp_path: Path) -> Table:

@@ -36,15 +36,15 @@ from pyiceberg.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import strike
 
-from state.errors import InvalidLogError, StateError, VersionGapError
-from tailer.audit.log import JsonlAuditLog, read_audit_log
-from tailer.cli.main import main
-from tailer.follow.audit import AuditFollowConfig
-from tailer.follow.state_store import StateStore
-from tailer.formats.registry import open_table
-from tailer.iceberg.audit_follow import TORN_SECONDS, IcebergAuditFollower
+from deltatail.state.errors import InvalidLogError, StateError, VersionGapError
+from deltatail.tailer.audit.log import JsonlAuditLog, read_audit_log
+from deltatail.tailer.cli.main import main
+from deltatail.tailer.follow.audit import AuditFollowConfig
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.formats.registry import open_table
+from deltatail.tailer.iceberg.audit_follow import TORN_SECONDS, IcebergAuditFollower
 
-DELTATAIL = [sys.executable, "-m", "tailer.cli"]
+DELTATAIL = [sys.executable, "-m", "deltatail"]
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 120.0
 RULES = '[[audit.alerts]]\nname = "deletes"\noperation_in = ["delete"]\n'

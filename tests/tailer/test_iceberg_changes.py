@@ -20,7 +20,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
-from state.errors import (
+from deltatail.state.errors import (
     ConfigError,
     DataFileError,
     InvalidLogError,
@@ -32,7 +32,7 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from tailer.iceberg.feed import IcebergFeed, IcebergOptions
+from deltatail.tailer.iceberg.feed import IcebergFeed, IcebergOptions
 
 
 def changes(table: Table, **options: Any) -> list[dict[str, Any]]:

@@ -16,8 +16,8 @@ import pytest
 from iceberg_tables import SCHEMA, catalog, new_table, rows, table_dir
 from pyiceberg.table import Table
 
-from tailer.cli.main import main
-from tailer.formats.registry import claimed, open_table
+from deltatail.tailer.cli.main import main
+from deltatail.tailer.formats.registry import claimed, open_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def test_a_catalog_table_by_name(tmp_path: Path) -> None:
     env["PYICEBERG_CATALOG__TEST__URI"] = f"sqlite:///{tmp_path}/cat/catalog.db"
 
     def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, env=env, capture_output=True)
+        return subprocess.run([sys.executable, "-m", "deltatail", *args], cwd=ROOT, env=env, capture_output=True)
 
     done = cli("changes", "iceberg://catalog:test/db.orders")
     assert done.returncode == 0, done.stderr

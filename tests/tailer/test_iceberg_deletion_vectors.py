@@ -22,11 +22,11 @@ from iceberg_tables import SCHEMA, commit_deletes, data_files, multiset, new_tab
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import StaticTable, Table
 
-from state.errors import DeletionVectorError, InvalidLogError, UnsafePathError, UnsupportedFeatureError
-from tailer.cli.main import main
-from tailer.formats.registry import open_table
-from tailer.iceberg.feed import IcebergFeed, IcebergOptions
-from tailer.iceberg.vectors import MAX_VECTOR_BYTES
+from deltatail.state.errors import DeletionVectorError, InvalidLogError, UnsafePathError, UnsupportedFeatureError
+from deltatail.tailer.cli.main import main
+from deltatail.tailer.formats.registry import open_table
+from deltatail.tailer.iceberg.feed import IcebergFeed, IcebergOptions
+from deltatail.tailer.iceberg.vectors import MAX_VECTOR_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: objectstores.py (not a package)
 from objectstores import Server, create_s3_bucket

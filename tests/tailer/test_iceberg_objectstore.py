@@ -16,7 +16,7 @@ import pytest
 from iceberg_tables import SCHEMA, rows
 from pyiceberg.catalog.sql import SqlCatalog
 
-from tailer.cli.main import main
+from deltatail.tailer.cli.main import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: objectstores.py (not a package)
 from objectstores import Server, create_s3_bucket

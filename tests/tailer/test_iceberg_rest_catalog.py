@@ -20,9 +20,9 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from rest_catalog import RestCatalogStandIn
 
-from state.errors import StorageError, TableNotFoundError
-from tailer.iceberg.catalog import catalog_pointer
-from tailer.iceberg.feed import IcebergFeed
+from deltatail.state.errors import StorageError, TableNotFoundError
+from deltatail.tailer.iceberg.catalog import catalog_pointer
+from deltatail.tailer.iceberg.feed import IcebergFeed
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "tok-3f9a1c77e2"
@@ -95,7 +95,7 @@ def test_snapshot_changes_and_run_through_the_rest_catalog(
     said: list[bytes] = []
 
     def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
-        done = subprocess.run([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, env=env, capture_output=True)
+        done = subprocess.run([sys.executable, "-m", "deltatail", *args], cwd=ROOT, env=env, capture_output=True)
         said.extend([done.stdout, done.stderr])
         return done
 

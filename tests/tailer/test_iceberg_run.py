@@ -20,12 +20,12 @@ import orjson
 import pytest
 from pyiceberg.table import Table
 
-from sinks.embedded import JsonLinesSink
-from state.errors import StateError, VersionGapError
-from tailer.follow.state_store import StateStore
-from tailer.follow.tailer import TailerConfig
-from tailer.formats.registry import open_table
-from tailer.read.feed import ChangeOptions
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.state.errors import StateError, VersionGapError
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.tailer import TailerConfig
+from deltatail.tailer.formats.registry import open_table
+from deltatail.tailer.read.feed import ChangeOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import run_campaign, run_struck
@@ -173,10 +173,10 @@ def test_snapshots_expired_before_they_were_read_are_a_gap(tmp_path: Path) -> No
 CHILD = textwrap.dedent(
     """
     import sys
-    from sinks.embedded import JsonLinesSink
-    from tailer.follow.tailer import TailerConfig
-    from tailer.formats.registry import open_table
-    from tailer.read.feed import ChangeOptions
+    from deltatail.sinks.embedded import JsonLinesSink
+    from deltatail.tailer.follow.tailer import TailerConfig
+    from deltatail.tailer.formats.registry import open_table
+    from deltatail.tailer.read.feed import ChangeOptions
     location, state, out = sys.argv[1:4]
     table = open_table(location)
     config = TailerConfig(table=location, state_dir=state, until_caught_up=True, watch=False, checkpoint_commits=1,

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from iceberg_dv import DV_MAGIC, dv_blob
 
-from state.errors import DeletionVectorError, InvalidLogError, MissingFileError
-from state.iceberg.model import POSITION_DELETES, ContentFile
-from tailer.iceberg.vectors import MAX_VECTOR_BYTES, check_vector_entry, read_vector, vector_positions
-from tailer.storage import LocalStorage
+from deltatail.state.errors import DeletionVectorError, InvalidLogError, MissingFileError
+from deltatail.state.iceberg.model import POSITION_DELETES, ContentFile
+from deltatail.tailer.iceberg.vectors import MAX_VECTOR_BYTES, check_vector_entry, read_vector, vector_positions
+from deltatail.tailer.storage import LocalStorage
 
 
 def entry(path: Path, offset: int | None, size: int | None, cardinality: int, file_size: int) -> ContentFile:

@@ -23,13 +23,13 @@ from deltalake import write_deltalake
 from lance_datasets import rows as lance_rows
 from prometheus_client import CollectorRegistry
 
-from sinks.embedded import JsonLinesSink
-from tailer.follow.stats import TableState, TableStats
-from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.lance.dataset import LanceDataset
-from tailer.lance.follow import LanceTailer
-from tailer.read.feed import ChangeOptions
-from tailer.serve.http import TableCollector, readiness
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.tailer.follow.stats import TableState, TableStats
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.tailer.lance.dataset import LanceDataset
+from deltatail.tailer.lance.follow import LanceTailer
+from deltatail.tailer.read.feed import ChangeOptions
+from deltatail.tailer.serve.http import TableCollector, readiness
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = 86_400.0
@@ -126,7 +126,7 @@ def test_a_table_held_behind_reports_the_age_of_its_oldest_undelivered_commit(tm
 
 
 def deltatail(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, text=True)
 
 
 def _status(state: Path) -> dict[str, object]:
@@ -150,7 +150,7 @@ def test_status_of_a_running_tailer_is_as_fresh_as_the_sink(tmp_path: Path) -> N
     log = (tmp_path / "run.log").open("wb")
     args = ["run", str(root), "--state-dir", str(state), "--sink", f"jsonl:{out}", "--poll-interval", "0.1"]
     args += ["--checkpoint-seconds", "3600", "--checkpoint-commits", "1000"]  # the cursor is not saved while it runs
-    proc = subprocess.Popen([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, stderr=log)
+    proc = subprocess.Popen([sys.executable, "-m", "deltatail", *args], cwd=ROOT, stderr=log)
     try:
         _poll("the first versions delivered", lambda: out.exists() and len(out.read_text().splitlines()) == 2)
         _poll("status: caught up at version 1", lambda: _status(state)["delivered_version"] == 1)
@@ -181,7 +181,7 @@ def test_serve_status_and_metrics_are_as_fresh_as_the_sink(tmp_path: Path) -> No
     log = tmp_path / "serve.log"
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tailer.cli", "serve", "--config", str(conf)], cwd=ROOT, stderr=err
+            [sys.executable, "-m", "deltatail", "serve", "--config", str(conf)], cwd=ROOT, stderr=err
         )
     try:
         _poll("the service listens", lambda: b"metrics and health on" in log.read_bytes())

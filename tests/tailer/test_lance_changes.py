@@ -27,8 +27,8 @@ import pyarrow as pa
 import pytest
 from lance_datasets import every_kind, rows
 
-from state.cursor import Position
-from state.errors import (
+from deltatail.state.cursor import Position
+from deltatail.state.errors import (
     ConfigError,
     DeletionVectorError,
     MissingFileError,
@@ -36,9 +36,9 @@ from state.errors import (
     TableNotFoundError,
     VersionNotFoundError,
 )
-from state.feed import ChangeBatch
-from tailer.lance.dataset import LanceDataset
-from tailer.lance.feed import LanceFeed, LanceOptions
+from deltatail.state.feed import ChangeBatch
+from deltatail.tailer.lance.dataset import LanceDataset
+from deltatail.tailer.lance.feed import LanceFeed, LanceOptions
 
 Row = tuple[Hashable, ...]
 INSERTED = ("insert", "update_postimage")

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from lance_datasets import rows
 
-from state.errors import (
+from deltatail.state.errors import (
     ConfigError,
     DataFileError,
     InvalidLogError,
@@ -25,14 +25,14 @@ from state.errors import (
     SchemaChangeError,
     VersionNotFoundError,
 )
-from state.lance.manifest import Fragment
-from state.lance.planning import LancePlan, RowTask
-from tailer.cli.main import main
-from tailer.formats.registry import open_table
-from tailer.lance.dataset import LanceDataset, looks_like_lance
-from tailer.lance.feed import LanceFeed
-from tailer.lance.rows import LanceRows, _conform, change_schema_of, lance_module
-from tailer.storage import LocalStorage
+from deltatail.state.lance.manifest import Fragment
+from deltatail.state.lance.planning import LancePlan, RowTask
+from deltatail.tailer.cli.main import main
+from deltatail.tailer.formats.registry import open_table
+from deltatail.tailer.lance.dataset import LanceDataset, looks_like_lance
+from deltatail.tailer.lance.feed import LanceFeed
+from deltatail.tailer.lance.rows import LanceRows, _conform, change_schema_of, lance_module
+from deltatail.tailer.storage import LocalStorage
 
 
 def dataset(root: Path) -> Path:

@@ -31,15 +31,15 @@ import pytest
 from lance_datasets import rows
 from obstore.store import S3Store
 
-from sinks.spark import DeltaTailBatchReader, DeltaTailDataSource
-from sinks.spark.lance import version_schema
-from sinks.spark.schema import arrow_target
-from state.errors import ConfigError, DataFileError, MissingFileError
-from tailer.cli.main import main
-from tailer.lance.feed import LanceFeed
-from tailer.lance.rows import LanceRows
-from tailer.lance.store import pylance_options, scrub
-from tailer.storage.factory import storage_for
+from deltatail.sinks.spark import DeltaTailBatchReader, DeltaTailDataSource
+from deltatail.sinks.spark.lance import version_schema
+from deltatail.sinks.spark.schema import arrow_target
+from deltatail.state.errors import ConfigError, DataFileError, MissingFileError
+from deltatail.tailer.cli.main import main
+from deltatail.tailer.lance.feed import LanceFeed
+from deltatail.tailer.lance.rows import LanceRows
+from deltatail.tailer.lance.store import pylance_options, scrub
+from deltatail.tailer.storage.factory import storage_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: objectstores.py (not a package)
 from objectstores import Server, create_s3_bucket
@@ -197,7 +197,7 @@ def test_changes_on_s3_equals_the_local_copy(
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DELTATAIL_", "AWS_"))}
     return subprocess.run(
-        [sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "deltatail", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
 
 

@@ -29,17 +29,17 @@ import orjson
 import pytest
 from lance_datasets import rows
 
-from state.errors import SchemaChangeError, SinkError, StateError, VersionGapError
-from tailer.follow.state_store import StateStore
-from tailer.follow.tailer import TailerConfig
-from tailer.lance.feed import LanceFeed
-from tailer.lance.follow import LanceTailer
-from tailer.read.feed import ChangeOptions
+from deltatail.state.errors import SchemaChangeError, SinkError, StateError, VersionGapError
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.tailer import TailerConfig
+from deltatail.tailer.lance.feed import LanceFeed
+from deltatail.tailer.lance.follow import LanceTailer
+from deltatail.tailer.read.feed import ChangeOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import run_campaign, run_struck
 
-from sinks.embedded import JsonLinesSink
+from deltatail.sinks.embedded import JsonLinesSink
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
@@ -102,7 +102,7 @@ def assert_exact(root: Path, lines: list[dict[str, Any]], first: int, last: int)
 
 
 def run_args(root: Path, state: Path, sink: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "tailer.cli", "run", str(root), "--state-dir", str(state), "--sink", sink, *extra]
+    return [sys.executable, "-m", "deltatail", "run", str(root), "--state-dir", str(state), "--sink", sink, *extra]
 
 
 def clean_env() -> dict[str, str]:

@@ -18,7 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_table
 
-from state.errors import (
+from deltatail.state.errors import (
     IncompleteCheckpointError,
     InvalidLogError,
     MissingFileError,
@@ -26,10 +26,10 @@ from state.errors import (
     VersionGapError,
     VersionNotFoundError,
 )
-from tailer.log.delta_log import DeltaLog
-from tailer.log.files import LogFileKind, classify, start_after_for
-from tailer.log.last_checkpoint import canonicalize, checksum, parse_last_checkpoint
-from tailer.storage import LocalStorage
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.files import LogFileKind, classify, start_after_for
+from deltatail.tailer.log.last_checkpoint import canonicalize, checksum, parse_last_checkpoint
+from deltatail.tailer.storage import LocalStorage
 
 PROTOCOL_VECTOR = (
     '{"k0":"\'v 0\'", "checksum": "adsaskfljadfkjadfkj", "k1":{"k2": 2, "k3": ["v3", [1, 2], '

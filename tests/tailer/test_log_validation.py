@@ -17,8 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_table
 
-from state.errors import InvalidLogError
-from tailer.log.delta_log import DeltaLog
+from deltatail.state.errors import InvalidLogError
+from deltatail.tailer.log.delta_log import DeltaLog
 
 TABLE = "delta-rs/table_with_deletion_logs"
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from tailer.follow import signals
+from deltatail.tailer.follow import signals
 
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
@@ -38,7 +38,7 @@ def deltatail(*args: str, crash_at: str | None = None) -> subprocess.CompletedPr
     if crash_at is not None:
         env["DELTATAIL_CRASH_AT"] = crash_at
     return subprocess.run(
-        [sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300
     )
 
 
@@ -116,7 +116,7 @@ def test_a_snapshot_asked_mid_stream_is_the_tables_rows_at_its_version_in_order(
     table, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
     write_deltalake(str(table), rows(range(60)), configuration=CDF)
     run = subprocess.Popen(
-        [sys.executable, "-m", "tailer.cli", "run", str(table), "--state-dir", str(state), "--sink", f"jsonl:{out}",
+        [sys.executable, "-m", "deltatail", "run", str(table), "--state-dir", str(state), "--sink", f"jsonl:{out}",
          "--poll-interval", "0.05", "--checkpoint-seconds", "0.2", "--reader-processes", "0"],
         cwd=ROOT, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -262,7 +262,7 @@ def test_serve_takes_a_signal_for_the_table_it_names_only(tmp_path: Path) -> Non
     )
     out.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)], cwd=ROOT, stderr=subprocess.PIPE
+        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=ROOT, stderr=subprocess.PIPE
     )
     try:
         deadline = time.monotonic() + 120

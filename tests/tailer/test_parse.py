@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from state.errors import ConfigError
-from tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
 
 
 def test_timestamps() -> None:

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from state.errors import MissingFileError, VersionGapError
-from tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.state.errors import MissingFileError, VersionGapError
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
 
 
 def _table(root: Path, commits: int) -> None:

@@ -28,21 +28,21 @@ from cdf_helpers import HandTable, peer_copy
 from corpus import manifest_paths, table_root
 from deltalake import DeltaTable, write_deltalake
 
-import tailer.read.reader_pool
-from sinks.embedded import JsonLinesSink
-from state.changes import FileTask
-from state.cursor import Position
-from state.errors import ConfigError, DeletionVectorError, DeltaTailError, InvalidLogError, MissingFileError
-from state.feed import ChangeBatch
-from state.planning import ReadContext
-from tailer.follow.state_store import StateStore
-from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.log.delta_log import DeltaLog
-from tailer.read import reader_worker
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.read.reader_pool import MAX_FAILURES, ReaderPool, RunLimits
-from tailer.read.tasks import read_run, read_task
-from tailer.storage import LocalStorage, Storage
+import deltatail.tailer.read.reader_pool
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.state.changes import FileTask
+from deltatail.state.cursor import Position
+from deltatail.state.errors import ConfigError, DeletionVectorError, DeltaTailError, InvalidLogError, MissingFileError
+from deltatail.state.feed import ChangeBatch
+from deltatail.state.planning import ReadContext
+from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.read import reader_worker
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.read.reader_pool import MAX_FAILURES, ReaderPool, RunLimits
+from deltatail.tailer.read.tasks import read_run, read_task
+from deltatail.tailer.storage import LocalStorage, Storage
 
 PROJECT = Path(__file__).resolve().parents[2]
 IN_PROCESS = ChangeOptions(reader_processes=0)
@@ -283,8 +283,8 @@ def test_the_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
         f"""
         import sys, time
         sys.path.insert(0, {str(PROJECT)!r})
-        from tailer.read.feed import ChangeFeed
-        from tailer.read.reader_pool import ReaderPool, RunLimits
+        from deltatail.tailer.read.feed import ChangeFeed
+        from deltatail.tailer.read.reader_pool import ReaderPool, RunLimits
         pool = ReaderPool(2, RunLimits(files=2, min_files=1))
         batches = ChangeFeed({str(tmp_path)!r}, pool=pool).batches()
         next(batches)
@@ -444,7 +444,7 @@ def test_an_answer_that_does_not_add_up_is_refused(
         """
     )
     pool = ReaderPool(1)
-    worker = tailer.read.reader_pool._Worker(pool, [sys.executable, "-c", script])
+    worker = deltatail.tailer.read.reader_pool._Worker(pool, [sys.executable, "-c", script])
     items = [(plan.context, task) for plan in ChangeFeed(str(tmp_path)).plans(0, None) for task in plan.tasks]
     run = worker.submit(LocalStorage(), items, 65536)
     with caplog.at_level(logging.WARNING, logger="deltatail"):

@@ -23,15 +23,15 @@ import pytest
 from deltalake import write_deltalake
 from prometheus_client import CollectorRegistry
 
-from sinks.embedded import JsonLinesSink
-from state.alerts import evaluate, parse_alert_rules
-from state.errors import ConfigError
-from tailer.audit.feed import AuditFeed
-from tailer.cli.serve import load_serve_config
-from tailer.follow.stats import TableState, TableStats
-from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.read.feed import ChangeOptions
-from tailer.serve.http import HealthServer, TableCollector, readiness
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.state.alerts import evaluate, parse_alert_rules
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.audit.feed import AuditFeed
+from deltatail.tailer.cli.serve import load_serve_config
+from deltatail.tailer.follow.stats import TableState, TableStats
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.tailer.read.feed import ChangeOptions
+from deltatail.tailer.serve.http import HealthServer, TableCollector, readiness
 
 ROOT = Path(__file__).resolve().parents[2]
 HOUR_MS = 3_600_000
@@ -146,7 +146,7 @@ def test_status_shows_how_long_the_oldest_undelivered_version_stays_readable(tmp
     now_ms = int(time.time() * 1000)
     held_behind(tmp_path, now_ms).close()
     done = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "status", str(tmp_path / "state"), "--json"],
+        [sys.executable, "-m", "deltatail", "status", str(tmp_path / "state"), "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -157,7 +157,7 @@ def test_status_shows_how_long_the_oldest_undelivered_version_stays_readable(tmp
     assert 8 * 3600 - 600 < doc["readable_seconds"] <= 8 * 3600
     assert (doc["data_losses"], doc["versions_lost"]) == (0, 0)
     text = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "status", str(tmp_path / "state")],
+        [sys.executable, "-m", "deltatail", "status", str(tmp_path / "state")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -210,7 +210,7 @@ def test_audit_follow_fires_the_rule_on_commits_it_reaches_close_to_their_cleanu
     alerts = tmp_path / "alerts.jsonl"
     args = ["audit", str(root), "--follow", "--until-caught-up", "--state-dir", str(tmp_path / "state")]
     args += ["--config", str(conf), "--alert-output", str(alerts), "--starting-version", "0"]
-    done = subprocess.run([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     fired = [json.loads(line) for line in alerts.read_text().splitlines()]
     # left when audited now: -2 h, 3 h, 8 h, 13 h: under 6 h for versions 0 and 1

@@ -28,8 +28,8 @@ from pyroaring import BitMap64
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_root, corpus_table
 
-from state.actions import Add, AddCDCFile, Metadata, Remove, parse_json_actions
-from state.errors import (
+from deltatail.state.actions import Add, AddCDCFile, Metadata, Remove, parse_json_actions
+from deltatail.state.errors import (
     ConfigError,
     DeletionVectorError,
     DeltaTailError,
@@ -37,21 +37,21 @@ from state.errors import (
     MissingFileError,
     UnsafePathError,
 )
-from state.feed import CHANGE_TYPE_COLUMN
-from state.schema import StructField, StructType, parse_schema
-from tailer.read.column_plan import ColumnPlan, PlansByParquetSchema
-from tailer.read.conform import conform
-from tailer.read.deletion_vectors import read_deletion_vector
-from tailer.read.parquet_file import ParquetOpening, open_parquet
-from tailer.read.partition_values import parse_partition_value
-from tailer.read.rows import (
+from deltatail.state.feed import CHANGE_TYPE_COLUMN
+from deltatail.state.schema import StructField, StructType, parse_schema
+from deltatail.tailer.read.column_plan import ColumnPlan, PlansByParquetSchema
+from deltatail.tailer.read.conform import conform
+from deltatail.tailer.read.deletion_vectors import read_deletion_vector
+from deltatail.tailer.read.parquet_file import ParquetOpening, open_parquet
+from deltatail.tailer.read.partition_values import parse_partition_value
+from deltatail.tailer.read.rows import (
     RowFilter,
     output_schema,
     read_file_batches,
     read_file_rows,
     resolve_data_path,
 )
-from tailer.storage import LocalStorage
+from deltatail.tailer.storage import LocalStorage
 
 STORAGE = LocalStorage()
 

@@ -33,9 +33,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sinks.embedded import JsonLinesSink
-from state.cursor import Position
-from state.errors import (
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.state.cursor import Position
+from deltatail.state.errors import (
     ConfigError,
     DeltaTailError,
     InvalidLogError,
@@ -44,13 +44,13 @@ from state.errors import (
     UnsupportedFeatureError,
     VersionGapError,
 )
-from state.feed import ChangeBatch, TableInfo
-from tailer.cli.settings import merge
-from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.runtime.status import count_change_types
-from tailer.sink import Sink
-from tailer.storage import LocalStorage, Storage
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.cli.settings import merge
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.runtime.status import count_change_types
+from deltatail.tailer.sink import Sink
+from deltatail.tailer.storage import LocalStorage, Storage
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
@@ -352,7 +352,7 @@ def assert_names(error: DeltaTailError, *, table: Path, version: int | None = No
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tailer.cli", *args]
+    return [sys.executable, "-m", "deltatail", *args]
 
 
 def cli_env(**extra: str) -> dict[str, str]:

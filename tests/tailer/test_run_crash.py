@@ -165,7 +165,7 @@ class Campaign:
         return [
             sys.executable,
             "-m",
-            "tailer.cli",
+            "deltatail.tailer.cli",
             "run",
             str(self.root),
             "--state-dir",
@@ -397,7 +397,7 @@ def test_initial_snapshot_killed_midway_while_the_table_moves(tmp_path: Path) ->
     write_deltalake(str(root), data(range(80_000)), partition_by=["p"], configuration=CDF)
     first = DeltaTable(str(root)).version()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
-    args = [sys.executable, "-m", "tailer.cli", "run", str(root), "--state-dir", str(state)]
+    args = [sys.executable, "-m", "deltatail", "run", str(root), "--state-dir", str(state)]
     args += ["--sink", f"jsonl:{out}", "--initial-snapshot", "--until-caught-up"]
     killed = subprocess.run(
         args, cwd=ROOT, env={**env, "DELTATAIL_CRASH_AT": "after_write:4"}, capture_output=True, timeout=WAIT

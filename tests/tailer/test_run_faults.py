@@ -43,7 +43,7 @@ def run(t: str, tmp_path: Path, *flags: str) -> subprocess.Popen[bytes]:
         [
             sys.executable,
             "-m",
-            "tailer.cli",
+            "deltatail.tailer.cli",
             "run",
             t,
             "--state-dir",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tailer.runtime.backoff import idle_poll_interval, next_poll, retry_delay
-from tailer.runtime.files import atomic_write
-from tailer.runtime.status import StatusThrottle
+from deltatail.tailer.runtime.backoff import idle_poll_interval, next_poll, retry_delay
+from deltatail.tailer.runtime.files import atomic_write
+from deltatail.tailer.runtime.status import StatusThrottle
 
 
 @pytest.mark.parametrize(

@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.p
 from corpus import corpus_root
 from schema_change_tables import CORPUS, Row, reference_rows, row_key, write_evolving_table
 
-from state.errors import ConfigError
-from tailer.audit.feed import AuditFeed
-from tailer.cli.main import main
-from tailer.cli.serve import load_serve_config, source
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.audit.feed import AuditFeed
+from deltatail.tailer.cli.main import main
+from deltatail.tailer.cli.serve import load_serve_config, source
 
 
 def run(table: Path, state: Path, sink: str, *extra: str) -> int:

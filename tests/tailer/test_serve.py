@@ -63,9 +63,7 @@ def rows(t: int, r: int) -> pa.Table:
 def start(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     before = log.stat().st_size if log.exists() else 0
     err = log.open("ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)], cwd=ROOT, stderr=err
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=ROOT, stderr=err)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         found = re.findall(rb"metrics and health on http://127\.0\.0\.1:(\d+)/", log.read_bytes()[before:])
@@ -194,7 +192,7 @@ def test_fifty_tables_one_broken_killed_and_restarted(tmp_path: Path) -> None:
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
 
     listed = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "status", str(state), "--json"], cwd=ROOT, capture_output=True
+        [sys.executable, "-m", "deltatail", "status", str(state), "--json"], cwd=ROOT, capture_output=True
     )
     assert listed.returncode == 0, listed.stderr
     states = {r["name"]: r for r in json.loads(listed.stdout)}

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from state.errors import ConfigError, DeltaTailError, TableNotFoundError
-from tailer.cli.model import ServeTableSettings
-from tailer.cli.serve import (
+from deltatail.state.errors import ConfigError, DeltaTailError, TableNotFoundError
+from deltatail.tailer.cli.model import ServeTableSettings
+from deltatail.tailer.cli.serve import (
     _discovered,
     check_discovered_sink,
     check_distinct_sinks,
@@ -25,9 +25,9 @@ from tailer.cli.serve import (
     load_serve_config,
     source,
 )
-from tailer.follow.stats import TableState, TableStats
-from tailer.serve.discovery import find_tables
-from tailer.serve.http import HealthServer, readiness
+from deltatail.tailer.follow.stats import TableState, TableStats
+from deltatail.tailer.serve.discovery import find_tables
+from deltatail.tailer.serve.http import HealthServer, readiness
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,7 +101,7 @@ def test_an_address_in_use_is_refused(tmp_path: Path) -> None:
 def test_the_command_refuses_a_bad_file_with_one_line(tmp_path: Path) -> None:
     config = write(tmp_path, f'[[tables]]\npath = "{tmp_path / "nothing"}"\n')
     done = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 1
     assert "table 'nothing'" in done.stderr and "Traceback" not in done.stderr
@@ -144,7 +144,7 @@ def test_two_tables_with_one_sink_file_are_refused_before_anything_starts(tmp_pa
         f'listen = "off"\n[defaults]\nsink = "jsonl:{out}"\n[[tables]]\npath = "{a}"\n[[tables]]\npath = "{b}"\n',
     )
     done = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -226,7 +226,7 @@ def test_sink_uris_are_checked_before_anything_starts(tmp_path: Path, sink: str,
         check_sink_uris([source("t", ServeTableSettings(path=str(t), sink=sink))])
     config = write(tmp_path, f'listen = "127.0.0.1:0"\n[[tables]]\npath = "{t}"\nsink = "{sink}"\n')
     done = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -242,7 +242,7 @@ def test_a_bad_defaults_sink_with_discovery_is_refused_at_start(tmp_path: Path) 
         tmp_path, f'[defaults]\nsink = "jsnl:/x/{{table_name}}"\n[[discover]]\nroot = "{tmp_path / "lake"}"\n'
     )
     done = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -278,7 +278,7 @@ def test_a_state_root_that_cannot_be_written_is_refused_at_start(tmp_path: Path)
     (tmp_path / "state").write_text("a file where the state root should be\n")
     config = write(tmp_path, f'listen = "127.0.0.1:0"\n[[tables]]\npath = "{t}"\n')
     done = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -31,14 +31,14 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from serve_child import CDF, ServeChild, delivered, expected, wait_for
 
-from sinks.embedded import JsonLinesSink
-from state.errors import DeltaTailError
-from state.feed import ChangeBatch
-from tailer.cli.configure import tailer_config
-from tailer.cli.model import TableSettings
-from tailer.follow.stats import TableState
-from tailer.serve.service import Service, ServiceOptions, TableSource
-from tailer.serve.state_root import StateRoot
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.state.errors import DeltaTailError
+from deltatail.state.feed import ChangeBatch
+from deltatail.tailer.cli.configure import tailer_config
+from deltatail.tailer.cli.model import TableSettings
+from deltatail.tailer.follow.stats import TableState
+from deltatail.tailer.serve.service import Service, ServiceOptions, TableSource
+from deltatail.tailer.serve.state_root import StateRoot
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: objectstores.py (tests/ is not a package)
 from objectstores import Cloud, CountingProxy, Server

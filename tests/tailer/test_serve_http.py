@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from state.errors import ConfigError
-from tailer.cli.serve import load_serve_config
-from tailer.follow.stats import TableState, TableStats
-from tailer.serve.http import HealthServer, load_auth_token
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.cli.serve import load_serve_config
+from deltatail.tailer.follow.stats import TableState, TableStats
+from deltatail.tailer.serve.http import HealthServer, load_auth_token
 
 ROOT = Path(__file__).resolve().parents[2]
 HALF_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # no blank line: the request never ends
@@ -124,8 +124,8 @@ def test_a_flood_of_slow_clients_holds_bounded_threads_and_a_scrape_still_answer
 CHILD = textwrap.dedent(
     """
     import sys
-    from tailer.follow.stats import TableState, TableStats
-    from tailer.serve.http import HealthServer
+    from deltatail.tailer.follow.stats import TableState, TableStats
+    from deltatail.tailer.serve.http import HealthServer
     tables = [TableStats(f"/lake/t{i}", f"t{i}", state=TableState.FOLLOWING) for i in range(1500)]
     for t in tables:
         t.rows.update({"insert": 1, "delete": 2, "update_preimage": 3, "update_postimage": 4})
@@ -257,7 +257,7 @@ def test_rows_already_held_and_accepted_sink_gaps_are_exported() -> None:
 SHORT_OF_DESCRIPTORS = textwrap.dedent(
     """
     import os, resource, sys, time
-    from tailer.serve.http import HealthServer
+    from deltatail.tailer.serve.http import HealthServer
     server = HealthServer("127.0.0.1", 0, list)
     server.start()
     held = []

@@ -19,7 +19,7 @@ import pytest
 from iceberg_tables import SCHEMA, catalog, rows, table_dir
 from pyiceberg.table import Table
 
-from tailer.serve.discovery import find_tables
+from deltatail.tailer.serve.discovery import find_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def live(t: Table) -> Counter[tuple[Any, ...]]:
 def start(config: Path, log: Path) -> subprocess.Popen[bytes]:
     before = log.stat().st_size if log.exists() else 0
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)], cwd=ROOT, stderr=log.open("ab")
+        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=ROOT, stderr=log.open("ab")
     )
     deadline = time.monotonic() + 90
     while len(re.findall(rb"following table \S+", log.read_bytes()[before:])) < 2:

@@ -28,18 +28,18 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from lance_datasets import rows
 
-from sinks.embedded import JsonLinesSink
-from state.errors import ConfigError, TableNotFoundError
-from state.filters import ChangeFilter
-from tailer.cli.model import ServeTableSettings
-from tailer.cli.serve import check_tables, load_serve_config, source
-from tailer.follow.stats import TableState, TableStats
-from tailer.follow.tailer import TailerConfig
-from tailer.lance.dataset import is_lance_dataset
-from tailer.lance.feed import LanceFeed, LanceOptions
-from tailer.lance.follow import LanceTailer, lance_state_id
-from tailer.read.feed import ChangeFeed
-from tailer.serve.discovery import find_tables
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.state.errors import ConfigError, TableNotFoundError
+from deltatail.state.filters import ChangeFilter
+from deltatail.tailer.cli.model import ServeTableSettings
+from deltatail.tailer.cli.serve import check_tables, load_serve_config, source
+from deltatail.tailer.follow.stats import TableState, TableStats
+from deltatail.tailer.follow.tailer import TailerConfig
+from deltatail.tailer.lance.dataset import is_lance_dataset
+from deltatail.tailer.lance.feed import LanceFeed, LanceOptions
+from deltatail.tailer.lance.follow import LanceTailer, lance_state_id
+from deltatail.tailer.read.feed import ChangeFeed
+from deltatail.tailer.serve.discovery import find_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 Row = tuple[Any, ...]
@@ -91,9 +91,7 @@ def expected_lance(path: Path) -> Counter[Row]:
 def start(config: Path, log: Path) -> subprocess.Popen[bytes]:
     before = log.stat().st_size if log.exists() else 0
     err = log.open("ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tailer.cli", "serve", "--config", str(config)], cwd=ROOT, stderr=err
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=ROOT, stderr=err)
     deadline = time.monotonic() + 60
     while not re.search(rb"following table \S+", log.read_bytes()[before:]):
         assert proc.poll() is None, log.read_text()[-3000:]

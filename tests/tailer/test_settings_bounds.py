@@ -16,10 +16,10 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from state.errors import ConfigError
-from tailer.cli.main import main
-from tailer.cli.serve import load_serve_config
-from tailer.cli.settings import merge
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.cli.main import main
+from deltatail.tailer.cli.serve import load_serve_config
+from deltatail.tailer.cli.settings import merge
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,7 +143,7 @@ def test_toml_values_out_of_bounds_are_config_errors(tmp_path: Path, body: str, 
 def test_a_bad_environment_value_is_one_line_and_exit_2(table: Path, tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "DELTATAIL_STATUS_SECONDS": "0", "DELTATAIL_POLL_INTERVAL": "0"}
     done = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "run", str(table), "--state-dir", str(tmp_path / "s"), "--no-watch"],
+        [sys.executable, "-m", "deltatail", "run", str(table), "--state-dir", str(tmp_path / "s"), "--no-watch"],
         cwd=ROOT,
         capture_output=True,
         text=True,

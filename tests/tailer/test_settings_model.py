@@ -17,12 +17,12 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from state.errors import ConfigError
-from state.filters import ChangeFilter
-from tailer.cli.audit import _follow_config
-from tailer.cli.configure import tailer_config
-from tailer.cli.main import build_parser
-from tailer.cli.model import (
+from deltatail.state.errors import ConfigError
+from deltatail.state.filters import ChangeFilter
+from deltatail.tailer.cli.audit import _follow_config
+from deltatail.tailer.cli.configure import tailer_config
+from deltatail.tailer.cli.main import build_parser
+from deltatail.tailer.cli.model import (
     AuditCommandSettings,
     ChangesSettings,
     RunSettings,
@@ -35,15 +35,15 @@ from tailer.cli.model import (
     run_settings,
     snapshot_settings,
 )
-from tailer.cli.serve_config import (
+from deltatail.tailer.cli.serve_config import (
     TABLE_SETTINGS,
     DiscoverSettings,
     ServiceSettings,
     load_serve_config,
 )
-from tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, key_lines
-from tailer.formats.registry import open_table
-from tailer.serve.service import ServiceOptions
+from deltatail.tailer.cli.settings import DISCOVER_SETTINGS, RUN_SETTINGS, SERVICE_SETTINGS, key_lines
+from deltatail.tailer.formats.registry import open_table
+from deltatail.tailer.serve.service import ServiceOptions
 
 
 def parse(*argv: str) -> argparse.Namespace:

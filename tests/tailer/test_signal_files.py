@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from state.errors import ConfigError, StateError
-from state.signals import SnapshotRequest
-from tailer.cli.serve import load_serve_config
-from tailer.follow import signals
-from tailer.serve.signal_topic import signal_topic
+from deltatail.state.errors import ConfigError, StateError
+from deltatail.state.signals import SnapshotRequest
+from deltatail.tailer.cli.serve import load_serve_config
+from deltatail.tailer.follow import signals
+from deltatail.tailer.serve.signal_topic import signal_topic
 
 
 def test_a_request_is_asked_taken_cancelled_and_ended_through_its_files(tmp_path: Path) -> None:

@@ -28,11 +28,11 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sinks.embedded import JsonLinesSink, ParquetDirSink
-from state.errors import SinkError
-from tailer.follow.stats import TableStats
-from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.sink import Sink
+from deltatail.sinks.embedded import JsonLinesSink, ParquetDirSink
+from deltatail.state.errors import SinkError
+from deltatail.tailer.follow.stats import TableStats
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.tailer.sink import Sink
 
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
@@ -70,7 +70,7 @@ def parquet_ids(directory: Path) -> list[int]:
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
     return subprocess.run(
-        [sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=WAIT
+        [sys.executable, "-m", "deltatail", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=WAIT
     )
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from sinks.embedded import JsonLinesSink, ParquetDirSink
-from sinks.kafka.sink import KafkaSink
-from state.errors import ConfigError
-from tailer.cli import sink_uri
-from tailer.cli.sink_uri import ENTRY_POINTS, open_sink
+from deltatail.sinks.embedded import JsonLinesSink, ParquetDirSink
+from deltatail.sinks.kafka.sink import KafkaSink
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.cli import sink_uri
+from deltatail.tailer.cli.sink_uri import ENTRY_POINTS, open_sink
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,9 +39,9 @@ def test_the_installed_entry_points_are_those_pyproject_declares() -> None:
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][ENTRY_POINTS]
     assert {name: entry.value for name, entry in sink_uri._openers().items()} == declared
     assert declared == {
-        "jsonl": "sinks.uris:jsonl_sink",
-        "parquet": "sinks.uris:parquet_sink",
-        "kafka": "sinks.uris:kafka_sink",
+        "jsonl": "deltatail.sinks.uris:jsonl_sink",
+        "parquet": "deltatail.sinks.uris:parquet_sink",
+        "kafka": "deltatail.sinks.uris:kafka_sink",
     }
 
 

@@ -44,7 +44,7 @@ def tailer(root: Path, state: Path, out: Path, log: Path, *extra: str) -> subpro
     args = ["run", str(root), "--state-dir", str(state), "--sink", f"jsonl:{out}", "--on-data-loss", "resnapshot"]
     args += ["--starting-version", "0", "--poll-interval", "0.05", "--checkpoint-commits", "3", *extra]
     with log.open("ab") as err:
-        return subprocess.Popen([sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, stderr=err)
+        return subprocess.Popen([sys.executable, "-m", "deltatail", *args], cwd=ROOT, stderr=err)
 
 
 def load_truth(path: Path) -> dict[int, Counter[Row]]:

@@ -11,11 +11,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.py (tests/ is not a package)
 from corpus import corpus_table
 
-from state.cursor import Position
-from state.files import FileTable
-from state.snapshot import Snapshot
-from tailer.follow.state_store import SavedState, StateStore
-from tailer.log.delta_log import DeltaLog
+from deltatail.state.cursor import Position
+from deltatail.state.files import FileTable
+from deltatail.state.snapshot import Snapshot
+from deltatail.tailer.follow.state_store import SavedState, StateStore
+from deltatail.tailer.log.delta_log import DeltaLog
 
 TABLES = [
     "kernel-rs/cdf-table-with-dv",  # inline and file DVs, tombstones with DVs
@@ -68,7 +68,7 @@ def test_saved_snapshot_loads_back_to_the_same_state(table: str, tmp_path: Path)
 _HOLD = """
 import subprocess
 import sys
-from tailer.follow.state_store import StateStore
+from deltatail.tailer.follow.state_store import StateStore
 store = StateStore(sys.argv[1])
 store.lock()
 print("locked", flush=True)
@@ -79,8 +79,8 @@ store.unlock()
 _TRY = """
 import subprocess
 import sys
-from state.errors import StateError
-from tailer.follow.state_store import StateStore
+from deltatail.state.errors import StateError
+from deltatail.tailer.follow.state_store import StateStore
 try:
     StateStore(sys.argv[1]).lock()
 except StateError as e:

@@ -25,12 +25,12 @@ from cdf_helpers import append_commit, corpus_table
 from deltalake import write_deltalake
 from lance.fragment import DataFile, FragmentMetadata
 
-from sinks.spark.options import SourceOptions
-from state.errors import ConfigError, UnsafePathError
-from tailer.cli.serve import load_serve_config, source
-from tailer.lance.dataset import LanceDataset
-from tailer.log.delta_log import DeltaLog
-from tailer.read.feed import ChangeFeed
+from deltatail.sinks.spark.options import SourceOptions
+from deltatail.state.errors import ConfigError, UnsafePathError
+from deltatail.tailer.cli.serve import load_serve_config, source
+from deltatail.tailer.lance.dataset import LanceDataset
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.read.feed import ChangeFeed
 
 MARKER = "MARKER-outside-the-table"
 #: Seconds a command may take; far above a refusal, so only an opened FIFO (a hang) reaches it.

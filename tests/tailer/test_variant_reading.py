@@ -19,12 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from state.errors import DataFileError, InvalidLogError
-from state.schema import StructType, parse_schema
-from state.variant import VARIANT_STORAGE_TYPE, is_variant_type, variant_json_array
-from tailer.read.conform import nulls
-from tailer.read.rows import read_file_rows
-from tailer.storage import LocalStorage
+from deltatail.state.errors import DataFileError, InvalidLogError
+from deltatail.state.schema import StructType, parse_schema
+from deltatail.state.variant import VARIANT_STORAGE_TYPE, is_variant_type, variant_json_array
+from deltatail.tailer.read.conform import nulls
+from deltatail.tailer.read.rows import read_file_rows
+from deltatail.tailer.storage import LocalStorage
 
 EXPECTATIONS = Path(__file__).resolve().parents[1] / "expectations"
 STORAGE = LocalStorage()

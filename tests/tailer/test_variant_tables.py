@@ -39,16 +39,16 @@ from corpus import corpus_root
 from damage import run_cli
 from deltalake import DeltaTable, QueryBuilder
 
-from sinks.embedded import encode_jsonl
-from sinks.json_text import VECTOR_ROWS, column_texts
-from sinks.kafka.connect_schema import DEBEZIUM_JSON
-from sinks.kafka.debezium import EventOptions
-from sinks.kafka.encoding import ChangeEncoder
-from state.errors import MissingFileError
-from state.feed import CHANGE_COLUMNS, ChangeBatch, TableInfo
-from state.schema import ArrayType, DataType, MapType, StructType, is_variant
-from state.variant import VARIANT_STORAGE_TYPE, is_variant_type, variant_to_json
-from tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.sinks.embedded import encode_jsonl
+from deltatail.sinks.json_text import VECTOR_ROWS, column_texts
+from deltatail.sinks.kafka.connect_schema import DEBEZIUM_JSON
+from deltatail.sinks.kafka.debezium import EventOptions
+from deltatail.sinks.kafka.encoding import ChangeEncoder
+from deltatail.state.errors import MissingFileError
+from deltatail.state.feed import CHANGE_COLUMNS, ChangeBatch, TableInfo
+from deltatail.state.schema import ArrayType, DataType, MapType, StructType, is_variant
+from deltatail.state.variant import VARIANT_STORAGE_TYPE, is_variant_type, variant_to_json
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
 
 EXPECTATIONS = Path(__file__).resolve().parents[1] / "expectations" / "variant_expectations.json"
 MISSING_FILES = "delta-kernel-java/spark-variant-stable-feature-checkpoint"
@@ -277,7 +277,7 @@ def test_parquet_output_holds_the_variant_bytes(tmp_path: Path) -> None:
 def test_cli_changes_prints_variants_as_json() -> None:
     root = corpus_root() / "delta-spark/variant-stats-state-reconstruction"
     done = subprocess.run(
-        [sys.executable, "-m", "tailer.cli", "changes", str(root)], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "deltatail", "changes", str(root)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr
     [line] = done.stdout.splitlines()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tailer.log.watch import LogWatcher
+from deltatail.tailer.log.watch import LogWatcher
 
 #: Long enough never to end a wait in these tests: a wait that returns ``True`` was signalled.
 NEVER = 30.0

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from state.alerts import parse_alert_rules
-from state.errors import ConfigError
-from tailer.audit.alerts import AlertNotifier
-from tailer.audit.feed import AuditFeed
-from tailer.audit.webhook import Webhook, WebhookConfig, redact_url
+from deltatail.state.alerts import parse_alert_rules
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.audit.alerts import AlertNotifier
+from deltatail.tailer.audit.feed import AuditFeed
+from deltatail.tailer.audit.webhook import Webhook, WebhookConfig, redact_url
 
 SECRET_PATH = "/services/T000/B000/XsecretX"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tailer.cli.demo import write_sample
+from deltatail.tailer.cli.demo import write_sample
 
 if __name__ == "__main__":
     write_sample(Path(__file__).parent / "orders")

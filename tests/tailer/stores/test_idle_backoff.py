@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from sinks.embedded import JsonLinesSink
-from tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py (tests/ is not a package)
 from objectstores import Cloud

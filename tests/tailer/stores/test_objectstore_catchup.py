@@ -22,11 +22,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from state.errors import ConfigError, StateError, StorageError
-from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import LogFollower
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.storage.objectstore import ObjectStoreStorage
+from deltatail.state.errors import ConfigError, StateError, StorageError
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.follower import LogFollower
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.storage.objectstore import ObjectStoreStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tailer: cdf_helpers (tests/ is not a package)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py, latency_proxy.py

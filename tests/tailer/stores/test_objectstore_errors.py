@@ -26,8 +26,8 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from state.errors import StorageError
-from tailer.storage.objectstore import ObjectStoreStorage
+from deltatail.state.errors import StorageError
+from deltatail.tailer.storage.objectstore import ObjectStoreStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py (tests/ is not a package)
 from objectstores import MOTO_REGION, Cloud, Server, free_port, moto_server
@@ -47,7 +47,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tailer.cli", *args],
+        [sys.executable, "-m", "deltatail", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from tailer.storage.objectstore import ObjectStoreStorage
+from deltatail.tailer.storage.objectstore import ObjectStoreStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py (tests/ is not a package)
 from objectstores import (
@@ -124,7 +124,7 @@ def start_run(
     table: str, state: Path, out: Path, stderr: Path, *extra: str, json_logs: bool = False
 ) -> subprocess.Popen[bytes]:
     """``deltatail run TABLE`` into ``jsonl:OUT`` as a subprocess (stderr appended to a file)."""
-    command = [sys.executable, "-m", "tailer.cli", *(["--log-format", "json"] if json_logs else [])]
+    command = [sys.executable, "-m", "deltatail", *(["--log-format", "json"] if json_logs else [])]
     with stderr.open("ab") as err:
         return subprocess.Popen(
             [*command, "run", table, "--state-dir", str(state), "--sink", f"jsonl:{out}", *FOLLOW_FLAGS, *extra],
@@ -403,7 +403,7 @@ def scan_dir(directory: Path) -> None:
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tailer.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
     )
 
 

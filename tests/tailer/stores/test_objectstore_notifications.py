@@ -30,10 +30,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sinks.embedded import JsonLinesSink
-from state.errors import ConfigError, StorageError
-from tailer.follow.tailer import Tailer, TailerConfig
-from tailer.log.notifications import NotificationHub, SqsNotifications, hub_for, s3_event_objects
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.state.errors import ConfigError, StorageError
+from deltatail.tailer.follow.tailer import Tailer, TailerConfig
+from deltatail.tailer.log.notifications import NotificationHub, SqsNotifications, hub_for, s3_event_objects
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tailer: serve_child.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py (tests/ is not a package)

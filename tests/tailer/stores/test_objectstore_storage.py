@@ -22,17 +22,17 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from state.errors import ConfigError, DeltaTailError, MissingFileError, StorageError
-from tailer.log.delta_log import DeltaLog
-from tailer.log.follower import LogFollower
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.read.reader_pool import ReaderPool
-from tailer.storage import LocalStorage
-from tailer.storage.factory import storage_for
-from tailer.storage.objectstore import ObjectStoreStorage, RequestCounter
-from tailer.storage.options import merge_options, parse_option_pairs, redacted, retry_config
-from tailer.storage.prefetch import UNKNOWN_SIZE, Prefetcher
-from tailer.storage.uris import ObjectUri, is_object_uri, parse_uri, root_of
+from deltatail.state.errors import ConfigError, DeltaTailError, MissingFileError, StorageError
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.log.follower import LogFollower
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.read.reader_pool import ReaderPool
+from deltatail.tailer.storage import LocalStorage
+from deltatail.tailer.storage.factory import storage_for
+from deltatail.tailer.storage.objectstore import ObjectStoreStorage, RequestCounter
+from deltatail.tailer.storage.options import merge_options, parse_option_pairs, redacted, retry_config
+from deltatail.tailer.storage.prefetch import UNKNOWN_SIZE, Prefetcher
+from deltatail.tailer.storage.uris import ObjectUri, is_object_uri, parse_uri, root_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py (tests/ is not a package)
 from objectstores import (

@@ -34,11 +34,11 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from state.errors import DeltaTailError
-from tailer.cli.main import main as deltatail
-from tailer.log.delta_log import DeltaLog
-from tailer.read.feed import ChangeFeed, ChangeOptions
-from tailer.storage.objectstore import ObjectStoreStorage
+from deltatail.state.errors import DeltaTailError
+from deltatail.tailer.cli.main import main as deltatail
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.storage.objectstore import ObjectStoreStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tailer: cdf_helpers (tests/ is not a package)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py

@@ -23,10 +23,10 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from sinks.embedded import JsonLinesSink
-from tailer.follow.tailer import TailerConfig
-from tailer.serve.service import Service, ServiceOptions, TableSource
-from tailer.serve.state_root import StateRoot
+from deltatail.sinks.embedded import JsonLinesSink
+from deltatail.tailer.follow.tailer import TailerConfig
+from deltatail.tailer.serve.service import Service, ServiceOptions, TableSource
+from deltatail.tailer.serve.state_root import StateRoot
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py (tests/ is not a package)
 from objectstores import Cloud, CountingProxy, Request, Server, wait_until

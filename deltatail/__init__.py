@@ -11,16 +11,15 @@ The API, each documented where it lives:
 - :class:`DeltaTailError` and its subclasses: every error deltatail raises; each names the table,
   version and file involved.
 
-The code lives in three top-level packages, ``state`` (pure), ``tailer`` (IO and orchestration) and
-``sinks``; this module re-exports what a user needs, so ``import deltatail`` is the one name to know.
+The code lives in three sub-packages, ``deltatail.state`` (pure), ``deltatail.tailer`` (IO and
+orchestration) and ``deltatail.sinks`` (the repository's folders ``state/``, ``tailer/`` and ``sinks/``);
+this module re-exports what a user needs, so ``import deltatail`` is the one name to know.
 """
 
 from __future__ import annotations
 
-import sys
-
-from state.cursor import Position
-from state.errors import (
+from deltatail.state.cursor import Position
+from deltatail.state.errors import (
     ConfigError,
     DeltaTailError,
     InvalidLogError,
@@ -33,13 +32,13 @@ from state.errors import (
     UnsupportedFeatureError,
     VersionGapError,
 )
-from state.feed import ChangeBatch, TableInfo
-from tailer.cli.main import installed_version, main
-from tailer.follow.config import TailerConfig
-from tailer.follow.tailer import Tailer
-from tailer.log.delta_log import DeltaLog
-from tailer.read.feed import ChangeFeed
-from tailer.sink import Sink
+from deltatail.state.feed import ChangeBatch, TableInfo
+from deltatail.tailer.cli.main import installed_version, main
+from deltatail.tailer.follow.config import TailerConfig
+from deltatail.tailer.follow.tailer import Tailer
+from deltatail.tailer.log.delta_log import DeltaLog
+from deltatail.tailer.read.feed import ChangeFeed
+from deltatail.tailer.sink import Sink
 
 __version__ = installed_version()
 
@@ -66,6 +65,3 @@ __all__ = [
     "__version__",
     "main",
 ]
-
-if __name__ == "__main__":
-    sys.exit(main())
