@@ -27,7 +27,7 @@ def deltatail_limited(*args: str) -> subprocess.CompletedProcess[str]:
     code = (
         "import resource, sys\n"
         f"resource.setrlimit(resource.RLIMIT_AS, ({ADDRESS_SPACE}, {ADDRESS_SPACE}))\n"
-        "from tailer.cli.main import main\n"
+        "from deltatail.tailer.cli.main import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     return subprocess.run(

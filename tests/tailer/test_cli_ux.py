@@ -255,7 +255,7 @@ def test_json_mode_on_a_terminal_draws_no_progress_bars(table: Path, tmp_path: P
 def test_json_mode_turns_uncaught_exceptions_and_warnings_into_json() -> None:
     program = (
         "import threading, warnings\n"
-        "from tailer.cli import logs\n"
+        "from deltatail.tailer.cli import logs\n"
         "logs.configure(verbose=False, json_lines=True)\n"
         "warnings.warn('a deprecated thing')\n"
         "t = threading.Thread(target=lambda: 1 / 0, name='worker')\n"

@@ -66,7 +66,7 @@ def test_bad_uris_are_refused_by_name(uri: str, message: str) -> None:
 
 
 def test_a_registered_scheme_of_another_package_is_found(plugin: Path, tmp_path: Path) -> None:
-    (plugin / "entry_points.txt").write_text(f"[{ENTRY_POINTS}]\nmine = sinks.uris:parquet_sink\n")
+    (plugin / "entry_points.txt").write_text(f"[{ENTRY_POINTS}]\nmine = deltatail.sinks.uris:parquet_sink\n")
     assert isinstance(open_sink("mine:/tmp/out"), ParquetDirSink)
 
 

@@ -339,8 +339,8 @@ def test_no_credentials_on_azure_and_gcs_say_where_they_were_looked_for(cloud: s
         options = {"google_base_url": closed, **common}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "GOOGLE_", "GCE_"))}
     program = (
-        "from tailer.storage.objectstore import ObjectStoreStorage\n"
-        "from state.errors import StorageError\n"
+        "from deltatail.tailer.storage.objectstore import ObjectStoreStorage\n"
+        "from deltatail.state.errors import StorageError\n"
         "try:\n"
         f"    ObjectStoreStorage({options!r}).list_from({uri + '/_delta_log'!r})\n"
         "except StorageError as e:\n"

@@ -239,7 +239,7 @@ class KillCampaign:
 
     def run_until_killed(self) -> None:
         proc = start_run(self.table, self.base / "state", self.out, self.stderr, *flags(self.options))
-        lifetime = self.rng.uniform(0.3, 2.5)  # start-up (~1 s) included: some kills land before any delivery
+        lifetime = self.rng.uniform(0.5, 4.0)  # start-up (~1.5-2.5 s) included: some kills land before any delivery
         try:
             proc.wait(lifetime)
             raise AssertionError(f"deltatail run exited with {proc.returncode}: {self.stderr.read_text()[-3000:]}")
