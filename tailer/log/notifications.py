@@ -178,6 +178,11 @@ def _region_of(host: str) -> str | None:
 class NotificationHub:
     """One thread reading a :class:`NotificationSource`, calling the subscribers whose log an object is in.
 
+    The thread runs while the hub has subscribers: the first subscription starts it, the last one's
+    end stops it (after the long poll in hand, without waiting for it), and a later subscription
+    starts a new one. Messages the thread reads while nobody listens are acknowledged and dropped:
+    notifications are hints, and every follower looks at its log when it subscribes.
+
     Args:
         source: the queue.
         retry_seconds: the wait after a failed read before the next.
@@ -191,6 +196,9 @@ class NotificationHub:
         self._next_id = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: The running thread's own stop (set when the last subscriber leaves), and every thread started.
+        self._thread_stop = threading.Event()
+        self._threads: list[threading.Thread] = []
         #: Notifications received that named a followed log, and all received (for metrics and tests).
         self.matched = 0
         self.received = 0
@@ -203,15 +211,28 @@ class NotificationHub:
             self._next_id += 1
             handle = self._next_id
             self._subscribers[handle] = (u.bucket, prefix, wake)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="deltatail-notifications", daemon=True)
+            if self._thread is None and not self._stop.is_set():
+                self._thread_stop = threading.Event()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._thread_stop,), name="deltatail-notifications", daemon=True
+                )
+                self._threads = [t for t in self._threads if t.is_alive()] + [self._thread]
                 self._thread.start()
         return handle
 
     def unsubscribe(self, handle: int) -> None:
-        """Stop calling the subscriber of ``handle``."""
+        """Stop calling the subscriber of ``handle``; the last one's end stops the hub's thread."""
         with self._lock:
             self._subscribers.pop(handle, None)
+            if not self._subscribers and self._thread is not None:
+                self._thread_stop.set()
+                self._thread = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the hub's thread is reading the queue (it has subscribers, and :meth:`close` was not called)."""
+        with self._lock:
+            return self._thread is not None
 
     def deliver(self, objects: list[tuple[str, str]]) -> None:
         """Wake the subscriber of each announced object's log (each at most once per call)."""
@@ -227,21 +248,26 @@ class NotificationHub:
                         woken.add(i)
                         wake()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def _run(self, stop: threading.Event) -> None:
+        while not (stop.is_set() or self._stop.is_set()):
             try:
                 objects = self.source.receive(WAIT_SECONDS)
                 self.deliver(objects)  # the followers' looks start now; the delete goes alongside them
                 self.source.acknowledge()
             except DeltaTailError as e:
+                if stop.is_set() or self._stop.is_set():
+                    return
                 log.warning("%s; retrying in %gs (the tables' safety polls go on)", e, self.retry_seconds)
-                self._stop.wait(self.retry_seconds)
+                stop.wait(self.retry_seconds)
 
     def close(self) -> None:
-        """Stop the thread (after the long poll in hand) and close the source."""
+        """Stop the threads (after the long poll in hand) and close the source."""
         self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
+        with self._lock:
+            self._thread_stop.set()
+            self._thread = None
+            threads, self._threads = self._threads, []
+        for thread in threads:
             thread.join(WAIT_SECONDS + 5)
         self.source.close()
 

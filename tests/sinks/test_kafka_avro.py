@@ -443,25 +443,27 @@ def test_a_registry_down_at_start_is_retried_and_nothing_is_lost_or_repeated(
     )
     script = Path(sys.executable).parent / "deltatail"
     args = [str(script), "run", str(tmp_path / "t"), "--state-dir", str(tmp_path / "state"), "--sink", uri]
-    process = subprocess.Popen(
-        [*args, "--until-caught-up"],
-        cwd=ROOT,
-        env={**os.environ, "REGISTRY_PW": "s3cr3t-Pa55"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    err_file = tmp_path / "run.err"
+    with err_file.open("wb") as err_out:
+        process = subprocess.Popen(
+            [*args, "--until-caught-up"],
+            cwd=ROOT,
+            env={**os.environ, "REGISTRY_PW": "s3cr3t-Pa55"},
+            stdout=subprocess.PIPE,
+            stderr=err_out,
+        )
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "state").is_dir() or process.poll() is not None:
-            assert time.monotonic() < deadline and process.poll() is None, process.communicate()[1].decode()[-2000:]
+        deadline = time.monotonic() + 120
+        while f"cannot reach the Schema Registry at {registry.url}".encode() not in err_file.read_bytes():
+            assert time.monotonic() < deadline and process.poll() is None, err_file.read_bytes().decode()[-2000:]
             time.sleep(0.1)
-        time.sleep(2.0)  # a few failed attempts
-        assert process.poll() is None, process.communicate()[1].decode()[-2000:]
+        assert process.poll() is None, err_file.read_bytes().decode()[-2000:]  # a failed attempt, and it waits
         registry.start()
-        out, err = process.communicate(timeout=120)
+        out, _ = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()
+    err = err_file.read_bytes()
     assert process.returncode == 0, err.decode()[-3000:]
     logs = out.decode() + err.decode()
     assert f"cannot reach the Schema Registry at {registry.url}" in logs

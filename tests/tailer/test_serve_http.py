@@ -75,6 +75,11 @@ def half_requests(port: int, n: int) -> list[socket.socket]:
     return out
 
 
+def new_request_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    """The server's connection threads started since ``before`` (the worker's other threads not counted)."""
+    return [t for t in threading.enumerate() if t not in before and t.name.endswith("(process_request_thread)")]
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -90,12 +95,12 @@ def poll(condition: Callable[[], bool], seconds: float = 20.0) -> bool:
 
 def test_half_requests_are_dropped_after_the_socket_timeout(serve: Callable[..., HealthServer]) -> None:
     server = serve(request_timeout=0.5, max_connections=32)
-    threads, fds = threading.active_count(), open_fds()
+    threads, fds = set(threading.enumerate()), open_fds()
     clients = half_requests(server.port, 10)
     for c in clients:  # the server closes each one: a read ends with nothing (blocks 20 s if it never does)
         assert c.recv(100) == b""
         c.close()
-    assert poll(lambda: threading.active_count() == threads), threading.enumerate()
+    assert poll(lambda: not new_request_threads(threads)), threading.enumerate()
     assert poll(lambda: open_fds() == fds)
     assert get(server.port, "/healthz") == (200, b"ok\n")
 
@@ -104,20 +109,20 @@ def test_a_flood_of_slow_clients_holds_bounded_threads_and_a_scrape_still_answer
     serve: Callable[..., HealthServer],
 ) -> None:
     server = serve(request_timeout=60.0, max_connections=8)  # nothing times out during the test
-    threads, fds = threading.active_count(), open_fds()
+    threads, fds = set(threading.enumerate()), open_fds()
     clients = half_requests(server.port, 200)
     code, body = get(server.port, "/metrics")
     assert code == 200 and b'deltatail_versions_behind{table="orders"} 0.0' in body
     assert get(server.port, "/readyz")[0] == 503  # the failed table
     # Each held connection is one thread and one descriptor on the server's side, at most 8 of them.
-    assert poll(lambda: threading.active_count() <= threads + 8), threading.active_count()
+    assert poll(lambda: len(new_request_threads(threads)) <= 8), new_request_threads(threads)
     assert poll(lambda: open_fds() <= fds + len(clients) + 8), open_fds()
     for c in clients[:150]:  # the oldest were closed by the server to make room (a read blocks if not)
         c.settimeout(5)
         assert c.recv(100) == b""
     for c in clients:
         c.close()
-    assert poll(lambda: threading.active_count() == threads)
+    assert poll(lambda: not new_request_threads(threads)), new_request_threads(threads)
     assert poll(lambda: open_fds() == fds)
 
 

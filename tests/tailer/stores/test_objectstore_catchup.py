@@ -12,6 +12,7 @@ a :class:`~state.errors.StorageError` naming the object, never rows lost or repe
 from __future__ import annotations
 
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -68,18 +69,25 @@ def write_backlog(uri: str, options: dict[str, str], appends: int) -> int:
 def test_the_proxy_adds_latency_and_fails_requests_it_forwards_to_the_real_server(s3: Cloud, tmp_path: Path) -> None:
     """What the proxy serves is moto's answer; at a failure rate of 1 every answer is a 503 (nothing forwarded).
 
-    Its trace has a line per request answered: the client waited at least the delay for each.
+    Its trace has a line per request answered, in order (arrival, moto's answer, the answer sent); the
+    client, timing each read on its own clock, waited at least the delay for each.
     """
     s3.put("hello.txt", b"hello through the proxy")
     path = f"/{BUCKET}/{s3.key('hello.txt')}"
     trace = tmp_path / "trace"
     with LatencyProxy(s3.server.endpoint, delay_ms=20, trace=trace) as proxy:
         storage = ObjectStoreStorage(s3.via(proxy.endpoint).options)
-        assert storage.read(s3.uri("hello.txt")) == b"hello through the proxy"
-        assert storage.read(s3.uri("hello.txt"), 6, 7) == b"through"
+        storage.read(s3.uri("hello.txt"), 0, 1)  # the client's connection, set up outside the timed reads
+        waited: list[float] = []
+        for start, length, expected in ((0, None, b"hello through the proxy"), (6, 7, b"through")):
+            sent = time.monotonic()
+            got = storage.read(s3.uri("hello.txt"), start, length)
+            waited.append(time.monotonic() - sent)
+            assert got == expected
     traced = read_trace(trace, 20)
-    assert len(traced) == storage.counter.requests() == 2
-    assert all(start <= server <= answered and answered >= start + 0.02 for start, server, answered in traced)
+    assert len(traced) == storage.counter.requests() == 3
+    assert all(start <= server <= answered for start, server, answered in traced)
+    assert min(waited) >= 0.02  # seen from the client: the proxy held each answer back by its delay
     with LatencyProxy(s3.server.endpoint, delay_ms=1, fail_rate=1.0) as proxy:
         with pytest.raises(urllib.error.HTTPError) as failed:
             urllib.request.urlopen(proxy.endpoint + path, timeout=30)

@@ -354,6 +354,34 @@ def test_the_hub_wakes_a_table_before_it_deletes_the_message_that_named_it(notif
     assert seen == [(0, 1)]
 
 
+def test_the_hub_reads_the_queue_only_while_a_table_listens(notified: tuple[Cloud, str]) -> None:
+    """The last subscriber's end stops the hub's long-poll thread; a new subscriber starts one and is woken.
+
+    A notification that arrives while nobody listens ends the stopping thread's long poll and is
+    dropped from the queue (a hint nobody needs); the next subscriber hears of the next object.
+    """
+    cloud, queue = notified
+    hub = NotificationHub(SqsNotifications(queue, cloud.options))
+    before = set(threading.enumerate())
+    try:
+        first = hub.subscribe(cloud.uri("t/_delta_log"), lambda: None)
+        (thread,) = set(threading.enumerate()) - before
+        assert hub.running and thread.is_alive()
+        hub.unsubscribe(first)
+        assert not hub.running
+        cloud.put("t/_delta_log/00000000000000000000.json", b"{}")
+        wait_until(lambda: not thread.is_alive(), 30, "the hub's thread to end once nobody listens")
+        assert in_queue(cloud, queue) == (0, 0)
+        woken: list[float] = []
+        hub.subscribe(cloud.uri("t/_delta_log"), lambda: woken.append(time.monotonic()))
+        assert hub.running
+        cloud.put("t/_delta_log/00000000000000000001.json", b"{}")
+        wait_until(lambda: bool(woken), 30, "the new subscriber to be woken by the new thread")
+    finally:
+        hub.close()
+    assert not hub.running
+
+
 def test_one_hub_wakes_only_the_tables_whose_log_an_object_is_in(s3: Cloud) -> None:
     """The hub's routing: a notification wakes the subscribers of its log (once), not those of other tables."""
     hub = NotificationHub(SqsNotifications(new_queue(s3, "hub"), s3.options))
