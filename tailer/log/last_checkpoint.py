@@ -17,6 +17,7 @@ caller falls back to listing the log, with a warning.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -45,26 +46,37 @@ def _scalar(value: Any) -> str:
     if value is False:
         return "false"
     if isinstance(value, str):
-        return '"' + quote(value, safe="-._~") + '"'
+        return _quoted(value)
     return orjson.dumps(value).decode()
 
 
-def _pairs(value: Any, path: list[str], out: list[tuple[bytes, str]]) -> None:
+@functools.lru_cache(maxsize=4096)
+def _quoted(text: str) -> str:
+    """A string as the canonical form writes it; cached, as a schema repeats its keys and type names."""
+    return '"' + quote(text, safe="-._~") + '"'
+
+
+def _pairs(value: Any, path: str, out: list[tuple[bytes, str]]) -> None:
+    """Append ``value``'s ``path=value`` pairs under ``path`` (its segments joined by ``+``; ``""`` at the top)."""
     if isinstance(value, dict):
         for key, child in value.items():
-            _pairs(child, [*path, _scalar(key)], out)
+            _pairs(child, _joined(path, _scalar(key)), out)
     elif isinstance(value, list):
         for i, child in enumerate(value):
-            _pairs(child, [*path, str(i)], out)
+            _pairs(child, _joined(path, str(i)), out)
     else:
-        joined = "+".join(path)
-        out.append((joined.encode(), f"{joined}={_scalar(value)}"))
+        out.append((path.encode(), f"{path}={_scalar(value)}"))
+
+
+def _joined(path: str, segment: str) -> str:
+    # No segment is empty (a key is quoted, a position is a number): only the top has the empty path.
+    return f"{path}+{segment}" if path else segment
 
 
 def canonicalize(document: dict[str, Any]) -> str:
     """The protocol's canonical form of a ``_last_checkpoint`` document (top-level ``checksum`` ignored)."""
     pairs: list[tuple[bytes, str]] = []
-    _pairs({k: v for k, v in document.items() if k != "checksum"}, [], pairs)
+    _pairs({k: v for k, v in document.items() if k != "checksum"}, "", pairs)
     pairs.sort(key=lambda p: p[0])
     return ",".join(text for _, text in pairs)
 

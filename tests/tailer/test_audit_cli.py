@@ -1,5 +1,9 @@
 """``deltatail audit TABLE`` over a range, run as a user would (a subprocess), and the logs it appends to.
 
+Usage errors run through the command line's entry point in this process (as the console script
+calls it; ``damage.run_cli``): argparse and the settings exit 2 before anything is read, so a
+process of their own, which imports the whole stack, proves nothing more.
+
 The table is the ops table of ``audit_tables.py`` (versions 0..9, one operation each, users recorded
 by deltalake's commit properties). Expected values are what the test told deltalake to do; the JSON
 output is also checked against the library's events (``AuditFeed``), which the CLI only prints.
@@ -20,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from audit_tables import write_ops_table
+from damage import run_cli
 from deltalake import write_deltalake
 
 from deltatail.state.alerts import parse_alert_rules
@@ -173,8 +178,9 @@ def test_outputs_report_and_alerts(ops: Path, config: Path, tmp_path: Path) -> N
 )
 @pytest.mark.slow
 def test_bad_flags(ops: Path, args: list[str], message: str) -> None:
-    result = run("audit", str(ops), *args, check=False)
-    assert result.returncode == 2 and message in result.stderr, result.stderr  # a usage error
+    result = run_cli(["audit", str(ops), *args])
+    assert result.escaped is None, result.escaped
+    assert result.code == 2 and message in result.stderr, result.stderr  # a usage error
     assert "Traceback" not in result.stderr
 
 
@@ -207,8 +213,9 @@ def test_bad_starting_version_is_a_usage_error(ops: Path) -> None:
 def test_bad_config_names_the_key(ops: Path, tmp_path: Path, toml: str, message: str) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(toml)
-    result = run("audit", str(ops), "--config", str(path), check=False)
-    assert result.returncode == 2 and message in result.stderr, result.stderr
+    result = run_cli(["audit", str(ops), "--config", str(path)])
+    assert result.escaped is None, result.escaped
+    assert result.code == 2 and message in result.stderr, result.stderr
     assert str(path) in result.stderr and "Traceback" not in result.stderr
     with pytest.raises(ConfigError, match=r"bad\.toml"):
         audit_config({"config": str(path)}, env={})

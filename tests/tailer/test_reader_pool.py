@@ -62,6 +62,30 @@ def pool() -> Iterator[ReaderPool]:
     pool.close()
 
 
+@pytest.fixture(scope="module")
+def _module_pool() -> Iterator[list[ReaderPool]]:
+    """One pool for the module's corpus comparisons (in a list, so that a pool gone off can be replaced)."""
+    pools = [ReaderPool(2, TINY_RUNS)]
+    yield pools
+    pools[0].close()
+
+
+@pytest.fixture
+def corpus_pool(_module_pool: list[ReaderPool]) -> Iterator[ReaderPool]:
+    """:func:`pool`, but started once for the ~230 corpus tables: each test starting two worker processes
+    (each importing the reading stack) was most of their time. A pool that turned itself off (workers
+    failed :data:`MAX_FAILURES` times) is replaced, so that every test reads through live processes;
+    after each test the pool must be free again (its consumer released it)."""
+    if not _module_pool[0].usable:
+        _module_pool[0].close()
+        _module_pool[0] = ReaderPool(2, TINY_RUNS)
+    pool = _module_pool[0]
+    yield pool
+    assert pool.acquire() or not pool.usable, "the feed's consumer left the pool held"
+    if pool.usable:
+        pool.release()
+
+
 def _outcome(feed: ChangeFeed, **kwargs: object) -> Outcome:
     """Every batch (start position and rows) up to the error, and the error's type and text."""
     batches: list[tuple[object, pa.RecordBatch]] = []
@@ -178,12 +202,12 @@ def test_small_batches_keep_their_boundaries(tmp_path: Path, pool: ReaderPool) -
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", manifest_paths())
-def test_every_corpus_table_reads_the_same_through_processes(path: str, pool: ReaderPool) -> None:
+def test_every_corpus_table_reads_the_same_through_processes(path: str, corpus_pool: ReaderPool) -> None:
     # Every table, including those that must fail (missing DV files, unsupported features, absent
     # data files): the same rows up to the same error. Initial snapshot and then every change.
     root = str(table_root(path))
     expected = _outcome(ChangeFeed(root, options=IN_PROCESS), starting_version=0, initial_snapshot=True)
-    got = _outcome(ChangeFeed(root, pool=pool), starting_version=0, initial_snapshot=True)
+    got = _outcome(ChangeFeed(root, pool=corpus_pool), starting_version=0, initial_snapshot=True)
     _assert_same(got, expected)
 
 

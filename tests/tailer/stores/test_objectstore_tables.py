@@ -168,11 +168,15 @@ def write_history(uri: str, options: dict[str, str]) -> None:
     write_deltalake(uri, df.slice(0, 2), storage_options=options, mode="overwrite")
 
 
-@pytest.fixture
-def history(writable_cloud: Cloud) -> Iterator[tuple[Cloud, str]]:
-    uri = writable_cloud.uri("hist")
-    write_history(uri, writable_cloud.writer_options)
-    yield writable_cloud, uri
+@pytest.fixture(scope="module", params=["s3", "azure"])
+def history(request: pytest.FixtureRequest) -> tuple[Cloud, str]:
+    """The six-version table in S3 and in Azure (as ``writable_cloud``), written once for the tests that
+    only read it (each writing its own took most of their time)."""
+    server = request.getfixturevalue({"s3": "moto", "azure": "azurite"}[request.param])  # objectstore_fixtures
+    cloud = Cloud.fresh(request.param, server)
+    uri = cloud.uri("hist")
+    write_history(uri, cloud.writer_options)
+    return cloud, uri
 
 
 @pytest.mark.slow
