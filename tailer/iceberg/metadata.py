@@ -393,7 +393,8 @@ def _require_complete_json(raw: bytes, table: str, location: str) -> None:
         orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise InvalidLogError(
-            f"Iceberg metadata file is not complete JSON ({len(raw)} bytes; cut short or still being written?): {e}",
+            f"Iceberg metadata does not parse: not complete JSON ({len(raw)} bytes; cut short or still "
+            f"being written?): {e}",
             table=table,
             file=location,
         ) from None
