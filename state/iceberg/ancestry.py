@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 
 from deltatail.state.errors import InvalidLogError, VersionGapError
 from deltatail.state.iceberg.model import SnapshotInfo, TableState
@@ -132,3 +133,44 @@ def main_ancestry(state: TableState, table: str | None = None) -> Ancestry:
                     version=after,
                 )
     return Ancestry(tuple(chain), versions, complete)
+
+
+class Lost(Enum):
+    """Why the snapshot a follower stands on is not on ``main`` (:func:`find_base`)."""
+
+    #: it and the snapshots after it were expired: what came after it cannot be read exactly.
+    EXPIRED = "expired"
+    #: ``main`` no longer holds it: a rollback or a branch reset.
+    LEFT_MAIN = "left main"
+
+
+def find_base(ancestry: Ancestry, version: int, timestamp_ms: int) -> SnapshotInfo | Lost:
+    """The snapshot a follower delivered (or audited) up to, named by its version and timestamp, on ``main``.
+
+    A sequence number is never reused in a table, so a version and a timestamp name one snapshot.
+    When ``main`` holds no such snapshot: :attr:`Lost.EXPIRED` if the branch's oldest snapshot left
+    is newer and its parents were expired, else :attr:`Lost.LEFT_MAIN`.
+    """
+    index = ancestry.index_of_version(version)
+    if index < len(ancestry.versions) and ancestry.versions[index] == version:
+        found = ancestry.snapshots[index]
+        if found.timestamp_ms == timestamp_ms:
+            return found
+        return Lost.LEFT_MAIN
+    if ancestry.versions and ancestry.versions[0] > version and not ancestry.complete:
+        return Lost.EXPIRED
+    return Lost.LEFT_MAIN
+
+
+def versions_after(ancestry: Ancestry, base: SnapshotInfo | None, next_version: int) -> tuple[int, ...]:
+    """The versions on ``main`` still to follow: those after ``base`` (else from ``next_version`` on).
+
+    ``base`` is the snapshot followed up to (on ``main``: :func:`find_base`); ``next_version`` the
+    cursor's version, which no returned version is below (a start past the newest snapshot waits).
+    """
+    if base is not None:
+        index = ancestry.index_of_id(base.snapshot_id)
+        first = 0 if index is None else index + 1
+    else:
+        first = ancestry.index_of_version(next_version)
+    return tuple(v for v in ancestry.versions[first:] if v >= next_version)

@@ -20,6 +20,7 @@ from typing import Any
 
 from deltatail.state.errors import ConfigError, MissingFileError, VersionNotFoundError
 from deltatail.state.feed import TableInfo
+from deltatail.state.iceberg.model import ContentFile
 from deltatail.tailer.audit.alerts import AlertNotifier
 from deltatail.tailer.audit.feed import AuditSource
 from deltatail.tailer.audit.log import AuditOutput
@@ -40,6 +41,8 @@ from deltatail.tailer.table import TableRef, table_storage
 
 #: The settings Iceberg tables refuse.
 REFUSED = (MAX_BYTES, DATA_LOSS, SIGNALS)
+#: ``snapshot``'s names of a file's content (the spec's ``content`` field: 0, 1, 2).
+_KINDS = {0: "data", 1: "position deletes", 2: "equality deletes"}
 
 
 def iceberg_options(options: ChangeOptions) -> IcebergOptions:
@@ -70,7 +73,7 @@ def snapshot_document(feed: IcebergFeed, version: int | None) -> dict[str, Any]:
     Fields: ``format`` (``iceberg``), ``table``, ``tableUuid``, ``formatVersion``, ``metadataFile``,
     ``version``, ``snapshotId``, ``timestamp`` (ISO-8601 UTC), ``operation``, ``summary``, ``schema``
     (each field's ``id``, ``name``, ``type`` and ``required``), ``identifierFields`` and ``files`` (``path``,
-    ``content`` (``data``, ``position deletes``, ``equality deletes``), ``records``, ``size``,
+    ``content`` (``data``, ``position deletes``, ``deletion vector``, ``equality deletes``), ``records``, ``size``,
     ``sequenceNumber``, ``specId``), by path. A table with no snapshot has ``version`` 0 and no files.
 
     Raises:
@@ -94,7 +97,6 @@ def snapshot_document(feed: IcebergFeed, version: int | None) -> dict[str, Any]:
             version=version,
         )
     snap, v = ancestry.snapshots[index], ancestry.versions[index]
-    kinds = {0: "data", 1: "position deletes", 2: "equality deletes"}
     files = sorted(feed.iceberg.live_files(snap, v), key=lambda f: f.path)
     schema = feed.iceberg.schema(snap)
     return {
@@ -109,7 +111,7 @@ def snapshot_document(feed: IcebergFeed, version: int | None) -> dict[str, Any]:
         "files": [
             {
                 "path": f.path,
-                "content": kinds.get(f.content, str(f.content)),
+                "content": content_label(f),
                 "records": f.record_count,
                 "size": f.size,
                 "sequenceNumber": f.data_sequence,
@@ -118,6 +120,16 @@ def snapshot_document(feed: IcebergFeed, version: int | None) -> dict[str, Any]:
             for f in files
         ],
     }
+
+
+def content_label(f: ContentFile) -> str:
+    """What a live file holds, as ``snapshot`` shows it: a v3 deletion vector is named as one, not as position deletes.
+
+    The spec: "Deletion vectors [...] are stored in Puffin files" as ``position delete`` content (1).
+    """
+    if f.is_deletion_vector:
+        return "deletion vector"
+    return _KINDS.get(f.content, str(f.content))
 
 
 def _schema(feed: IcebergFeed, snap: Any) -> list[dict[str, Any]]:

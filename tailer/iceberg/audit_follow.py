@@ -23,8 +23,9 @@ Errors that stop it (after checkpointing what was audited), never a silent skip:
 - snapshots after it were expired before they were audited: ``VersionGapError``;
 - the table's uuid changed (dropped and re-created), or the state directory is another table's or
   a tailer's: ``StateError``;
-- the newest metadata file does not parse (``InvalidLogError``): at once when starting, else once
-  it has not parsed for :data:`TORN_SECONDS` (a file a local writer is still writing parses then).
+- the newest metadata file does not parse (``InvalidLogError``), or a manifest list ``counted``
+  needs is missing (``MissingFileError``), once that has lasted :data:`~tailer.iceberg.look.TORN_SECONDS`
+  (a file a local writer is still writing is complete then: :mod:`tailer.iceberg.look`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from deltatail.state.cursor import Position
-from deltatail.state.errors import DeltaTailError, InvalidLogError, StateError, VersionGapError
-from deltatail.state.iceberg.ancestry import Ancestry
-from deltatail.state.iceberg.model import SnapshotInfo, TableState
+from deltatail.state.errors import DeltaTailError, StateError, VersionGapError
+from deltatail.state.iceberg.ancestry import Ancestry, Lost, find_base, versions_after
+from deltatail.state.iceberg.model import SnapshotInfo
 from deltatail.tailer.audit.alerts import AlertNotifier
 from deltatail.tailer.audit.log import AuditOutput
 from deltatail.tailer.follow.audit import AuditFollowConfig, AuditOutputs, AuditProgress, mark_audit_state
@@ -45,16 +46,14 @@ from deltatail.tailer.follow.state_store import SavedState
 from deltatail.tailer.iceberg.audit import IcebergAuditFeed
 from deltatail.tailer.iceberg.feed import IcebergFeed
 from deltatail.tailer.iceberg.follow import iceberg_table_id
+from deltatail.tailer.iceberg.look import TORN_SECONDS, MetadataLook, Seen
 from deltatail.tailer.log.watch import Watcher
 from deltatail.tailer.runtime.faults import crash_point
 from deltatail.tailer.runtime.status import status
 
 log = logging.getLogger("deltatail.audit")
 
-#: How long a newest metadata file may not parse before that is an error. A writer on a local file
-#: system writes it in place (pyiceberg does), so a look can find it empty or cut short; an object
-#: store's put is whole.
-TORN_SECONDS = 10.0
+__all__ = ["TORN_SECONDS", "IcebergAuditFollower"]
 
 #: What the auditor tells a user to do when ``main`` no longer holds the snapshot audited up to.
 RESET_HINT = (
@@ -79,6 +78,7 @@ class IcebergAuditFollower(FollowLoop[AuditOutputs]):
         notifier: evaluates alert rules and delivers the alerts (closed by :meth:`run`), if any.
         watcher: makes the watcher of ``metadata/`` (the directory, whether to watch).
         clock: monotonic seconds.
+        sleep: the waits for a file being written.
     """
 
     config: AuditFollowConfig
@@ -93,6 +93,7 @@ class IcebergAuditFollower(FollowLoop[AuditOutputs]):
         notifier: AlertNotifier | None = None,
         watcher: Callable[[str, bool], Watcher] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         super().__init__(
             config, AuditOutputs(outputs), feed.table, store=None, watcher=watcher, clock=clock, status_file=False
@@ -105,8 +106,7 @@ class IcebergAuditFollower(FollowLoop[AuditOutputs]):
         self.progress = AuditProgress()
         self._base: SnapshotInfo | None = None  # the snapshot audited up to
         self._base_version = -1
-        self._seen: tuple[str, TableState, Ancestry] | None = None  # the last look's metadata
-        self._torn: tuple[str, float] | None = None  # a newest metadata file that did not parse, since when
+        self._metadata = MetadataLook(feed, lambda: self._clock(), sleep)
         self._since = 0
         self._last_checkpoint = clock()
 
@@ -130,35 +130,9 @@ class IcebergAuditFollower(FollowLoop[AuditOutputs]):
                 self.notifier.close()
         return self.progress
 
-    def _look(self) -> tuple[str, TableState, Ancestry]:
-        """The newest metadata: its location (one request), parsed only when it changed.
-
-        A newest file that does not parse yet while an older one was read is taken as still being
-        written (see :data:`TORN_SECONDS`): the older one stands until it parses, or until that time
-        is up and the error is raised.
-        """
-        where = self.feed.iceberg.metadata_location()
-        if self._seen is not None and self._seen[0] == where:
-            return self._seen
-        try:
-            state, ancestry, _ = self.feed.current(where)
-        except InvalidLogError:
-            if self._seen is None or not self._being_written(where):
-                raise
-            return self._seen
-        self._torn = None
-        self._seen = (where, state, ancestry)
-        return self._seen
-
-    def _being_written(self, where: str) -> bool:
-        """Whether ``where``, which does not parse, was first seen so less than :data:`TORN_SECONDS` ago."""
-        now = self._clock()
-        if self._torn is None or self._torn[0] != where:
-            self._torn = (where, now)
-        if now - self._torn[1] >= TORN_SECONDS:
-            return False
-        log.info("%s: the newest metadata file %s does not parse yet; looking again", self.table, where)
-        return True
+    def _look(self) -> Seen:
+        """The newest metadata (:meth:`MetadataLook.look <tailer.iceberg.look.MetadataLook.look>`)."""
+        return self._metadata.look()
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -212,12 +186,10 @@ class IcebergAuditFollower(FollowLoop[AuditOutputs]):
             VersionGapError: if it and the snapshots after it were expired.
             StateError: if it is no longer on ``main``.
         """
-        index = ancestry.index_of_version(version)
-        if index < len(ancestry.versions) and ancestry.versions[index] == version:
-            found = ancestry.snapshots[index]
-            if found.timestamp_ms == timestamp_ms:
-                return found
-        elif ancestry.versions and ancestry.versions[0] > version and not ancestry.complete:
+        found = find_base(ancestry, version, timestamp_ms)
+        if isinstance(found, SnapshotInfo):
+            return found
+        if found is Lost.EXPIRED:
             raise VersionGapError(
                 f"version {version}, audited up to, and the snapshots after it are gone: " + EXPIRED_HINT,
                 table=self.table,
@@ -260,13 +232,8 @@ class IcebergAuditFollower(FollowLoop[AuditOutputs]):
                 table=self.table,
                 file=self.config.state_dir,
             )
-        if self._base is not None:
-            base = self._find_base(self._base_version, self._base.timestamp_ms, ancestry)
-            index = ancestry.index_of_id(base.snapshot_id)
-            first = 0 if index is None else index + 1
-        else:
-            first = ancestry.index_of_version(self._cursor.version)
-        found = [v for v in ancestry.versions[first:] if v >= self._cursor.version]  # a start past the newest
+        base = None if self._base is None else self._find_base(self._base_version, self._base.timestamp_ms, ancestry)
+        found = list(versions_after(ancestry, base, self._cursor.version))
         return found if limit is None else found[:limit]
 
     def _deliver_versions(self, versions: list[int]) -> None:
@@ -284,9 +251,11 @@ class IcebergAuditFollower(FollowLoop[AuditOutputs]):
 
     def _audit(self, version: int) -> None:
         """Build, evaluate and write the event of ``version`` (in the last look's metadata)."""
-        where, state, ancestry = self._seen if self._seen is not None else self._look()
+        where, state, ancestry = self._metadata.last()
         index = ancestry.index_of_version(version)
-        event = self.audit.event(state, ancestry, index, where, counted=self.config.counted)
+        event = self._metadata.patiently(
+            lambda: self.audit.event(state, ancestry, index, where, counted=self.config.counted)
+        )
         alerts = self.notifier.notify(event).alerts if self.notifier is not None else ()
         self.outputs.write(event, alerts)
         self._unflushed = True

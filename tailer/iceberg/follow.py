@@ -10,13 +10,16 @@ uuid, so its old state directory is refused.
 Each look reads the newest metadata with the fewest requests (the catalog's pointer, or
 ``metadata/version-hint.text``, or one listing of ``metadata/``), and nothing more when it is the
 file the last look read. New snapshots are those of the ``main`` branch after the one delivered up to.
+A metadata file or manifest list a writer has not finished is waited for (:mod:`tailer.iceberg.look`).
 
 Errors that stop it (after checkpointing what was delivered):
 
 - the snapshot delivered up to is no longer on ``main`` (a branch reset or rollback): ``StateError``;
 - snapshots after it were expired before they were read: ``VersionGapError`` with a recovery hint;
 - the table id differs (dropped and re-created, or another table's state directory): ``StateError``;
-- an unsupported feature or a non-additive schema change.
+- an unsupported feature or a non-additive schema change;
+- a newest metadata file that has not parsed, or a manifest list missing, for
+  :data:`~tailer.iceberg.look.TORN_SECONDS`: ``InvalidLogError`` / ``MissingFileError``.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from collections.abc import Callable, Iterator
 from deltatail.state.cursor import Position
 from deltatail.state.errors import SchemaChangeError, StateError, UnsupportedFeatureError, VersionGapError
 from deltatail.state.feed import ChangeBatch, TableInfo
-from deltatail.state.iceberg.ancestry import EXPIRED_HINT, Ancestry
-from deltatail.state.iceberg.model import SnapshotInfo, TableState
+from deltatail.state.iceberg.ancestry import EXPIRED_HINT, Ancestry, Lost, find_base, versions_after
+from deltatail.state.iceberg.model import SnapshotInfo
 from deltatail.state.iceberg.planning import IcebergPlan
 from deltatail.tailer.follow.config import TailerConfig
 from deltatail.tailer.follow.loop import table_name
@@ -37,6 +40,7 @@ from deltatail.tailer.follow.plan_loop import PlanLoop
 from deltatail.tailer.follow.state_store import StateStore
 from deltatail.tailer.follow.stats import TableStats
 from deltatail.tailer.iceberg.feed import IcebergFeed
+from deltatail.tailer.iceberg.look import MetadataLook, Seen
 from deltatail.tailer.log.watch import Watcher
 from deltatail.tailer.sink import Sink
 
@@ -58,7 +62,7 @@ class IcebergTailer(PlanLoop[IcebergPlan]):
         feed: plans and reads rows.
         store: the state directory; by default ``StateStore(config.state_dir)``.
         watcher: makes the watcher of ``metadata/`` (the directory, whether to watch).
-        clock: monotonic seconds; wall_clock: epoch seconds.
+        clock: monotonic seconds; wall_clock: epoch seconds; sleep: the waits for a file being written.
         stats: the figures the tailer keeps up to date (a new one by default).
         status_file: whether it keeps ``status.json`` in its state directory (not for ``deltatail serve``).
     """
@@ -75,6 +79,7 @@ class IcebergTailer(PlanLoop[IcebergPlan]):
         wall_clock: Callable[[], float] = time.time,
         stats: TableStats | None = None,
         status_file: bool = True,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         super().__init__(
             config,
@@ -91,7 +96,7 @@ class IcebergTailer(PlanLoop[IcebergPlan]):
         self.table = feed.table
         self._base: SnapshotInfo | None = None  # the snapshot delivered up to
         self._base_version = -1
-        self._seen: tuple[str, TableState, Ancestry] | None = None  # the last look's metadata
+        self._metadata = MetadataLook(feed, lambda: self._clock(), sleep)
 
     @property
     def table_id(self) -> str:
@@ -100,16 +105,12 @@ class IcebergTailer(PlanLoop[IcebergPlan]):
             self._table_id = iceberg_table_id(self._look()[1].table_uuid)
         return self._table_id
 
-    def _look(self) -> tuple[str, TableState, Ancestry]:
-        where = self.feed.iceberg.metadata_location()
-        if self._seen is None or self._seen[0] != where:
-            state, ancestry, _ = self.feed.current(where)
-            self._seen = (where, state, ancestry)
-        return self._seen
+    def _look(self) -> Seen:
+        return self._metadata.look()
 
-    def _last(self) -> tuple[str, TableState, Ancestry]:
+    def _last(self) -> Seen:
         """The last look's metadata (the versions being delivered were found in it)."""
-        return self._seen if self._seen is not None else self._look()
+        return self._metadata.last()
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -163,14 +164,14 @@ class IcebergTailer(PlanLoop[IcebergPlan]):
     def _find_base(self, version: int, timestamp_ms: int, ancestry: Ancestry) -> SnapshotInfo:
         """The snapshot the state delivered up to (its version and timestamp), which must still be on ``main``.
 
-        Sequence numbers are never reused in a table, so a version and a timestamp name one snapshot.
+        Raises:
+            VersionGapError: if it and the snapshots after it were expired.
+            StateError: if it is no longer on ``main``.
         """
-        index = ancestry.index_of_version(version)
-        if index < len(ancestry.versions) and ancestry.versions[index] == version:
-            found = ancestry.snapshots[index]
-            if found.timestamp_ms == timestamp_ms:
-                return found
-        elif ancestry.versions and ancestry.versions[0] > version and not ancestry.complete:
+        found = find_base(ancestry, version, timestamp_ms)
+        if isinstance(found, SnapshotInfo):
+            return found
+        if found is Lost.EXPIRED:
             raise VersionGapError(
                 f"version {version}, delivered up to, and the snapshots after it were expired before they were "
                 "read; " + EXPIRED_HINT,
@@ -211,13 +212,8 @@ class IcebergTailer(PlanLoop[IcebergPlan]):
                 table=self.table,
                 file=self.config.state_dir,
             )
-        if self._base is not None:
-            base = self._find_base(self._base_version, self._base.timestamp_ms, ancestry)
-            index = ancestry.index_of_id(base.snapshot_id)
-            first = 0 if index is None else index + 1
-        else:
-            first = ancestry.index_of_version(self._cursor.version)
-        found = list(ancestry.versions[first:])
+        base = None if self._base is None else self._find_base(self._base_version, self._base.timestamp_ms, ancestry)
+        found = list(versions_after(ancestry, base, self._cursor.version))
         if limit is not None:
             found = found[:limit]
         if found:
@@ -227,7 +223,7 @@ class IcebergTailer(PlanLoop[IcebergPlan]):
     def _deliver_initial_snapshot(self) -> None:
         _, state, ancestry = self._last()
         index = ancestry.index_of_version(self._cursor.version)
-        plan = self.feed.plan_initial(state, ancestry, index)
+        plan = self._metadata.patiently(lambda: self.feed.plan_initial(state, ancestry, index))
         if not self._deliver(plan):
             return
         self._base, self._base_version = plan.snapshot, plan.version
@@ -238,7 +234,7 @@ class IcebergTailer(PlanLoop[IcebergPlan]):
         where, state, ancestry = self._last()
         index = ancestry.index_of_version(version)
         try:
-            plan = self.feed.plan(state, ancestry, index, where)
+            plan = self._metadata.patiently(lambda: self.feed.plan(state, ancestry, index, where))
         except (UnsupportedFeatureError, SchemaChangeError) as e:
             log.error("stopping before version %s; everything before it is delivered and checkpointed", e.version)
             self._checkpoint()

@@ -223,6 +223,7 @@ class IcebergTable:
             raw = _Input(self.storage, location)._bytes()
         except DeltaTailError as e:
             raise e.at(table=self.root, file=location) from None
+        _require_complete_json(raw, self.root, location)
         try:
             md = self._modules.parse_metadata(raw.decode("utf-8"))
         except Exception as e:  # pyiceberg's ValidationError, pydantic's, a bad encoding
@@ -280,6 +281,10 @@ class IcebergTable:
         try:
             listed = self._modules.read_manifest_list(_Input(self.storage, where))
             return [(m.manifest_path, int(m.sequence_number or 0), int(m.partition_spec_id)) for m in listed]
+        except MissingFileError as e:
+            raise MissingFileError(
+                "the snapshot's manifest list is missing (not written yet, or deleted)", file=e.file or where
+            ) from None
         except DeltaTailError:
             raise
         except Exception as e:
@@ -373,6 +378,26 @@ def _content_file(entry: Any, spec_id: int, manifest_sequence: int) -> ContentFi
         content_offset=_optional_int(_v3_field(df, "content_offset")),
         content_size=_optional_int(_v3_field(df, "content_size_in_bytes")),
     )
+
+
+def _require_complete_json(raw: bytes, table: str, location: str) -> None:
+    """Refuse a metadata file that is not one whole JSON document: cut short, or still being written.
+
+    The spec: "Table metadata is stored as JSON"; a writer that has not finished (or died) leaves a
+    prefix of it, which a follower reads again later (:mod:`tailer.iceberg.follow`).
+
+    Raises:
+        InvalidLogError: saying so, naming the table and the file.
+    """
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InvalidLogError(
+            f"Iceberg metadata does not parse: not complete JSON ({len(raw)} bytes; cut short or still "
+            f"being written?): {e}",
+            table=table,
+            file=location,
+        ) from None
 
 
 def _require_known_version(raw: bytes, table: str, location: str) -> None:

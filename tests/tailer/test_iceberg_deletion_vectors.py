@@ -205,3 +205,28 @@ def test_deletion_vectors_on_s3_are_applied(moto: Server, tmp_path: Path, capsys
         (3, "delete", 14),
         (3, "delete", 21),
     ]
+
+
+def test_snapshot_names_deletion_vectors_apart_from_position_delete_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t, a, b = two_files(tmp_path)
+    t = commit_deletes(t, positions=[(b, 0)])  # a position delete file (Parquet), written while the table was v2
+    t = commit_vectors(t, {a: [1]})
+    as_v3(t)
+    root = Path(table_dir(t))
+    [vector] = [str(p) for p in root.rglob("*.puffin")]
+    [positions] = [str(p) for p in root.rglob("*.parquet") if f"file://{p}" not in (a, b) and str(p) not in (a, b)]
+    assert main(["snapshot", str(root), "--json"]) == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    assert doc["formatVersion"] == 3
+    kinds = {f["path"].removeprefix("file://"): f["content"] for f in doc["files"]}
+    assert kinds == {
+        a.removeprefix("file://"): "data",
+        b.removeprefix("file://"): "data",
+        positions: "position deletes",
+        vector: "deletion vector",
+    }
+    assert main(["snapshot", str(root)]) == 0
+    text = capsys.readouterr().out
+    assert f"deletion vector: {vector}" in text or f"deletion vector: file://{vector}" in text
