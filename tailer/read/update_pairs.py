@@ -1,0 +1,106 @@
+"""Update pairs kept whole: a commit's update images delivered so both images of a key are side by side.
+
+A sink that makes one event of an update's two images (Debezium's ``u``, asked for by
+:attr:`tailer.sink.Sink.update_pair_key`) needs the ``update_preimage`` and the
+``update_postimage`` of a key in one batch. Writers do not put them together: delta-rs writes
+every pre-image of an UPDATE and then every post-image, so in a commit of N updated rows the two
+images of a row are N rows apart, and a sink carrying unpaired images over from batch to batch
+would hold half the commit, and a cursor saved between two images would point at a row whose
+partner was never sent. Instead a commit with cdc files is read for such a sink as
+``--net-changes`` reads a rewrite (:mod:`tailer.read.net_changes`): in key-hash partitioned
+passes (one per :data:`~tailer.read.net_changes.NET_PASS_BYTES` of cdc files), each pass keeping
+the rows whose key hashes to it, so both images of a key are always in one pass; a pass's rows
+are reordered by :func:`paired_order` (a pair's pre-image, then its post-image, where the earlier
+of them was) and cut into batches by :func:`pair_batches`, which never
+ends a batch between the two images of a pair. Memory is one pass, bounded by the pass's share
+of the commit's files, whatever the commit's size.
+
+Positions count the reordered rows. They are the same on every read of the commit (the number of
+passes depends only on the files' sizes, the order only on the rows), so a cursor or a sink's
+holdings inside the commit resume at the same row; and as no batch ends inside a pair, the cursor
+never stands between two images.
+
+The pairing rule is the encoder's (:mod:`sinks.kafka.pairing`): in row order, an image of a key
+pairs with the waiting image of the other kind of the same key; an image of a kind already
+waiting for that key replaces it, which then stays unpaired.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.read.net_changes import row_keys
+
+PREIMAGE = "update_preimage"
+POSTIMAGE = "update_postimage"
+
+
+def paired_order(change_types: list[str], keys: list[bytes]) -> tuple[list[int], set[int]]:
+    """The row order that puts both images of each pair where its earlier image was, pre-image first.
+
+    Rows keep their order otherwise. Returns the order (row numbers) and the positions in that
+    order of every pair's pre-image.
+    """
+    partner: dict[int, int] = {}
+    waiting: dict[tuple[str, bytes], int] = {}
+    for i, kind in enumerate(change_types):
+        if kind not in (PREIMAGE, POSTIMAGE):
+            continue
+        other = POSTIMAGE if kind == PREIMAGE else PREIMAGE
+        j = waiting.pop((other, keys[i]), None)
+        if j is None:
+            waiting[(kind, keys[i])] = i
+        else:
+            partner[j] = i
+    later = set(partner.values())
+    order: list[int] = []
+    firsts: set[int] = set()
+    for i in range(len(change_types)):
+        if i in later:
+            continue
+        j = partner.get(i)
+        if j is None:
+            order.append(i)
+            continue
+        firsts.add(len(order))
+        order += [i, j] if change_types[i] == PREIMAGE else [j, i]
+    return order, firsts
+
+
+def check_key(schema: pa.Schema, key_columns: tuple[str, ...], *, where: str, version: int) -> None:
+    """Check that rows of ``schema`` have every key column.
+
+    Raises:
+        ConfigError: naming the missing columns, the table and the version.
+    """
+    missing = [k for k in key_columns if k not in schema.names]
+    if missing:
+        raise ConfigError(
+            f"the sink pairs update images by the key columns {', '.join(key_columns)}, "
+            f"and the rows of this version have no column {', '.join(missing)}",
+            table=where,
+            version=version,
+        )
+
+
+def pair_batches(rows: pa.Table, key_columns: tuple[str, ...], batch_size: int) -> Iterator[pa.RecordBatch]:
+    """``rows`` (one pass of a commit) in :func:`paired_order`, in batches of about ``batch_size`` rows.
+
+    Rows that fit in one batch keep their order (nothing to split). A batch ends after
+    ``batch_size`` rows, or one row later when that would separate a pair.
+    """
+    if rows.num_rows <= batch_size:
+        order, firsts = list(range(rows.num_rows)), set()
+    else:
+        order, firsts = paired_order(rows.column("_change_type").to_pylist(), row_keys(rows, list(key_columns)))
+    ordered = rows.take(pa.array(order, pa.int64()))
+    start = 0
+    while start < ordered.num_rows:
+        end = min(start + max(batch_size, 1), ordered.num_rows)
+        if end - 1 in firsts:
+            end += 1
+        yield from ordered.slice(start, end - start).combine_chunks().to_batches()
+        start = end
