@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from deltatail.state.errors import ConfigError
 from deltatail.tailer.read.net_changes import row_keys
@@ -93,14 +94,58 @@ def pair_batches(rows: pa.Table, key_columns: tuple[str, ...], batch_size: int) 
     ``batch_size`` rows, or one row later when that would separate a pair.
     """
     if rows.num_rows <= batch_size:
-        order, firsts = list(range(rows.num_rows)), set()
-    else:
-        order, firsts = paired_order(rows.column("_change_type").to_pylist(), row_keys(rows, list(key_columns)))
-    ordered = rows.take(pa.array(order, pa.int64()))
+        yield from rows.combine_chunks().to_batches()
+        return
+    order, firsts = _joined_order(rows, key_columns) if _joinable(rows, key_columns) else (None, None)
+    if order is None or firsts is None:
+        listed, at = paired_order(rows.column("_change_type").to_pylist(), row_keys(rows, list(key_columns)))
+        order = pa.array(listed, pa.int64())
+        firsts = pa.array([i in at for i in range(len(listed))], pa.bool_())
+    ordered = rows.take(order)
     start = 0
     while start < ordered.num_rows:
         end = min(start + max(batch_size, 1), ordered.num_rows)
-        if end - 1 in firsts:
+        if firsts[end - 1].as_py():
             end += 1
         yield from ordered.slice(start, end - start).combine_chunks().to_batches()
         start = end
+
+
+_JOINABLE = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
+_JOINABLE += (pa.types.is_date, pa.types.is_timestamp)
+
+
+def _joinable(rows: pa.Table, key_columns: tuple[str, ...]) -> bool:
+    """Whether the keys can be matched by a hash join: plain types (equal exactly when their JSON is), no nulls."""
+    fields = [rows.schema.field(k) for k in key_columns]
+    return all(any(t(f.type) for t in _JOINABLE) and rows.column(f.name).null_count == 0 for f in fields)
+
+
+def _joined_order(rows: pa.Table, key_columns: tuple[str, ...]) -> tuple[pa.Array | None, pa.Array | None]:
+    """:func:`paired_order` by Arrow's hash join, when no key has two images of one kind; else ``(None, None)``.
+
+    With at most one pre- and one post-image per key, the rule of the module docstring pairs exactly
+    the images of equal keys. Returns the order (row numbers) and, per position in it, whether a pair starts there.
+    """
+    kinds, keys = rows.column("_change_type"), list(key_columns)
+    row = pa.array(range(rows.num_rows), pa.int64())
+    sides = []
+    for kind, name in ((PREIMAGE, "__pre"), (POSTIMAGE, "__post")):
+        mask = pc.equal(kinds, kind)
+        sides.append(rows.select(keys).filter(mask).append_column(name, row.filter(mask)))
+    pairs = sides[0].join(sides[1], keys=keys, join_type="inner")
+    pre, post = pairs.column("__pre"), pairs.column("__post")
+    if pc.count_distinct(pre).as_py() != len(pre) or pc.count_distinct(post).as_py() != len(post):
+        return None, None  # a key with two images of one kind and one of the other: the rule decides
+    earlier = pc.min_element_wise(pre, post)
+    moved = pa.chunked_array([*pre.chunks, *post.chunks], pa.int64())
+    stays = row.filter(pc.invert(pc.is_in(row, value_set=moved.combine_chunks())))
+    table = pa.table(
+        {
+            "row": pa.chunked_array([stays, *moved.chunks], pa.int64()),
+            "place": pa.chunked_array([stays, *earlier.chunks, *earlier.chunks], pa.int64()),
+            "second": pa.chunked_array([pa.repeat(False, len(stays) + len(pre)), pa.repeat(True, len(post))]),
+        }
+    ).sort_by([("place", "ascending"), ("second", "ascending")])
+    firsts = pc.is_in(table.column("row"), value_set=pre.combine_chunks())
+    return table.column("row").combine_chunks(), firsts.combine_chunks()

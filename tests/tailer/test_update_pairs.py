@@ -7,10 +7,13 @@ images of a row are 400 rows apart in the writer's order. The reference is delta
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -19,7 +22,7 @@ from deltatail.state.errors import ConfigError
 from deltatail.state.feed import ChangeBatch
 from deltatail.tailer.read import net_changes as net_changes_module
 from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
-from deltatail.tailer.read.update_pairs import paired_order
+from deltatail.tailer.read.update_pairs import pair_batches, paired_order
 
 ROWS = 1_600
 PRE, POST = "update_preimage", "update_postimage"
@@ -105,3 +108,27 @@ def test_paired_order_follows_the_encoders_rule() -> None:
     order, firsts = paired_order(kinds, keys)
     assert order == [0, 1, 2, 4, 3, 6, 5]  # post-image j first in the writer's order: the pre-image leads
     assert firsts == {2, 5}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int) -> None:
+    """Random images of random keys (string keys: the hash join; repeated images of a key: the rule in Python):
+    the rows come in :func:`paired_order` of the rule, and no batch ends between a pair's two images."""
+    rng = random.Random(seed)
+    if seed % 2:  # 400 images of 60 keys
+        kinds = [rng.choice([PRE, POST, "insert", "delete"]) for _ in range(400)]
+        keys = [f"k{rng.randrange(60)}" for _ in range(400)]
+    else:  # 150 updated keys, 100 inserted or deleted ones, shuffled
+        rows = [(kind, f"k{i}") for i in range(150) for kind in (PRE, POST)]
+        rows += [(rng.choice(["insert", "delete"]), f"k{i}") for i in range(150, 250)]
+        rng.shuffle(rows)
+        kinds, keys = [k for k, _ in rows], [k for _, k in rows]
+    n = len(kinds)
+    rows = pa.table({"k": keys, "_change_type": kinds, "row": range(n)})
+    batches = list(pair_batches(rows, ("k",), 5))
+    got = [r["row"] for b in batches for r in b.to_pylist()]
+    order, firsts = paired_order(kinds, [orjson.dumps([k]) for k in keys])
+    assert got == order
+    assert firsts, "no pair at all: the case proves nothing"
+    ends = set(itertools.accumulate(b.num_rows for b in batches))
+    assert not any(first + 1 in ends for first in firsts)
