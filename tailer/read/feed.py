@@ -38,7 +38,7 @@ from deltatail.tailer.read.read_ahead import ReadAheadReader
 from deltatail.tailer.read.reader_pool import ReaderPool, shared_pool
 from deltatail.tailer.read.readers import PlanReader, PlanRows, SequentialReader
 from deltatail.tailer.read.tasks import count_task_rows, read_task
-from deltatail.tailer.read.update_pairs import check_key, pair_batches
+from deltatail.tailer.read.update_pairs import check_key, in_pair_pass, pair_batches
 from deltatail.tailer.storage import Storage
 
 
@@ -274,7 +274,7 @@ class ChangeFeed:
                 task_batches = (read_task(self.storage, plan.context_of(t), t, o.batch_size) for t in plan.tasks)
             rows = (b for batches in task_batches for b in batches)
             if passes > 1:
-                rows = (in_pass(b, o.pair_key, passes, which) for b in rows)
+                rows = (in_pair_pass(b, o.pair_key, passes, which) for b in rows)
             merged = pa.Table.from_batches(list(rows), schema=schema)
             yield from pair_batches(merged, o.pair_key, o.batch_size)
 

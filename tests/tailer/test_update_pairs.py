@@ -7,6 +7,7 @@ images of a row are 400 rows apart in the writer's order. The reference is delta
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import random
 from collections import Counter
@@ -22,7 +23,8 @@ from deltatail.state.errors import ConfigError
 from deltatail.state.feed import ChangeBatch
 from deltatail.tailer.read import net_changes as net_changes_module
 from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
-from deltatail.tailer.read.update_pairs import pair_batches, paired_order
+from deltatail.tailer.read.net_changes import in_pass
+from deltatail.tailer.read.update_pairs import in_pair_pass, pair_batches, paired_order
 
 ROWS = 1_600
 PRE, POST = "update_preimage", "update_postimage"
@@ -132,3 +134,24 @@ def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int) -> None:
     assert firsts, "no pair at all: the case proves nothing"
     ends = set(itertools.accumulate(b.num_rows for b in batches))
     assert not any(first + 1 in ends for first in firsts)
+
+
+@pytest.mark.parametrize("column", ["id", "day", "name"])
+def test_pair_passes_split_rows_by_key(column: str) -> None:
+    """Each row is in exactly one of the passes, and every row of a key in the same one; integer and date
+    keys are hashed in Arrow, a string key as ``--net-changes`` hashes it."""
+    ids = [i % 500 - 250 for i in range(2_000)]
+    batch = pa.record_batch(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "day": pa.array([dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in ids], pa.date32()),
+            "name": pa.array([f"n{i}" for i in ids], pa.string()),
+        }
+    )
+    parts = [in_pair_pass(batch, (column,), 5, which).column("id").to_pylist() for which in range(5)]
+    assert sorted(i for part in parts for i in part) == sorted(ids)
+    assert all(len(part) > 200 for part in parts)  # none empty or nearly: the hash spreads the keys
+    homes = [{i for i in part} for part in parts]
+    assert all(not (a & b) for a, b in itertools.combinations(homes, 2))
+    if column == "name":
+        assert parts == [in_pass(batch, ("name",), 5, which).column("id").to_pylist() for which in range(5)]
