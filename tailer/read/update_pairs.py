@@ -137,8 +137,14 @@ def pair_batches(rows: pa.Table, key_columns: tuple[str, ...], batch_size: int) 
         start = end
 
 
-_JOINABLE = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_binary)
-_JOINABLE += (pa.types.is_date, pa.types.is_timestamp)
+_JOINABLE = (
+    pa.types.is_integer,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_date,
+    pa.types.is_timestamp,
+)
 
 
 def _joinable(rows: pa.Table, key_columns: tuple[str, ...]) -> bool:
