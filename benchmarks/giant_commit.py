@@ -20,7 +20,8 @@ Each side runs as a child process of its own, and its peak RSS is the child's ``
 process, interpreter and imports included; deltatail's reader processes, which read only small
 files, are not counted). ``deltatail run --until-caught-up`` starts at the
 giant commit (``--starting-version``) with a fresh state directory and writes to a ``jsonl:`` file,
-a ``parquet:`` directory, or a Kafka topic of a memory-only tansu broker started here. ``load_cdf``
+a ``parquet:`` directory, or a Kafka topic of a memory-only tansu broker started here
+(``--sinks kafka``: ``format=debezium`` keyed by ``id``, :func:`kafka_sink_uri`). ``load_cdf``
 of the same version is read as a stream (``RecordBatchReader``, every batch counted and dropped).
 """
 
@@ -171,12 +172,23 @@ def sink_uri(kind: str, scratch: Path, bootstrap: str | None) -> str:
         return f"jsonl:{scratch / (name + '.jsonl')}"
     if kind == "parquet":
         return f"parquet:{scratch / name}"
+    if bootstrap is None:
+        raise SystemExit("no broker for the kafka sink")
+    return kafka_sink_uri(bootstrap, f"giant-{name}")
+
+
+def kafka_sink_uri(bootstrap: str, topic: str) -> str:
+    """A new topic of 4 partitions, and the sink that writes Debezium events keyed by ``id`` to it.
+
+    With a key, the sink pairs each update's two images into one ``u`` event, so a cdc commit is
+    read in key-hash passes (``tailer/read/update_pairs.py``): this side measures that reading.
+    """
     from kafka.admin import KafkaAdminClient, NewTopic
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="bench")
-    admin.create_topics([NewTopic(f"giant-{name}", num_partitions=4, replication_factor=1)])
+    admin.create_topics([NewTopic(topic, num_partitions=4, replication_factor=1)])
     admin.close()
-    return f"kafka://{bootstrap}/giant-{name}?key=id&envelope=debezium"
+    return f"kafka://{bootstrap}/{topic}?key=id&format=debezium"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -90,6 +90,18 @@ class Sink(ABC):
         """
         return False
 
+    @property
+    def update_pair_key(self) -> tuple[str, ...]:
+        """The key columns by which the sink makes one message of an update's two images; default none (``()``).
+
+        Read once, before :meth:`open`. For a sink that names columns, the tailer delivers a commit
+        with cdc files so that a key's ``update_preimage`` and ``update_postimage`` are side by side
+        in one batch, whatever the commit's size (:mod:`tailer.read.update_pairs`: rows in key-hash
+        passes, positions counting the reordered rows); otherwise in the writer's order, where a
+        commit larger than a batch may separate them.
+        """
+        return ()
+
     def commit_event(self, event: CommitEvent) -> None:  # noqa: B027 - optional hook, no-op by default
         """Receive a commit's summary after its rows were written; ignored unless a sink overrides it."""
 

@@ -28,9 +28,9 @@ Formats (``format=`` of the Kafka sink; :class:`sinks.kafka.encoding.ChangeEncod
     (``ts_us``, ``ts_ns``: the same instant in finer units). With ``transactions=true`` a
     ``transaction`` block follows ``source`` (:mod:`sinks.kafka.transactions`).
 
-    ``op`` and the pairing of updates are as before (:mod:`sinks.kafka.encoding`): with key columns the
-    pre- and post-image of one key in one batch are one ``u`` event; otherwise a pre-image is a
-    ``d`` of the old row and a post-image a ``c`` of the new one.
+    ``op`` and the pairing of updates: :mod:`sinks.kafka.pairing` (with key columns, the pre- and
+    post-image of one key are one ``u`` event, at any commit size; otherwise a pre-image is a
+    ``d`` of the old row and a post-image a ``c`` of the new one).
 
 ``flat``
     The row itself, as Debezium's ``ExtractNewRecordState`` transform produces it with
@@ -69,11 +69,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltatail.sinks.json_text import (
-    DELETE,
-    INSERT,
-    POSTIMAGE,
-    PREIMAGE,
-    UPDATE,
     EncodedBatch,
     Text,
     Wrapped,
@@ -82,6 +77,8 @@ from deltatail.sinks.json_text import (
 from deltatail.sinks.json_text import text_scalar as _scalar
 from deltatail.sinks.kafka.connect_schema import ValueModes, schema_name, struct_schema
 from deltatail.sinks.kafka.event_columns import mode_text
+from deltatail.sinks.kafka.pairing import Events, pair_key
+from deltatail.sinks.kafka.pairing import events as batch_events
 from deltatail.sinks.kafka.transactions import BLOCK_SCHEMA, block_parts
 from deltatail.state.errors import ConfigError, SinkError
 from deltatail.state.feed import CHANGE_COLUMNS, ChangeBatch, FollowStatus, TableInfo
@@ -190,18 +187,6 @@ def _dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-@dataclass(slots=True)
-class _Events:
-    """The messages of one batch before assembly: which row each carries, and its images."""
-
-    rows: list[int]
-    change_types: list[str]
-    op: pa.Array | str  # per message, or one for all
-    old: pa.Array | bool  # per message: the event is a delete (its image is the before image)
-    before: pa.Array | None  # row index of the before image per message (None: no pairing, see ``old``)
-    after: pa.Array | None
-
-
 class EventEncoder:
     """Encodes change batches into ``debezium`` or ``flat`` messages (see the module docstring).
 
@@ -233,6 +218,7 @@ class EventEncoder:
         self._clock_ms = clock_ms
         self._version = deltatail_version()
         self._prefix = options.schema_prefix(table)
+        self._pair_key = pair_key(format, self.key_columns, transactions=options.transactions)
         self._schemas: dict[tuple[pa.Schema, bool], tuple[str, str]] = {}
 
     def encode(self, batch: ChangeBatch, change_types: list[str], operation: str | None = None) -> EncodedBatch:
@@ -247,7 +233,7 @@ class EventEncoder:
         if self.format == "flat":
             self._check_flat_names(batch, data)
         key_texts = self._key_texts(batch)
-        events = self._events(batch, change_types, key_texts)
+        events = batch_events(batch, change_types, key_texts if self._pair_key else None)
         texts = [mode_text(rows.column(f.name), modes) for f in data]
         tail = ["}"] if self.format == "debezium" else [""]
         images = joined_objects(n, [f.name for f in data], texts, tail)
@@ -278,68 +264,9 @@ class EventEncoder:
         snapshot = "true" if start.snapshot else "false"
         return _join(n, [f'{{"v":{start.version},"i":', index, ',"s":' + snapshot + "}"])
 
-    def _events(self, batch: ChangeBatch, change_types: list[str], keys: pa.Array) -> _Events:
-        kinds = set(change_types)
-        created = "r" if batch.start.snapshot else "c"
-        n = len(batch)
-        if not self.key_columns or self.options.transactions or not kinds & {PREIMAGE, POSTIMAGE}:
-            if kinds <= {INSERT, POSTIMAGE}:
-                return _Events(list(range(n)), change_types, created, False, None, None)
-            if kinds <= {DELETE, PREIMAGE}:
-                return _Events(list(range(n)), change_types, "d", True, None, None)
-            old = pc.is_in(batch.rows.column("_change_type"), value_set=pa.array([DELETE, PREIMAGE]))
-            op = pc.if_else(old, _scalar("d"), _scalar(created))
-            return _Events(list(range(n)), change_types, op, old, None, None)
-        return self._paired(change_types, keys.to_pylist(), created)
-
-    def _paired(self, change_types: list[str], keys: list[str], created: str) -> _Events:
-        """Events with the pre- and post-image of one key (both in this batch) paired into one ``u``."""
-        partner: dict[int, int] = {}
-        waiting: dict[tuple[str, str], int] = {}
-        for i, ct in enumerate(change_types):
-            if ct in (PREIMAGE, POSTIMAGE):
-                other = POSTIMAGE if ct == PREIMAGE else PREIMAGE
-                j = waiting.pop((other, keys[i]), None)
-                if j is None:
-                    waiting[(ct, keys[i])] = i
-                else:
-                    partner[i], partner[j] = j, i
-        rows: list[int] = []
-        cts: list[str] = []
-        ops: list[str] = []
-        before: list[int | None] = []
-        after: list[int | None] = []
-        for i, ct in enumerate(change_types):
-            j = partner.get(i)
-            if j is not None:
-                if j > i:
-                    continue  # the earlier image travels with the later one
-                pre, post = (j, i) if ct == POSTIMAGE else (i, j)
-                rows.append(i)
-                cts.append(UPDATE)
-                ops.append("u")
-                before.append(pre)
-                after.append(post)
-            elif ct in (DELETE, PREIMAGE):
-                rows.append(i)
-                cts.append(ct)
-                ops.append("d")
-                before.append(i)
-                after.append(None)
-            else:
-                rows.append(i)
-                cts.append(ct)
-                ops.append(created)
-                before.append(None)
-                after.append(i)
-        old = pa.array([op == "d" for op in ops], pa.bool_())
-        return _Events(
-            rows, cts, pa.array(ops, pa.string()), old, pa.array(before, pa.int64()), pa.array(after, pa.int64())
-        )
-
     # -- values ----------------------------------------------------------------------
 
-    def _images(self, events: _Events, images: pa.Array) -> tuple[Text | str, Text | str]:
+    def _images(self, events: Events, images: pa.Array) -> tuple[Text | str, Text | str]:
         """The before and after texts of every message."""
         if events.before is not None and events.after is not None:
             return (
@@ -372,9 +299,7 @@ class EventEncoder:
         }
         return _dumps(source)[:-1] + ',"index":'
 
-    def _envelope_parts(
-        self, batch: ChangeBatch, events: _Events, images: pa.Array, operation: str | None
-    ) -> list[Any]:
+    def _envelope_parts(self, batch: ChangeBatch, events: Events, images: pa.Array, operation: str | None) -> list[Any]:
         before, after = self._images(events, images)
         ts_ms = self._clock_ms()
         index = _index_text(batch, events) if self.options.positions else "null"
@@ -394,7 +319,7 @@ class EventEncoder:
             f',"ts_ms":{ts_ms},"ts_us":{ts_ms * 1000},"ts_ns":{ts_ms * 1_000_000}}}',
         ]
 
-    def _flat_parts(self, batch: ChangeBatch, events: _Events, images: pa.Array, has_columns: bool) -> list[Any]:
+    def _flat_parts(self, batch: ChangeBatch, events: Events, images: pa.Array, has_columns: bool) -> list[Any]:
         if events.before is not None and events.after is not None:
             image_rows = pc.coalesce(events.after, events.before)
             image: Any = images.take(image_rows)
@@ -499,7 +424,7 @@ def _commit_micros(column: pa.Array) -> int | None:
     return None if value is None else int(value)
 
 
-def _index_text(batch: ChangeBatch, events: _Events) -> pa.Array:
+def _index_text(batch: ChangeBatch, events: Events) -> pa.Array:
     base = batch.start.index
     return pc.cast(pa.array([base + r for r in events.rows], pa.int64()), pa.string())
 

@@ -18,9 +18,10 @@ Formats (see :class:`ChangeEncoder`):
     snapshot, ``c`` for inserts and ``d`` for deletes. Updates: with key columns,
     the ``update_preimage`` and ``update_postimage`` of the same key *within one
     batch* become one ``u`` event (``before`` = pre-image, ``after`` = post-image)
-    carried at the position of the later of the two rows. An image without a
-    partner — every image when there are no key columns, an image whose partner
-    is in another batch, or the two halves of an update that changed the key
+    carried at the position of the later of the two rows; the tailer delivers both
+    images of a key in one batch at any commit size (:mod:`sinks.kafka.pairing`). An
+    image without a partner — every image when there are no key columns or with
+    ``transactions=true``, or the two halves of an update that changed the key
     itself — is emitted on its own as a delete of the old row (pre-image: ``op``
     ``d``, ``before`` only) or a create of the new one (post-image: ``op`` ``c``,
     ``after`` only). A consumer that applies events by key still ends in the

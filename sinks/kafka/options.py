@@ -17,6 +17,7 @@ from kafka.codec import has_gzip, has_lz4, has_snappy, has_zstd
 from deltatail.sinks.kafka.avro_options import AVRO_OPTIONS, AvroOptions, avro_options
 from deltatail.sinks.kafka.connect_schema import ValueModes
 from deltatail.sinks.kafka.debezium import HEARTBEAT_TOPIC, EventOptions
+from deltatail.sinks.kafka.pairing import pair_key
 from deltatail.sinks.kafka.transactions import TRANSACTION_OPTIONS, TRANSACTION_TOPIC, transaction_options
 from deltatail.state.errors import ConfigError
 from deltatail.state.feed import TableInfo
@@ -94,6 +95,11 @@ class KafkaOptions:
     avro: AvroOptions | None = None
     transactions: bool = False
     transaction_topic: str = TRANSACTION_TOPIC
+
+    @property
+    def pair_key(self) -> tuple[str, ...]:
+        """The key columns by which the events pair update images, or ``()`` (:mod:`sinks.kafka.pairing`)."""
+        return pair_key(self.format, self.key_columns, transactions=self.events.transactions)
 
     @staticmethod
     def from_uri(uri: str, env: Mapping[str, str] | None = None) -> KafkaOptions:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 import orjson
 
 from deltatail.sinks.json_text import CHANGE_TYPES, UPDATE, EncodedBatch
+from deltatail.sinks.kafka import transactions as txn
 from deltatail.sinks.kafka.avro import AvroEncoder, avro_encoder
 from deltatail.sinks.kafka.debezium import check_ordering, heartbeat_message
 from deltatail.sinks.kafka.encoding import ChangeEncoder
@@ -39,13 +40,6 @@ from deltatail.sinks.kafka.producers import (
 from deltatail.sinks.kafka.schema_changes import schema_change_message
 from deltatail.sinks.kafka.shared import ProducerPool
 from deltatail.sinks.kafka.tails import Tail, TailCheck, TailReader, header_map
-from deltatail.sinks.kafka.transactions import (
-    TransactionLog,
-    boundary_message,
-    boundary_schemas,
-    commit_ms,
-    data_collection,
-)
 from deltatail.state.audit import AuditEvent
 from deltatail.state.cursor import Position
 from deltatail.state.errors import ConfigError, SinkError, SinkUnavailableError
@@ -148,7 +142,7 @@ class KafkaSink(Sink):
         self.schema_topic = self._own_topic(table, opts.events.server_name if schemas else None, "schema change topic")
         self.transaction_topic = self._own_topic(table, opts.transaction_topic if tx else None, "transaction_topic")
         self.sink_id = opts.sink_id or default_sink_id(table.table_id, self.topic)
-        self._tx = TransactionLog(table.table_id, self.sink_id) if opts.transactions else None
+        self._tx = txn.TransactionLog(table.table_id, self.sink_id) if opts.transactions else None
         clock = {} if self._clock_ms is None else {"clock_ms": self._clock_ms}
         self._encoder: ChangeEncoder | AvroEncoder = ChangeEncoder(
             table,
@@ -301,7 +295,7 @@ class KafkaSink(Sink):
         """
         self._check_usable()
         if self._tx is not None and not batch.start.snapshot and len(batch):
-            self._transaction_event(batch.start.version, "BEGIN", commit_ms(batch.rows.column("_commit_timestamp")))
+            self._transaction_event(batch.start.version, "BEGIN", txn.commit_ms(batch.rows.column("_commit_timestamp")))
             self._tx.seen(batch.start.version, batch.end.index)
         version, operation = self._operation
         with collector_paused():
@@ -385,6 +379,11 @@ class KafkaSink(Sink):
         """True with a ``commit_topic`` (its messages are the commits' audit events) or ``schema_changes``."""
         return bool(self.options.commit_topic) or self.options.schema_changes
 
+    @property
+    def update_pair_key(self) -> tuple[str, ...]:
+        """The key columns by which ``debezium``/``flat`` events pair update images (:mod:`sinks.kafka.pairing`)."""
+        return self.options.pair_key
+
     def commit_event(self, event: CommitEvent) -> None:
         """Publish the commit's audit event to the commit topic, if one is configured.
 
@@ -461,11 +460,11 @@ class KafkaSink(Sink):
         if (tx.begun if status == "BEGIN" else tx.ended) >= version:
             return
         events = self.options.events
-        collection = data_collection(events.source_db, events.source_schema, events.table_name(self.table))
+        collection = txn.data_collection(events.source_db, events.source_schema, events.table_name(self.table))
         count = None if status == "BEGIN" else tx.rows.get(version, 0)
-        key, value = boundary_message(status, self.table.table_id, version, ts_ms, collection, count)
+        key, value = txn.boundary_message(status, self.table.table_id, version, ts_ms, collection, count)
         if isinstance(self._encoder, AvroEncoder):
-            key, value = self._encoder.encode_other(topic, boundary_schemas(events.server_name), key, value)
+            key, value = self._encoder.encode_other(topic, txn.boundary_schemas(events.server_name), key, value)
         headers = [*self._fixed_headers, ("dt.version", b"%d" % version), ("dt.change_type", status.encode())]
         stamp = (version, COMMIT_RANK, -1, 2 if status == "BEGIN" else 3)
         partition = choose_partition(self.table.table_id.encode(), self._tx_partitions)

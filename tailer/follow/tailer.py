@@ -113,6 +113,7 @@ class Tailer(ChangeLoop):
     ) -> None:
         if feed is None:
             feed = ChangeFeed(config.table, table_storage(config.table, config.storage_options), config.options)
+        feed.pair_updates(sink.update_pair_key)
         super().__init__(
             config,
             sink,

@@ -38,6 +38,7 @@ from deltatail.tailer.read.read_ahead import ReadAheadReader
 from deltatail.tailer.read.reader_pool import ReaderPool, shared_pool
 from deltatail.tailer.read.readers import PlanReader, PlanRows, SequentialReader
 from deltatail.tailer.read.tasks import count_task_rows, read_task
+from deltatail.tailer.read.update_pairs import check_key, in_pair_pass, pair_batches
 from deltatail.tailer.storage import Storage
 
 
@@ -68,6 +69,10 @@ class ChangeOptions:
         external_roots: absolute paths or URIs outside the table whose files its log may name
             (shallow clones); every other path outside the table root is refused before it is
             opened (:mod:`state.paths`). A listed root is read with the table's store options.
+        pair_key: the key columns of a sink that makes one event of an update's two images
+            (:attr:`tailer.sink.Sink.update_pair_key`); a commit with cdc files is then read so
+            that both images of a key are side by side in one batch (:mod:`tailer.read.update_pairs`).
+            Empty (the default): the writer's order.
     """
 
     net_changes: bool = False
@@ -80,6 +85,7 @@ class ChangeOptions:
     reader_processes: int = 2
     filter: ChangeFilter = field(default_factory=ChangeFilter)
     external_roots: tuple[str, ...] = ()
+    pair_key: tuple[str, ...] = ()
 
 
 class RangeStart(TypedDict, total=False):
@@ -219,6 +225,8 @@ class ChangeFeed:
         if self._nets(plan):
             netted = self._netted(plan, task_batches)
             runs: Iterable[tuple[FileTask | None, Iterable[pa.RecordBatch]]] = [(None, netted)]
+        elif self._pairs(plan):
+            runs = [(None, self._paired(plan, task_batches))]
         else:
             runs = zip(plan.tasks, task_batches, strict=True)
         for task, batches in runs:
@@ -255,6 +263,29 @@ class ChangeFeed:
             merged = pa.Table.from_batches(list(rows), schema=schema)
             yield from net_changes(merged, o.key_columns).to_batches(o.batch_size)
 
+    def _paired(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+        """``plan``'s rows with both images of every update side by side, in key-hash passes as :meth:`_netted`."""
+        o = self.options
+        passes = net_passes(plan.tasks)
+        schema = change_schema(plan.context.schema())
+        check_key(schema, o.pair_key, where=self.table, version=plan.context.version)
+        for which in range(passes):
+            if which:
+                task_batches = (read_task(self.storage, plan.context_of(t), t, o.batch_size) for t in plan.tasks)
+            rows = (b for batches in task_batches for b in batches)
+            if passes > 1:
+                rows = (in_pair_pass(b, o.pair_key, passes, which) for b in rows)
+            merged = pa.Table.from_batches(list(rows), schema=schema)
+            yield from pair_batches(merged, o.pair_key, o.batch_size)
+
+    def _pairs(self, plan: VersionPlan) -> bool:
+        """Whether ``plan``'s rows are read for a sink that pairs update images (a commit with cdc files)."""
+        return bool(self.options.pair_key) and plan.commit is not None and bool(plan.commit.cdcs)
+
+    def pair_updates(self, key_columns: tuple[str, ...]) -> None:
+        """From now on, read commits with cdc files for a sink that pairs update images by ``key_columns``."""
+        self.options = replace(self.options, pair_key=key_columns)
+
     def _nets(self, plan: VersionPlan) -> bool:
         """Whether ``plan``'s rows go through net changes (then positions count the netted rows)."""
         return self.options.net_changes and plan.commit is not None and not plan.commit.cdcs
@@ -263,8 +294,8 @@ class ChangeFeed:
         """``plan`` as the filter reads it.
 
         No tasks when the filter skips the commit's operation; the tasks it drops whole
-        marked pruned (:mod:`tailer.read.pruning`), except under net changes, whose
-        positions count netted rows.
+        marked pruned (:mod:`tailer.read.pruning`), except under net changes and update pairing,
+        whose positions count netted or reordered rows.
 
         Raises:
             InvalidLogError: if a partition value the predicate reads does not parse.
@@ -275,7 +306,7 @@ class ChangeFeed:
         if self._nets(plan) and plan.before is not None:
             plan = replace(plan, before=None)  # netting compares removed and added rows in one schema: the commit's
         change_filter = self._compiled_filter(plan.context)
-        if change_filter is None or self._nets(plan):
+        if change_filter is None or self._nets(plan) or self._pairs(plan):
             return plan
         return prune(plan, change_filter)
 

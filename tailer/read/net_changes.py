@@ -43,7 +43,7 @@ from deltatail.state.errors import ConfigError
 _CHANGE = ("_change_type", "_commit_version", "_commit_timestamp")
 
 
-def _row_keys(table: pa.Table, columns: list[str]) -> list[bytes]:
+def row_keys(table: pa.Table, columns: list[str]) -> list[bytes]:
     """A canonical byte key per row over ``columns`` (values of any type, nested included).
 
     Each key is copied to a ``bytes`` of its own size: the object ``orjson.dumps`` returns keeps
@@ -84,7 +84,7 @@ def in_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, wh
     table = pa.Table.from_batches([batch])
     _check_keys(table, key_columns)
     columns = list(key_columns) or [c for c in table.column_names if c not in _CHANGE]
-    keep = [zlib.crc32(key) % passes == which for key in _row_keys(table, columns)]
+    keep = [zlib.crc32(key) % passes == which for key in row_keys(table, columns)]
     return batch.filter(pa.array(keep, pa.bool_()))
 
 
@@ -103,7 +103,7 @@ def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
     _check_keys(table, key_columns)
     data_columns = [c for c in table.column_names if c not in _CHANGE]
     kinds = table.column("_change_type").to_pylist()
-    full = _row_keys(table, data_columns)
+    full = row_keys(table, data_columns)
     deletes = Counter(full[i] for i, k in enumerate(kinds) if k == "delete")
     inserts = Counter(full[i] for i, k in enumerate(kinds) if k == "insert")
     cancel = deletes & inserts
@@ -121,7 +121,7 @@ def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
 
 
 def _pair_updates(table: pa.Table, keep: list[int], kinds: list[str], key_columns: list[str]) -> pa.Table:
-    keys = _row_keys(table, key_columns)
+    keys = row_keys(table, key_columns)
     by_key: dict[bytes, dict[str, list[int]]] = defaultdict(lambda: {"delete": [], "insert": []})
     for i in keep:
         if kinds[i] in ("delete", "insert"):

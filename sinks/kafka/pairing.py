@@ -1,0 +1,122 @@
+"""Which messages a batch of change rows becomes in the ``debezium`` and ``flat`` formats: updates paired or not.
+
+With key columns (``key=``) and without ``transactions=true``, the ``update_preimage`` and
+``update_postimage`` of one key are one ``u`` event (Debezium's update: ``before`` and ``after``);
+otherwise a pre-image is a ``d`` of the old row and a post-image a ``c`` of the new one (with
+``transactions=true`` every event is one change row, as its ``transaction`` block counts rows,
+:mod:`sinks.kafka.transactions`).
+
+Pairing is exact at any commit size: the encoder pairs the images of a key within one batch, and
+the sink asks the tailer (:attr:`tailer.sink.Sink.update_pair_key`, :func:`pair_key`) to deliver a
+commit with cdc files with both images of every key side by side in one batch
+(:mod:`tailer.read.update_pairs`: key-hash passes, memory bounded by a pass, not the commit). The
+alternative, carrying unpaired images from batch to batch, was refused: delta-rs writes an
+UPDATE's pre-images first and its post-images after them, so the carry-over would grow to half the
+commit, and a cursor or a Kafka partition's last message saved while an image waited would mark as
+delivered a row that was not sent.
+
+The rule within a batch, in row order: an image of a key pairs with the waiting image of the other
+kind of that key; an image of a kind already waiting for the key replaces it, which stays unpaired.
+A pair's message carries the position of its later image (``source.index``), so a partition's last
+message never stands between the two images.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltatail.sinks.json_text import DELETE, INSERT, POSTIMAGE, PREIMAGE, UPDATE
+from deltatail.sinks.json_text import text_scalar as _scalar
+from deltatail.state.feed import ChangeBatch
+
+#: The formats whose events pair update images.
+PAIRING_FORMATS = ("debezium", "flat")
+
+
+def pair_key(format: str, key_columns: Sequence[str], *, transactions: bool) -> tuple[str, ...]:
+    """The key columns by which ``format`` pairs update images; ``()`` when it does not (see the module docstring)."""
+    if format not in PAIRING_FORMATS or transactions:
+        return ()
+    return tuple(key_columns)
+
+
+@dataclass(slots=True)
+class Events:
+    """The messages of one batch before assembly: which row each carries, and its images."""
+
+    rows: list[int]
+    change_types: list[str]
+    op: pa.Array | str  # per message, or one for all
+    old: pa.Array | bool  # per message: the event is a delete (its image is the before image)
+    before: pa.Array | None  # row index of the before image per message (None: no pairing, see ``old``)
+    after: pa.Array | None
+
+
+def events(batch: ChangeBatch, change_types: list[str], keys: pa.Array | None) -> Events:
+    """The events of ``batch``: pre- and post-images of one key paired when ``keys`` (their key texts) are given."""
+    kinds = set(change_types)
+    created = "r" if batch.start.snapshot else "c"
+    n = len(batch)
+    if keys is None or not kinds & {PREIMAGE, POSTIMAGE}:
+        if kinds <= {INSERT, POSTIMAGE}:
+            return Events(list(range(n)), change_types, created, False, None, None)
+        if kinds <= {DELETE, PREIMAGE}:
+            return Events(list(range(n)), change_types, "d", True, None, None)
+        old = pc.is_in(batch.rows.column("_change_type"), value_set=pa.array([DELETE, PREIMAGE]))
+        op = pc.if_else(old, _scalar("d"), _scalar(created))
+        return Events(list(range(n)), change_types, op, old, None, None)
+    return _paired(change_types, keys.to_pylist(), created)
+
+
+def _partners(change_types: list[str], keys: list[str]) -> dict[int, int]:
+    """Each paired image's row and its partner's (both ways), by the rule of the module docstring."""
+    partner: dict[int, int] = {}
+    waiting: dict[tuple[str, str], int] = {}
+    for i, ct in enumerate(change_types):
+        if ct in (PREIMAGE, POSTIMAGE):
+            other = POSTIMAGE if ct == PREIMAGE else PREIMAGE
+            j = waiting.pop((other, keys[i]), None)
+            if j is None:
+                waiting[(ct, keys[i])] = i
+            else:
+                partner[i], partner[j] = j, i
+    return partner
+
+
+def _paired(change_types: list[str], keys: list[str], created: str) -> Events:
+    """Events with the pre- and post-image of one key (both in this batch) paired into one ``u``."""
+    partner = _partners(change_types, keys)
+    rows: list[int] = []
+    cts: list[str] = []
+    ops: list[str] = []
+    before: list[int | None] = []
+    after: list[int | None] = []
+    for i, ct in enumerate(change_types):
+        j = partner.get(i)
+        if j is not None:
+            if j > i:
+                continue  # the earlier image travels with the later one
+            pre, post = (j, i) if ct == POSTIMAGE else (i, j)
+            rows.append(i)
+            cts.append(UPDATE)
+            ops.append("u")
+            before.append(pre)
+            after.append(post)
+        elif ct in (DELETE, PREIMAGE):
+            rows.append(i)
+            cts.append(ct)
+            ops.append("d")
+            before.append(i)
+            after.append(None)
+        else:
+            rows.append(i)
+            cts.append(ct)
+            ops.append(created)
+            before.append(None)
+            after.append(i)
+    old = pa.array([op == "d" for op in ops], pa.bool_())
+    return Events(rows, cts, pa.array(ops, pa.string()), old, pa.array(before, pa.int64()), pa.array(after, pa.int64()))

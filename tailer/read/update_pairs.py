@@ -1,0 +1,183 @@
+"""Update pairs kept whole: a commit's update images delivered so both images of a key are side by side.
+
+A sink that makes one event of an update's two images (Debezium's ``u``, asked for by
+:attr:`tailer.sink.Sink.update_pair_key`) needs the ``update_preimage`` and the
+``update_postimage`` of a key in one batch. Writers do not put them together: delta-rs writes
+every pre-image of an UPDATE and then every post-image, so in a commit of N updated rows the two
+images of a row are N rows apart, and a sink carrying unpaired images over from batch to batch
+would hold half the commit, and a cursor saved between two images would point at a row whose
+partner was never sent. Instead a commit with cdc files is read for such a sink as
+``--net-changes`` reads a rewrite (:mod:`tailer.read.net_changes`): in key-hash partitioned
+passes (one per :data:`~tailer.read.net_changes.NET_PASS_BYTES` of cdc files), each pass keeping
+the rows whose key hashes to it, so both images of a key are always in one pass; a pass's rows
+are reordered by :func:`paired_order` (a pair's pre-image, then its post-image, where the earlier
+of them was) and cut into batches by :func:`pair_batches`, which never
+ends a batch between the two images of a pair. Memory is one pass, bounded by the pass's share
+of the commit's files, whatever the commit's size.
+
+Positions count the reordered rows. They are the same on every read of the commit (the number of
+passes depends only on the files' sizes, the order only on the rows), so a cursor or a sink's
+holdings inside the commit resume at the same row; and as no batch ends inside a pair, the cursor
+never stands between two images.
+
+The pairing rule is the encoder's (:mod:`sinks.kafka.pairing`): in row order, an image of a key
+pairs with the waiting image of the other kind of the same key; an image of a kind already
+waiting for that key replaces it, which then stays unpaired.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from deltatail.state.errors import ConfigError
+from deltatail.tailer.read.net_changes import in_pass, row_keys
+
+PREIMAGE = "update_preimage"
+POSTIMAGE = "update_postimage"
+
+
+def paired_order(change_types: list[str], keys: list[bytes]) -> tuple[list[int], set[int]]:
+    """The row order that puts both images of each pair where its earlier image was, pre-image first.
+
+    Rows keep their order otherwise. Returns the order (row numbers) and the positions in that
+    order of every pair's pre-image.
+    """
+    partner: dict[int, int] = {}
+    waiting: dict[tuple[str, bytes], int] = {}
+    for i, kind in enumerate(change_types):
+        if kind not in (PREIMAGE, POSTIMAGE):
+            continue
+        other = POSTIMAGE if kind == PREIMAGE else PREIMAGE
+        j = waiting.pop((other, keys[i]), None)
+        if j is None:
+            waiting[(kind, keys[i])] = i
+        else:
+            partner[j] = i
+    later = set(partner.values())
+    order: list[int] = []
+    firsts: set[int] = set()
+    for i in range(len(change_types)):
+        if i in later:
+            continue
+        j = partner.get(i)
+        if j is None:
+            order.append(i)
+            continue
+        firsts.add(len(order))
+        order += [i, j] if change_types[i] == PREIMAGE else [j, i]
+    return order, firsts
+
+
+_GOLDEN = pa.scalar(0x9E3779B97F4A7C15, pa.uint64())
+
+
+def in_pair_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, which: int) -> pa.RecordBatch:
+    """The rows of ``batch`` whose key hashes to pass ``which`` of ``passes``.
+
+    Integer, date and timestamp keys are hashed in Arrow (a multiplicative hash of their 64-bit
+    values); other keys as ``--net-changes`` hashes them (:func:`~tailer.read.net_changes.in_pass`,
+    a CRC of each row's key as JSON, in Python: several times slower). Either way equal keys meet
+    in one pass, and the pass of a row depends only on its key and the key columns' types.
+    """
+    columns = [batch.column(k) for k in key_columns]
+    if not all(pa.types.is_integer(c.type) or pa.types.is_temporal(c.type) for c in columns):
+        return in_pass(batch, key_columns, passes, which)
+    h = pa.repeat(pa.scalar(0, pa.uint64()), batch.num_rows)
+    for column in columns:
+        if pa.types.is_temporal(column.type):
+            column = column.view(pa.int32() if column.type.bit_width == 32 else pa.int64())
+        bits = pc.cast(pc.cast(column, pa.int64()), pa.uint64(), safe=False).fill_null(0)
+        h = pc.multiply(pc.bit_wise_xor(h, bits), _GOLDEN)
+        h = pc.bit_wise_xor(h, pc.shift_right(h, pa.scalar(29, pa.uint64())))
+    divisor = pa.scalar(passes, pa.uint64())
+    rest = pc.subtract(h, pc.multiply(pc.divide(h, divisor), divisor))
+    return batch.filter(pc.equal(rest, pa.scalar(which, pa.uint64())))
+
+
+def check_key(schema: pa.Schema, key_columns: tuple[str, ...], *, where: str, version: int) -> None:
+    """Check that rows of ``schema`` have every key column.
+
+    Raises:
+        ConfigError: naming the missing columns, the table and the version.
+    """
+    missing = [k for k in key_columns if k not in schema.names]
+    if missing:
+        raise ConfigError(
+            f"the sink pairs update images by the key columns {', '.join(key_columns)}, "
+            f"and the rows of this version have no column {', '.join(missing)}",
+            table=where,
+            version=version,
+        )
+
+
+def pair_batches(rows: pa.Table, key_columns: tuple[str, ...], batch_size: int) -> Iterator[pa.RecordBatch]:
+    """``rows`` (one pass of a commit) in :func:`paired_order`, in batches of about ``batch_size`` rows.
+
+    Rows that fit in one batch keep their order (nothing to split). A batch ends after
+    ``batch_size`` rows, or one row later when that would separate a pair.
+    """
+    if rows.num_rows <= batch_size:
+        yield from rows.combine_chunks().to_batches()
+        return
+    order, firsts = _joined_order(rows, key_columns) if _joinable(rows, key_columns) else (None, None)
+    if order is None or firsts is None:
+        listed, at = paired_order(rows.column("_change_type").to_pylist(), row_keys(rows, list(key_columns)))
+        order = pa.array(listed, pa.int64())
+        firsts = pa.array([i in at for i in range(len(listed))], pa.bool_())
+    ordered = rows.take(order)
+    start = 0
+    while start < ordered.num_rows:
+        end = min(start + max(batch_size, 1), ordered.num_rows)
+        if firsts[end - 1].as_py():
+            end += 1
+        yield from ordered.slice(start, end - start).combine_chunks().to_batches()
+        start = end
+
+
+_JOINABLE = (
+    pa.types.is_integer,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_date,
+    pa.types.is_timestamp,
+)
+
+
+def _joinable(rows: pa.Table, key_columns: tuple[str, ...]) -> bool:
+    """Whether the keys can be matched by a hash join: plain types (equal exactly when their JSON is), no nulls."""
+    fields = [rows.schema.field(k) for k in key_columns]
+    return all(any(t(f.type) for t in _JOINABLE) and rows.column(f.name).null_count == 0 for f in fields)
+
+
+def _joined_order(rows: pa.Table, key_columns: tuple[str, ...]) -> tuple[pa.Array | None, pa.Array | None]:
+    """:func:`paired_order` by Arrow's hash join, when no key has two images of one kind; else ``(None, None)``.
+
+    With at most one pre- and one post-image per key, the rule of the module docstring pairs exactly
+    the images of equal keys. Returns the order (row numbers) and, per position in it, whether a pair starts there.
+    """
+    kinds, keys = rows.column("_change_type"), list(key_columns)
+    row = pa.array(range(rows.num_rows), pa.int64())
+    sides = []
+    for kind, name in ((PREIMAGE, "__pre"), (POSTIMAGE, "__post")):
+        mask = pc.equal(kinds, kind)
+        sides.append(rows.select(keys).filter(mask).append_column(name, row.filter(mask)))
+    pairs = sides[0].join(sides[1], keys=keys, join_type="inner")
+    pre, post = pairs.column("__pre"), pairs.column("__post")
+    if pc.count_distinct(pre).as_py() != len(pre) or pc.count_distinct(post).as_py() != len(post):
+        return None, None  # a key with two images of one kind and one of the other: the rule decides
+    earlier = pc.min_element_wise(pre, post)
+    moved = pa.chunked_array([*pre.chunks, *post.chunks], pa.int64())
+    stays = row.filter(pc.invert(pc.is_in(row, value_set=moved.combine_chunks())))
+    table = pa.table(
+        {
+            "row": pa.chunked_array([stays, *moved.chunks], pa.int64()),
+            "place": pa.chunked_array([stays, *earlier.chunks, *earlier.chunks], pa.int64()),
+            "second": pa.chunked_array([pa.repeat(False, len(stays) + len(pre)), pa.repeat(True, len(post))]),
+        }
+    ).sort_by([("place", "ascending"), ("second", "ascending")])
+    firsts = pc.is_in(table.column("row"), value_set=pre.combine_chunks())
+    return table.column("row").combine_chunks(), firsts.combine_chunks()

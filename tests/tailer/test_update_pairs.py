@@ -1,0 +1,157 @@
+"""A commit's update images read for a sink that pairs them: both images of a key side by side in one batch.
+
+The table is written by ``deltalake`` with CDF on: 4 partitions of 400 rows, then one UPDATE of every
+row. delta-rs writes each cdc file's pre-images first and its post-images after them, so the two
+images of a row are 400 rows apart in the writer's order. The reference is deltalake's ``load_cdf``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from deltatail.state.errors import ConfigError
+from deltatail.state.feed import ChangeBatch
+from deltatail.tailer.read import net_changes as net_changes_module
+from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.read.net_changes import in_pass
+from deltatail.tailer.read.update_pairs import in_pair_pass, pair_batches, paired_order
+
+ROWS = 1_600
+PRE, POST = "update_preimage", "update_postimage"
+
+
+@pytest.fixture(scope="module")
+def updated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """The table and the version of its UPDATE of every row (``2 * ROWS`` cdc rows in 4 files)."""
+    root = tmp_path_factory.mktemp("pairs") / "t"
+    ids = range(ROWS)
+    rows = pa.table({"id": pa.array(ids, pa.int64()), "p": pa.array([i % 4 for i in ids], pa.int64())})
+    rows = rows.append_column("v", pa.array([f"v{i}" for i in ids], pa.string()))
+    write_deltalake(str(root), rows, partition_by=["p"], configuration={"delta.enableChangeDataFeed": "true"})
+    DeltaTable(str(root)).update(updates={"v": "concat(v, '+')"})
+    return root, DeltaTable(str(root)).version()
+
+
+def _reference(root: Path, version: int) -> Counter[tuple[Any, ...]]:
+    table = pa.table(DeltaTable(str(root)).load_cdf(starting_version=version, ending_version=version).read_all())
+    return Counter((r["id"], r["p"], r["v"], r["_change_type"]) for r in table.to_pylist())
+
+
+def _read(root: Path, version: int, **options: Any) -> list[ChangeBatch]:
+    return list(ChangeFeed(str(root), options=ChangeOptions(read_ahead=0, **options)).batches(version, version))
+
+
+def _split_pairs(batches: list[ChangeBatch]) -> int:
+    """Keys whose pre- and post-image are not in the same batch."""
+    where: dict[tuple[int, str], int] = {}
+    for n, batch in enumerate(batches):
+        for row in batch.rows.to_pylist():
+            where[(row["id"], row["_change_type"])] = n
+    return sum(where[(i, PRE)] != where[(i, POST)] for i, _ in where if _ == PRE)
+
+
+@pytest.mark.parametrize("passes", [1, 3], ids=["one-pass", "three-passes"])
+def test_both_images_of_every_key_are_side_by_side_in_one_batch(
+    updated: tuple[Path, int], monkeypatch: pytest.MonkeyPatch, passes: int
+) -> None:
+    root, version = updated
+    plan = next(ChangeFeed(str(root)).plans(version, version))
+    total = sum(t.size or 0 for t in plan.tasks)
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", -(-total // passes))
+    assert net_changes_module.net_passes(plan.tasks) == passes
+    batches = _read(root, version, batch_size=7, pair_key=("id",))
+    rows = [r for b in batches for r in b.rows.to_pylist()]
+    assert Counter((r["id"], r["p"], r["v"], r["_change_type"]) for r in rows) == _reference(root, version)
+    # Every pre-image is followed at once by its key's post-image, in the same batch.
+    kinds = [r["_change_type"] for r in rows]
+    assert kinds == [PRE, POST] * ROWS
+    assert all(rows[i]["id"] == rows[i + 1]["id"] for i in range(0, len(rows), 2))
+    assert _split_pairs(batches) == 0
+    assert max(len(b) for b in batches) == 8  # 7 rows, one more where the 7th would leave its partner behind
+    # Positions count the reordered rows, and a second read gives the same rows at the same positions.
+    assert [b.start.index for b in batches[1:]] == [b.end.index for b in batches[:-1]]
+    again = _read(root, version, batch_size=7, pair_key=("id",))
+    assert [(b.start, b.rows.to_pylist()) for b in again] == [(b.start, b.rows.to_pylist()) for b in batches]
+
+
+def test_in_the_writers_order_small_batches_separate_the_images(updated: tuple[Path, int]) -> None:
+    root, version = updated
+    assert _split_pairs(_read(root, version, batch_size=7)) == ROWS
+
+
+def test_a_commit_that_fits_in_one_batch_keeps_the_writers_order(updated: tuple[Path, int]) -> None:
+    root, version = updated
+    plain = [r for b in _read(root, version) for r in b.rows.to_pylist()]
+    paired = _read(root, version, pair_key=("id",))
+    assert len(paired) == 1 and paired[0].rows.to_pylist() == plain
+
+
+def test_a_pair_key_the_table_does_not_have_is_refused(updated: tuple[Path, int]) -> None:
+    root, version = updated
+    with pytest.raises(ConfigError, match="no column nope") as e:
+        _read(root, version, batch_size=7, pair_key=("nope",))
+    assert e.value.version == version and str(root) in str(e.value)
+
+
+def test_paired_order_follows_the_encoders_rule() -> None:
+    """A second waiting pre-image of a key replaces the first, which stays where it was, unpaired."""
+    kinds = ["insert", PRE, PRE, "delete", POST, POST, PRE]
+    keys = [b"a", b"k", b"k", b"d", b"k", b"j", b"j"]
+    order, firsts = paired_order(kinds, keys)
+    assert order == [0, 1, 2, 4, 3, 6, 5]  # post-image j first in the writer's order: the pre-image leads
+    assert firsts == {2, 5}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int) -> None:
+    """Random images of random keys (string keys: the hash join; repeated images of a key: the rule in Python):
+    the rows come in :func:`paired_order` of the rule, and no batch ends between a pair's two images."""
+    rng = random.Random(seed)
+    if seed % 2:  # 400 images of 60 keys
+        kinds = [rng.choice([PRE, POST, "insert", "delete"]) for _ in range(400)]
+        keys = [f"k{rng.randrange(60)}" for _ in range(400)]
+    else:  # 150 updated keys, 100 inserted or deleted ones, shuffled
+        rows = [(kind, f"k{i}") for i in range(150) for kind in (PRE, POST)]
+        rows += [(rng.choice(["insert", "delete"]), f"k{i}") for i in range(150, 250)]
+        rng.shuffle(rows)
+        kinds, keys = [k for k, _ in rows], [k for _, k in rows]
+    n = len(kinds)
+    rows = pa.table({"k": keys, "_change_type": kinds, "row": range(n)})
+    batches = list(pair_batches(rows, ("k",), 5))
+    got = [r["row"] for b in batches for r in b.to_pylist()]
+    order, firsts = paired_order(kinds, [orjson.dumps([k]) for k in keys])
+    assert got == order
+    assert firsts, "no pair at all: the case proves nothing"
+    ends = set(itertools.accumulate(b.num_rows for b in batches))
+    assert not any(first + 1 in ends for first in firsts)
+
+
+@pytest.mark.parametrize("column", ["id", "day", "name"])
+def test_pair_passes_split_rows_by_key(column: str) -> None:
+    """Each row is in exactly one of the passes, and every row of a key in the same one; integer and date
+    keys are hashed in Arrow, a string key as ``--net-changes`` hashes it."""
+    ids = [i % 500 - 250 for i in range(2_000)]
+    batch = pa.record_batch(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "day": pa.array([dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in ids], pa.date32()),
+            "name": pa.array([f"n{i}" for i in ids], pa.string()),
+        }
+    )
+    parts = [in_pair_pass(batch, (column,), 5, which).column("id").to_pylist() for which in range(5)]
+    assert sorted(i for part in parts for i in part) == sorted(ids)
+    assert all(len(part) > 200 for part in parts)  # none empty or nearly: the hash spreads the keys
+    homes = [{i for i in part} for part in parts]
+    assert all(not (a & b) for a, b in itertools.combinations(homes, 2))
+    if column == "name":
+        assert parts == [in_pass(batch, ("name",), 5, which).column("id").to_pylist() for which in range(5)]
