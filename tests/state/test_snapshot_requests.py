@@ -20,7 +20,16 @@ from deltatail.state.signals import (
 def test_a_request_round_trips_through_json() -> None:
     request = SnapshotRequest("s-1", "id > 3", 10).taken_at(7, None)
     assert SnapshotRequest.from_json(request.to_json()) == request
-    assert request.to_json() == {"id": "s-1", "where": "id > 3", "chunk_rows": 10, "version": 7, "first": 0}
+    assert request.to_json() == {
+        "id": "s-1",
+        "where": "id > 3",
+        "chunk_rows": 10,
+        "version": 7,
+        "first": 0,
+        "key": [],
+        "read": 0,
+        "sent": 0,
+    }
 
 
 @pytest.mark.parametrize(
