@@ -16,25 +16,27 @@ request between two commits and delivers it as follows (the rule every function 
    ``chunk_rows`` rows, the cursor saved after each; version ``V + 1`` is delivered only after the
    last chunk. So no key's events are reordered: every event of a key before the snapshot row is
    at or before ``V``, every event after it from ``V + 1`` on.
-4. **With a key, chunks and commits alternate** (Debezium's incremental snapshot with its window
-   dedup). The request records the key columns when it is taken (``key``). A chunk is the next
-   ``chunk_rows`` rows of the snapshot at ``V`` (in the order its files are read); one goes out,
-   then at most one new commit, then the next chunk... A chunk delivered after commit ``W``
-   (``W >= V``) sits at positions ``W+1:s<i>`` (``i`` going on from the request's last row:
-   :meth:`SnapshotRequest.position_after`) and drops every row whose key had a change row
-   delivered in ``(V, W]`` (:class:`ChangedKeys`): that key's newer events already went out, and a
-   key deleted after ``V`` is not resurrected. A kept row's value is the key's value at ``W`` too
-   (unchanged since ``V``). The changed keys are not saved: a restart rebuilds them by reading
-   the change rows of ``V + 1`` to ``W`` again. Once they number :data:`MAX_CHANGED_KEYS`, no more
-   commits are interleaved (:meth:`ChangedKeys.full`): the rest of the snapshot goes out before the
-   next commit, as without a key.
-5. **Exactly once across a crash.** The accepted request (its id, filter, chunk size, ``V``, and
-   for a keyed one the snapshot rows read and delivered so far: ``read``, ``sent``) is saved with
-   the cursor in one atomic write, so a restart finds where it was, rebuilds the table's state at
-   the version the cursor follows (:func:`resume_version`) and delivers the rest.
+4. **With a key, chunks and commits alternate** (Debezium's incremental snapshot with its
+   window dedup). The request records the key columns when it is taken (``key``). A chunk is
+   the next ``chunk_rows`` rows of the snapshot at ``V`` (in the order its files are read);
+   chunk and commit take turns: after a chunk, the next commit if there is one, then the next
+   chunk. A chunk delivered after commit ``W`` (``W >= V``) sits at positions ``W+1:s<i>``
+   (``i`` going on from the request's last row: :meth:`SnapshotRequest.position_after`) and
+   drops every row whose key had a change row delivered in ``(V, W]`` (:class:`ChangedKeys`):
+   that key's newer events already went out, and a key deleted after ``V`` is not resurrected.
+   A kept row's value is the key's value at ``W`` too (unchanged since ``V``). The changed keys
+   are not saved: a restart rebuilds them by reading the change rows of ``V + 1`` to ``W``
+   again. Once they number :data:`MAX_CHANGED_KEYS`, no more commits are interleaved
+   (:meth:`ChangedKeys.full`): the rest of the snapshot goes out before the next commit, as
+   without a key.
+5. **Exactly once across a crash.** The accepted request (its id, filter, chunk size, ``V``,
+   and for a keyed one the snapshot rows read and delivered so far and the version the last
+   chunk followed: ``read``, ``sent``, ``after``) is saved with the cursor in one atomic write,
+   so a restart finds where it was, rebuilds the table's state at the version the cursor
+   follows (:func:`resume_version`) and delivers the rest.
 
 A request that is cancelled, or whose files are gone (vacuumed) while it runs, ends there: the
-cursor goes on at ``V+1:0`` and the stream resumes.
+cursor goes on at the next version (``V+1:0``; ``W+1:0`` with a key) and the stream resumes.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class SnapshotRequest:
         key: the key columns chunks are deduplicated by (rule 4); empty: the stream waits (rule 3).
         read: with a key, the rows of the snapshot the delivered chunks were cut from (kept or dropped).
         sent: with a key, the rows delivered so far (the next one's index is ``first + sent``).
+        after: with a key, the version after which the last chunk went out (``-1``: none yet); the
+            next commit's turn comes when the tailer is still there (rule 4).
     """
 
     id: str
@@ -86,6 +90,7 @@ class SnapshotRequest:
     key: tuple[str, ...] = ()
     read: int = 0
     sent: int = 0
+    after: int = -1
 
     def taken_at(self, version: int, rows_end: Position | None) -> SnapshotRequest:
         """The request as taken by a tailer that delivered every row up to ``version``.
@@ -111,9 +116,9 @@ class SnapshotRequest:
         """Where the next row of a keyed request goes when the commits up to ``version`` were delivered (rule 4)."""
         return Position.in_snapshot(version + 1, self.first + self.sent)
 
-    def chunk_done(self, read: int, sent: int) -> SnapshotRequest:
-        """The request after a chunk cut from ``read`` snapshot rows, ``sent`` of them delivered (rule 5)."""
-        return replace(self, read=self.read + read, sent=self.sent + sent)
+    def chunk_done(self, read: int, sent: int, after: int) -> SnapshotRequest:
+        """The request after a chunk cut from ``read`` snapshot rows, ``sent`` of them delivered after ``after``."""
+        return replace(self, read=self.read + read, sent=self.sent + sent, after=after)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (what the request file and the cursor file hold)."""
@@ -126,6 +131,7 @@ class SnapshotRequest:
             "key": list(self.key),
             "read": self.read,
             "sent": self.sent,
+            "after": self.after,
         }
 
     @staticmethod
@@ -145,10 +151,13 @@ class SnapshotRequest:
             counts = {name: raw.get(name, 0) for name in ("first", "read", "sent")}
             if not all(type(n) is int and n >= 0 for n in counts.values()):
                 raise TypeError("first, read and sent must be row counts")
+            after = raw.get("after", -1)
+            if type(after) is not int or after < -1:
+                raise TypeError("after must be a version number or -1")
             key = raw.get("key", [])
             if not isinstance(key, list) or len(key) > MAX_KEY_COLUMNS or not all(isinstance(k, str) for k in key):
                 raise TypeError(f"key must be a list of at most {MAX_KEY_COLUMNS} column names")
-            return replace(checked(request), version=version, key=tuple(key), **counts)
+            return replace(checked(request), version=version, key=tuple(key), after=after, **counts)
         except (KeyError, TypeError, ConfigError) as e:
             raise StateError(f"invalid snapshot request {str(raw)[:200]}: {e}") from None
 

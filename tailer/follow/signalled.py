@@ -53,7 +53,7 @@ class SignalledTailer(Tailer):
     #: The taken request's chunks being read (kept open from one step to the next), and their reader.
     _chunks: Iterator[ChangeBatch] | None = None
     _reading: Generator[Any, None, None] | None = None
-    #: A keyed request's snapshot at its version, and the keys changed since (rule 4).
+    #: A keyed request's snapshot at its version (until its chunks are planned), and the keys changed since (rule 4).
     _at_version: Snapshot | None = None
     _keyed_chunks: Iterator[pa.RecordBatch] | None = None
     _changed: ChangedKeys | None = None
@@ -86,23 +86,22 @@ class SignalledTailer(Tailer):
         return super().step(max_versions)
 
     def _interleave(self, max_versions: int | None) -> int:
-        """A keyed request's step: a chunk, then at most one commit (rule 4); a commit first if one is in flight.
+        """A keyed request's step (rule 4): the next commit if it is its turn and there is one, else a chunk.
 
-        A commit is in flight after a restart whose sink holds rows past the cursor between two
-        chunks. With :meth:`~state.signals.ChangedKeys.full` no commit follows the chunk.
+        It is the commit's turn after a chunk delivered after the version the tailer is at, or when
+        a commit is in flight (a restart whose sink holds rows past the cursor); never once the
+        changed keys are :meth:`~state.signals.ChangedKeys.full`.
         """
-        in_flight = not self._cursor.snapshot and self._resume is not None and self._resume > self._cursor
-        if in_flight:
-            super().step(1)
-            return max_versions or 1
+        request, snap, changed = self._signal, self._snap, self._changed
+        if request is None or snap is None:
+            return super().step(max_versions)
+        in_flight = self._resume is not None and self._resume > Position.change(snap.version + 1, 0)
+        if in_flight or (request.after == snap.version and not (changed is not None and changed.full())):
+            self._cursor = Position.change(snap.version + 1, 0)
+            if super().step(1) or in_flight:
+                return max_versions or 1
         if not self._deliver_keyed_chunk():
             return super().step(max_versions) if self._signal is None else max_versions or 1
-        changed, snap = self._changed, self._snap
-        if changed is not None and changed.full():
-            return max_versions or 1
-        if snap is not None:
-            self._cursor = Position.change(snap.version + 1, 0)  # the next commit's turn
-        super().step(1)
         return max_versions or 1
 
     def _take_request(self) -> None:
@@ -224,7 +223,7 @@ class SignalledTailer(Tailer):
                     return False
             finally:
                 self._in_chunk = False
-            self._set_signal(request.chunk_done(raw.num_rows, kept.num_rows))
+            self._set_signal(request.chunk_done(raw.num_rows, kept.num_rows, snap.version))
             self._checkpoint()
             if signals.cancel_asked(self.store.dir, request.id):
                 self._end_signal("cancelled")
@@ -245,14 +244,14 @@ class SignalledTailer(Tailer):
         version = request.version
         if version is None:
             raise RuntimeError("the request was not taken")  # a program error
-        at = self._at_version
-        if at is None or at.version != version:
-            at = self._at_version = self.log.snapshot(version)
-        if self._changed is None:
-            self._changed = self._changes_since(at, request.key)
+        at, self._at_version = self._at_version, None
+        if at is None or at.version != version or at.handed_on:
+            at = self.log.snapshot(version)
         feed = self._signal_feed(request)
         feed.check_filter()
         plan = feed.filtered(plan_snapshot(at, snapshot_time(self.log, at), self.config.options.external_roots))
+        if self._changed is None:  # after the plan: replaying the later commits hands the snapshot's files on
+            self._changed = self._changes_since(at, request.key)
         self._reading = feed.read_plans(iter([plan]))
         return _raw_chunks(feed, self._reading, request.chunk_rows, request.read)
 
