@@ -248,6 +248,7 @@ class ChangedKeys:
         Raises:
             ConfigError: if ``rows`` lack a key column.
         """
+        _check_columns(rows, self.columns)
         if not self._keys or not len(rows):
             return rows
         keep = [k not in self._keys for k in _keys(rows, self.columns)]
@@ -256,11 +257,15 @@ class ChangedKeys:
 
 def _keys(rows: pa.RecordBatch, columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
     """Each row's key: its key columns' values, nested values as their JSON-like text (hashable)."""
+    _check_columns(rows, columns)
+    values = [_hashable(rows.column(c)) for c in columns]
+    return list(zip(*values, strict=True))
+
+
+def _check_columns(rows: pa.RecordBatch, columns: tuple[str, ...]) -> None:
     missing = [c for c in columns if c not in rows.schema.names]
     if missing:
         raise ConfigError(f"the rows have no key column {', '.join(missing)} (is it left out by --columns?)")
-    values = [_hashable(rows.column(c)) for c in columns]
-    return list(zip(*values, strict=True))
 
 
 def _hashable(column: pa.Array) -> list[Any]:
