@@ -81,6 +81,15 @@ class Sink(ABC):
         """
 
     @property
+    def key_columns(self) -> tuple[str, ...]:
+        """The columns the sink keys its messages by (Kafka's ``key=``); default none.
+
+        An on-demand snapshot of a run with no ``--key`` interleaves its chunks with the stream
+        by these (docs/signals.md).
+        """
+        return ()
+
+    @property
     def wants_audit_events(self) -> bool:
         """Whether :meth:`commit_event` needs each commit's audit event (``CommitEvent.audit``); default no.
 

@@ -10,7 +10,7 @@ cursor saved after each, before that next version. A step delivers at most
 snapshot is read (its reader stays open from one step to the next). A restart inside the
 snapshot goes on with it at its first step, from the saved cursor.
 
-With a key (``--key``), a step delivers one chunk and then at most one new commit (rule 4 of
+With a key (``--key``, else the sink's: Kafka's ``key=``), chunks and commits take turns (rule 4 of
 :mod:`state.signals`): the chunk's rows whose key changed since the snapshot's version are
 dropped (:class:`~state.signals.ChangedKeys`, noted as change rows are written, rebuilt after a
 restart by planning and reading those commits again).
@@ -130,7 +130,7 @@ class SignalledTailer(Tailer):
         self._checkpoint()  # at the boundary: the state at this version saved, for the request's cursor
         self._resume = None  # the sink holds nothing past the cursor; the snapshot's positions come before it
         taken = request.taken_at(snap.version, self._rows_end)
-        key = self.config.options.key_columns
+        key = self.config.options.key_columns or self.sink.key_columns
         if key:
             taken = replace(taken, key=key)
             self._at_version, self._changed = snap, ChangedKeys(key)
