@@ -14,6 +14,8 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,10 @@ def changed_at(path: Path) -> dict[int, set[int]]:
     return out
 
 
+def newest_change(out: list[Row]) -> int:
+    return max((r["_commit_version"] for r in out if not r["_position"][2]), default=-1)
+
+
 def fold(rows: list[Row]) -> dict[int, str]:
     state: dict[int, str] = {}
     for r in rows:
@@ -90,7 +96,7 @@ def write_commits(path: Path) -> int:
     return 6
 
 
-def check_interleaved(table: Path, out: list[Row], taken: int, last: int) -> None:
+def check_interleaved(table: Path, out: list[Row], taken: int, last: int, *, turns: bool = True) -> None:
     """The keyed rule's outcome, every expected value from deltalake (see the module docstring)."""
     assert [order(r) for r in out] == sorted({order(r) for r in out}), "positions not strictly increasing"
     snap = [r for r in out if r["_position"][2]]
@@ -105,10 +111,10 @@ def check_interleaved(table: Path, out: list[Row], taken: int, last: int) -> Non
     assert max(ids.values()) == 1
     unchanged = {k for k in at_v if not {v for v in changed.get(k, set()) if v > taken}}
     assert unchanged <= set(ids) <= set(at_v)
-    # Chunks alternate with commits: at most CHUNK rows after each commit until the last one.
     per_commit = Counter(r["_position"][0] for r in snap)
-    assert all(n <= CHUNK for v, n in per_commit.items() if v <= last)
-    assert {taken + 1, taken + 2} <= set(per_commit)  # a commit went out between two chunks
+    if turns:  # every commit there when the run started: one chunk of at most CHUNK rows after each
+        assert all(n <= CHUNK for v, n in per_commit.items() if v <= last)
+        assert {taken + 1, taken + 2} <= set(per_commit)  # a commit went out between two chunks
     # Folded per key from the snapshot's first row on, the stream is the table at every version after it completed.
     first = out.index(snap[0])
     done = max(per_commit) - 1
@@ -164,3 +170,62 @@ def test_a_keyed_snapshot_killed_between_chunks_and_commits_resumes_exactly_once
     keep = ("_position", "id", "v", "_change_type", "_commit_version")
     assert [[r[k] for k in keep] for r in got] == [[r[k] for k in keep] for r in lines(clean_out)]
     assert (signals.last_end(state) or {}).get("outcome") == "done"
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+    path, commits, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    while not os.path.exists(go):
+        time.sleep(0.05)
+    for c in range(1, commits + 1):
+        if c % 3 == 0:
+            DeltaTable(path).update(predicate=f"id % 10 = {c % 10}", updates={"v": f"'u{c}'"})
+        elif c % 3 == 1:
+            ids = [c * 100, c * 100 + 1] + {4: [2], 7: [5], 10: [8]}.get(c, [])  # a key deleted before, again
+            write_deltalake(path, pa.table({"id": pa.array(ids, pa.int64()), "v": [f"c{c}"] * len(ids)}), mode="append")
+        else:
+            DeltaTable(path).delete(f"id % 7 = {c % 7}")
+        time.sleep(0.1)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_keyed_snapshot_asked_while_a_writer_updates_and_deletes_folds_to_the_table(tmp_path: Path) -> None:
+    table, state, out, go = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl", tmp_path / "go"
+    write_deltalake(str(table), pa.table({"id": pa.array(range(40), pa.int64()), "v": [f"a{i}" for i in range(40)]}),
+                    configuration=CDF)  # fmt: skip
+    run = subprocess.Popen(
+        [sys.executable, "-m", "deltatail", "run", str(table), "--state-dir", str(state), "--sink", f"jsonl:{out}",
+         "--key", "id", "--net-changes", "--poll-interval", "0.05", "--checkpoint-seconds", "0.2",
+         "--reader-processes", "0"],
+        cwd=ROOT, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    commits = 12
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(table), str(commits), str(go)])
+    try:
+        deadline = time.monotonic() + 180
+        while len(lines(out)) < 40:
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.05)
+        go.touch()  # the writer starts; the request is asked for while it writes
+        asked = deltatail("signal", str(state), "snapshot", "--id", "w", "--chunk-rows", "3")
+        assert asked.returncode == 0, asked.stderr
+        assert writer.wait(timeout=120) == 0
+        newest = DeltaTable(str(table)).version()  # a delete that matches nothing commits nothing
+        while not signals.last_end(state) or newest_change(lines(out)) < newest:
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.1)
+    finally:
+        writer.kill()
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err.decode()[-3000:]
+    end = signals.last_end(state)
+    assert end is not None and end["outcome"] == "done"
+    got = lines(out)
+    assert newest_change(got) == newest >= commits - 2
+    check_interleaved(table, got, end["request"]["version"], newest, turns=False)
