@@ -382,11 +382,6 @@ class KafkaSink(Sink):
         return Outgoing(self.topic, keys, values, headers, partitions, version, rank, base, rows)
 
     @property
-    def key_columns(self) -> tuple[str, ...]:
-        """The ``key=`` columns (an on-demand snapshot's chunks are interleaved by them)."""
-        return tuple(self.options.key_columns)
-
-    @property
     def wants_audit_events(self) -> bool:
         """True with a ``commit_topic`` (its messages are the commits' audit events) or ``schema_changes``."""
         return bool(self.options.commit_topic) or self.options.schema_changes
