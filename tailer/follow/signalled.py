@@ -59,6 +59,8 @@ class SignalledTailer(Tailer):
     _changed: ChangedKeys | None = None
     #: Whether the rows being written are a chunk's (whose keys are not noted as changed).
     _in_chunk: bool = False
+    #: Whether a keyed request's changed keys filled up (the stream waits for its rest; logged once).
+    _waits: bool = False
 
     # -- taking a request ----------------------------------------------------------------------
 
@@ -96,7 +98,14 @@ class SignalledTailer(Tailer):
         if request is None or snap is None:
             return super().step(max_versions)
         in_flight = self._resume is not None and self._resume > Position.change(snap.version + 1, 0)
-        if in_flight or (request.after == snap.version and not (changed is not None and changed.full())):
+        full = changed is not None and changed.full()
+        if full and changed is not None and not self._waits:
+            self._waits = True
+            log.warning(
+                "%s: on-demand snapshot %s: %d keys changed since version %s; the stream waits for the rest of it",
+                self.stats.name, request.id, len(changed), request.version,
+            )  # fmt: skip
+        if in_flight or (request.after == snap.version and not full):
             self._cursor = Position.change(snap.version + 1, 0)
             if super().step(1) or in_flight:
                 return max_versions or 1
@@ -318,7 +327,7 @@ class SignalledTailer(Tailer):
             return
         self._close_chunks()
         self._set_signal(None)
-        self._at_version, self._changed = None, None
+        self._at_version, self._changed, self._waits = None, None, False
         snap = self._snap
         self._cursor = Position.change((request.version if snap is None else snap.version) + 1, 0)
         self._checkpoint()
