@@ -26,6 +26,10 @@ from deltatail.state.feed import ChangeBatch, CommitEvent, FollowStatus, TableIn
 class Sink(ABC):
     """A destination for change rows. See the module docstring for the life cycle."""
 
+    #: The columns the sink keys its messages by (Kafka's ``key=``); none by default. An on-demand
+    #: snapshot of a run with no ``--key`` interleaves its chunks with the stream by these (docs/signals.md).
+    key_columns: tuple[str, ...] = ()
+
     @abstractmethod
     def open(self, table: TableInfo) -> Position | None:
         """Prepare to receive rows of ``table``.

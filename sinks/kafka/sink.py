@@ -79,6 +79,7 @@ class KafkaSink(Sink):
         producers: ProducerPool | None = None,
     ) -> None:
         self.options = KafkaOptions.from_uri(uri, env)
+        self.key_columns = tuple(self.options.key_columns)  # an on-demand snapshot's chunks are keyed by them
         self._clock_ms = clock_ms
         self._pool = producers
         self._producer: Producer | None = None

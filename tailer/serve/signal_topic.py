@@ -31,8 +31,11 @@ from deltatail.state.errors import ConfigError, DeltaTailError, StateError
 from deltatail.state.signals import SnapshotRequest, debezium_snapshots
 from deltatail.tailer.follow import signals
 from deltatail.tailer.follow.state_store import StateStore
+from deltatail.tailer.formats.base import SIGNALS
+from deltatail.tailer.formats.registry import claimed
 from deltatail.tailer.runtime.files import atomic_write
 from deltatail.tailer.serve.state_root import StateRoot
+from deltatail.tailer.storage.local import to_local_path
 
 log = logging.getLogger("deltatail")
 
@@ -126,7 +129,8 @@ class SignalTopic:
 
     def _ask(self, collection: str, request: SnapshotRequest) -> None:
         """Ask the table named ``collection`` for ``request``, unless it already has it (a message read again)."""
-        directory = self.root.find(collection).directory
+        entry = self.root.find(collection)
+        directory = entry.directory
         saved = StateStore(str(directory)).load()
         waiting = signals.pending(directory)
         ended = (signals.last_end(directory) or {}).get("request") or {}
@@ -136,6 +140,12 @@ class SignalTopic:
             ended.get("id"),
         }
         if request.id in known:
+            return
+        refused = _refuses_signals(entry.path)
+        if refused is not None:
+            reason = f"on-demand snapshots are for Delta tables, not a {refused}"
+            signals.record_end(directory, request, "failed", reason)
+            log.error("signal topic %s: snapshot %s of %s failed: %s", self.topic, request.id, collection, reason)
             return
         signals.ask(directory, request)
         log.info("signal topic %s: snapshot %s of %s asked for", self.topic, request.id, collection)
@@ -159,3 +169,14 @@ class SignalTopic:
             atomic_write(Path(self.root.root) / OFFSETS_FILE, orjson.dumps(offsets))
         except OSError as e:
             raise StateError(f"cannot save the signal topic's offsets: {e.strerror or e}") from None
+
+
+def _refuses_signals(path: str) -> str | None:
+    """The noun of ``path``'s format if it refuses on-demand snapshots (Lance, Iceberg), else ``None``.
+
+    Told from the local directory (the formats :func:`~tailer.formats.registry.claimed` by
+    discovery); a table on an object store is taken for a Delta table, whose tailer checks it.
+    """
+    local = to_local_path(path)
+    found = None if "://" in local else claimed(local)
+    return found.noun if found is not None and found.refused([SIGNALS]) else None

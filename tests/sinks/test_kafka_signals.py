@@ -151,7 +151,7 @@ def run_into(table: Path, state: Path, uri: str, crash_at: str | None = None) ->
 
 
 @pytest.mark.slow
-def test_a_snapshot_into_debezium_is_op_r_once_across_a_kill(tmp_path: Path, kafka_broker: Any) -> None:
+def test_a_keyed_snapshot_into_debezium_interleaves_once_across_a_kill(tmp_path: Path, kafka_broker: Any) -> None:
     table, state = tmp_path / "t", tmp_path / "state"
     write_deltalake(str(table), rows(range(30)), configuration=CDF)
     topic = kafka_broker.new_topic(partitions=1)
@@ -162,17 +162,71 @@ def test_a_snapshot_into_debezium_is_op_r_once_across_a_kill(tmp_path: Path, kaf
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert asked.returncode == 0, asked.stderr
-    write_deltalake(str(table), rows(range(30, 33)), mode="append")
-    killed = run_into(table, state, uri, crash_at="after_write:3")  # two chunks saved, the third sent, then killed
+    DeltaTable(str(table)).delete("id >= 10 AND id < 13")  # version 1: after the first chunk, before the others
+    killed = run_into(table, state, uri, crash_at="after_write:3")  # killed inside the snapshot, after version 1
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     finished = run_into(table, state, uri)
     assert finished.returncode == 0, finished.stderr
-    events = [json.loads(r.value) for r in kafka_broker.consume(topic)]
-    ops = [(e["op"], e["after"]["id"], e["source"]["snapshot"]) for e in events]
+    events = [json.loads(r.value) for r in kafka_broker.consume(topic) if r.value is not None]
+    ops = [(e["op"], (e["after"] or e["before"])["id"]) for e in events]
+    later = [i for i in range(4, 30) if not 10 <= i < 13]  # the deleted keys' rows are dropped from later chunks
     assert ops == (
-        [("c", i, "false") for i in range(30)]
-        + [("r", i, "true") for i in range(30)]  # each once, between version 0 and version 1
-        + [("c", i, "false") for i in range(30, 33)]
+        [("c", i) for i in range(30)]
+        + [("r", i) for i in range(4)]  # the first chunk, after version 0
+        + [("d", i) for i in range(10, 13)]  # version 1
+        + [("r", i) for i in later]  # the other chunks, after version 1: each row once
     )
-    # source.(commit_version, snapshot, index) is the row's position: 1:s<i>, just before version 1's rows
-    assert [(e["source"]["commit_version"], e["source"]["index"]) for e in events[30:60]] == [(1, i) for i in range(30)]
+    # source.(commit_version, snapshot, index) is the row's position: V+1:s<i> after version V, i going on
+    snap = [e["source"] for e in events if e["op"] == "r"]
+    assert [(s["commit_version"], s["snapshot"], s["index"]) for s in snap] == [(1, "true", i) for i in range(4)] + [
+        (2, "true", i) for i in range(4, 4 + len(later))
+    ]
+
+
+@pytest.mark.slow
+def test_a_signal_naming_a_lance_dataset_fails_its_request(tmp_path: Path, kafka_broker: Any) -> None:
+    lance = pytest.importorskip("lance")
+    lake, out, state = tmp_path / "lake", tmp_path / "out", tmp_path / "state"
+    write_deltalake(str(lake / "a"), rows(range(5)), configuration=CDF)
+    lance.write_dataset(rows(range(3)), str(lake / "ds"))
+    topic = kafka_broker.new_topic(partitions=1, prefix="signals")
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            [service]
+            state_root = "{state}"
+            listen = "off"
+            signal_kafka_topic = "kafka://{kafka_broker.bootstrap}/{topic}"
+
+            [defaults]
+            sink = "jsonl:{out}/{{table_name}}.jsonl"
+            poll_interval = 0.1
+            reader_processes = 0
+
+            [[tables]]
+            path = "{lake / "a"}"
+
+            [[tables]]
+            path = "{lake / "ds"}"
+            """
+        )
+    )
+    out.mkdir()
+    signal_value = {"type": "execute-snapshot", "data": {"data-collections": ["ds", "a"], "type": "incremental"}}
+    kafka_broker.produce(topic, [(b"deltatail", json.dumps(signal_value).encode(), [], 0)])
+    proc = serve(config)
+    try:
+        wait_for(proc, lambda: len(snapshot_rows(out / "a.jsonl")) == 5, time.monotonic() + 180)
+    finally:
+        err = stop(proc)
+    reason = "on-demand snapshots are for Delta tables, not a Lance dataset"
+    assert f"snapshot kafka-0-0 of ds failed: {reason}" in err
+    status = subprocess.run(
+        [sys.executable, "-m", "deltatail", "signal", str(state), "status", "--table", "ds", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    last = json.loads(status.stdout)["last"]
+    assert (last["outcome"], last["error"], last["request"]["id"]) == ("failed", reason, "kafka-0-0")
+    assert json.loads(status.stdout)["waiting"] is None

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from deltatail.state.cursor import Position
 from deltatail.state.errors import ConfigError, StateError
 from deltatail.state.signals import (
     MAX_CHUNK_ROWS,
+    ChangedKeys,
     SnapshotRequest,
     both,
     checked,
@@ -20,7 +22,17 @@ from deltatail.state.signals import (
 def test_a_request_round_trips_through_json() -> None:
     request = SnapshotRequest("s-1", "id > 3", 10).taken_at(7, None)
     assert SnapshotRequest.from_json(request.to_json()) == request
-    assert request.to_json() == {"id": "s-1", "where": "id > 3", "chunk_rows": 10, "version": 7, "first": 0}
+    assert request.to_json() == {
+        "id": "s-1",
+        "where": "id > 3",
+        "chunk_rows": 10,
+        "version": 7,
+        "first": 0,
+        "key": [],
+        "read": 0,
+        "sent": 0,
+        "after": -1,
+    }
 
 
 @pytest.mark.parametrize(
@@ -120,3 +132,54 @@ def test_a_debezium_signal_asks_for_each_collection_with_its_condition() -> None
 def test_a_signal_that_is_not_one_is_a_config_error(value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         debezium_snapshots(value, "x")
+
+
+def test_a_keyed_request_goes_on_after_each_chunk_at_the_commit_it_followed() -> None:
+    request = SnapshotRequest("k", key=("id",), chunk_rows=4).taken_at(5, Position.in_snapshot(6, 3))
+    assert request.position_after(5) == Position.in_snapshot(6, 3)  # after an earlier snapshot's 3 rows
+    request = request.chunk_done(4, 2, 5).chunk_done(4, 4, 8)
+    assert (request.read, request.sent, request.after) == (8, 6, 8)
+    assert request.position_after(8) == Position.in_snapshot(9, 9)
+    assert SnapshotRequest.from_json(request.to_json()) == request
+    # a restart rebuilds the state of the commit the cursor follows, inside a chunk or between two
+    assert resume_version(Position.in_snapshot(9, 9), request) == 8
+    assert resume_version(Position.change(9, 0), request) == 8
+    assert resume_version(Position.in_snapshot(6, 0), request) == 5
+
+
+@pytest.mark.parametrize(
+    "field", [{"key": "id"}, {"key": [1]}, {"key": ["c"] * 33}, {"read": -1}, {"sent": "2"}, {"after": -2}]
+)
+def test_a_keyed_request_with_a_bad_field_is_refused(field: dict[str, object]) -> None:
+    raw = {**SnapshotRequest("k", key=("id",)).taken_at(1, None).to_json(), **field}
+    with pytest.raises(StateError, match="invalid snapshot request"):
+        SnapshotRequest.from_json(raw)
+
+
+def test_changed_keys_drop_the_chunk_rows_of_keys_changed_since_the_snapshot() -> None:
+    changed = ChangedKeys(("a", "b"), limit=3)
+    chunk = pa.record_batch({"a": [1, 1, 2, None], "b": ["x", "y", "x", "x"], "v": [10, 11, 12, 13]})
+    assert changed.unchanged(chunk).equals(chunk)
+    changed.add(pa.record_batch({"a": [1, None], "b": ["y", "x"], "_change_type": ["delete", "insert"]}))
+    assert not changed.full() and len(changed) == 2
+    assert changed.unchanged(chunk).column("v").to_pylist() == [10, 12]
+    changed.add(pa.record_batch({"a": [7], "b": ["z"], "_change_type": ["update_postimage"]}))
+    assert changed.full()
+
+
+def test_changed_keys_need_the_key_columns() -> None:
+    changed = ChangedKeys(("id",))
+    with pytest.raises(ConfigError, match="no key column id"):
+        changed.add(pa.record_batch({"v": [1]}))
+    with pytest.raises(ConfigError, match="no key column id"):
+        changed.unchanged(pa.record_batch({"v": [1]}))
+
+
+def test_nested_and_dictionary_keys_are_compared_by_value() -> None:
+    changed = ChangedKeys(("k",))
+    nested = pa.array([{"x": 1}, {"x": 2}])
+    changed.add(pa.record_batch({"k": nested}))
+    assert changed.unchanged(pa.record_batch({"k": pa.array([{"x": 2}, {"x": 3}])})).num_rows == 1
+    words = ChangedKeys(("w",))
+    words.add(pa.record_batch({"w": pa.array(["a", "b"]).dictionary_encode()}))
+    assert words.unchanged(pa.record_batch({"w": pa.array(["b", "c"])})).column("w").to_pylist() == ["c"]
