@@ -77,3 +77,17 @@ def test_a_public_name_imports_its_module_on_first_use() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
         deltatail.Nothing  # noqa: B018
+
+
+def test_the_command_line_imports_the_sql_parser_and_kafka_only_when_used() -> None:
+    # A command without --filter, or without a Kafka sink, does not import sqlglot or kafka-python at start.
+    code = (
+        f"{_AT_EXIT}; import deltatail.tailer.cli.main, deltatail.sinks.uris; "
+        "from deltatail.tailer.cli.sink_uri import open_sink; open_sink('jsonl:-'); "
+        "print('sqlglot' in sys.modules, 'kafka' in sys.modules); "
+        "from deltatail.state.filters import compile_predicate; compile_predicate('id > 1', {'id'}); "
+        "open_sink('kafka://127.0.0.1:9/t'); print('sqlglot' in sys.modules, 'kafka' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done
+    assert done.stdout.splitlines()[:2] == ["False False", "True True"], done.stdout
