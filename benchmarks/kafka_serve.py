@@ -37,10 +37,10 @@ PROJECT = Path(__file__).resolve().parent.parent
 LAUNCH = textwrap.dedent(
     """
     import sys
-    import deltatail.sinks.uris
+    import deltatail.sinks.kafka.uri
     from deltatail.tailer.cli.main import main
     if sys.argv[1] == "unshared":
-        sinks.uris.PRODUCERS = None
+        deltatail.sinks.kafka.uri.PRODUCERS = None
     sys.exit(main(["serve", "--config", sys.argv[2]]))
     """
 )

@@ -1,22 +1,17 @@
-"""Sinks by URI: ``jsonl:-`` (default), ``jsonl:PATH``, ``parquet:DIR``, ``kafka://...``.
+"""Sinks by URI: ``jsonl:-`` (default), ``jsonl:PATH``, ``parquet:DIR`` (``kafka://...``: :mod:`sinks.kafka.uri`).
 
 Each function here makes the sink of one URI scheme (``shared``: the sink may share process-wide
 resources with the other sinks of a ``deltatail serve``; only Kafka's does). They are registered under the
 ``deltatail.sinks`` entry points of the distribution (``pyproject.toml``), by scheme, which is how
-the command line finds them (:mod:`tailer.cli.sink_uri`) without importing this package.
+the command line finds them (:mod:`tailer.cli.sink_uri`) without importing this package. The Kafka
+sink's maker lives with the Kafka sink, so that a JSON-lines or Parquet sink does not import kafka-python.
 """
 
 from __future__ import annotations
 
 from deltatail.sinks.embedded import JsonLinesSink, ParquetDirSink
-from deltatail.sinks.kafka.shared import ProducerPool
-from deltatail.sinks.kafka.sink import KafkaSink
 from deltatail.state.errors import ConfigError
 from deltatail.tailer.sink import Sink
-
-#: The Kafka producers of a process's shared sinks (``deltatail serve``): one per cluster and producer
-#: settings (docs/serve.md). ``None``: every sink makes its own.
-PRODUCERS: ProducerPool | None = ProducerPool()
 
 
 def jsonl_sink(uri: str, *, shared: bool = False) -> Sink:
@@ -37,20 +32,6 @@ def parquet_sink(uri: str, *, shared: bool = False) -> Sink:
         ConfigError: if the URI has no directory.
     """
     return ParquetDirSink(_path(uri, "parquet:"))
-
-
-def kafka_sink(uri: str, *, shared: bool = False) -> Sink:
-    """``kafka://HOST:PORT/TOPIC?...``: a Kafka topic (options: :mod:`sinks.kafka.options`).
-
-    With ``shared``, its producer comes from :data:`PRODUCERS` (shared with the process's other
-    Kafka sinks of the same cluster and producer settings).
-
-    Raises:
-        ConfigError: if the URI does not start with ``kafka://``, or as :class:`KafkaSink` refuses it.
-    """
-    if not uri.startswith("kafka://"):
-        raise ConfigError(f"sink URI {uri!r} is not kafka://HOST:PORT/TOPIC")
-    return KafkaSink(uri, producers=PRODUCERS if shared else None)
 
 
 def _path(uri: str, prefix: str) -> str:

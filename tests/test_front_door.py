@@ -35,3 +35,59 @@ def test_import_deltatail_exposes_the_public_api(tmp_path: Path) -> None:
     missing = tmp_path / "nothing"
     with pytest.raises(deltatail.DeltaTailError, match=str(missing)):
         deltatail.DeltaLog(str(missing)).latest_version()
+
+
+#: Run first in a child process: at its exit (also by sys.exit), print the top-level modules it imported.
+_AT_EXIT = "import atexit, sys; atexit.register(lambda: print(*sorted({m.split('.')[0] for m in sys.modules})))"
+#: What a command that only starts must not import (the command line's and the readers' dependencies).
+_HEAVY = {"pyarrow", "numpy", "pandas", "deltalake", "lance", "kafka", "sqlglot", "orjson"}
+_SCRIPT = Path(sys.executable).parent / "deltatail"
+
+
+@pytest.mark.parametrize(
+    ("code", "printed"),
+    [
+        ("import deltatail", ""),
+        ("import deltatail; print(deltatail.__version__)", VERSION),
+        ("from deltatail import main; sys.exit(main(['--version']))", f"deltatail {VERSION}"),
+        # the console script the wheel installs, as `deltatail --version` runs it
+        (
+            f"import runpy; sys.argv = [{str(_SCRIPT)!r}, '--version']; "
+            f"runpy.run_path({str(_SCRIPT)!r}, run_name='__main__')",
+            f"deltatail {VERSION}",
+        ),
+    ],
+)
+def test_import_deltatail_and_the_version_do_not_import_pyarrow(code: str, printed: str) -> None:
+    # The public names load on first use (deltatail/__init__.py): a command starts in the time its own work needs.
+    done = subprocess.run([sys.executable, "-c", f"{_AT_EXIT}; {code}"], capture_output=True, text=True)
+    assert done.returncode == 0, done
+    *lines, modules = done.stdout.splitlines()
+    assert "\n".join(lines) == printed
+    loaded = set(modules.split())
+    assert "deltatail" in loaded
+    assert not loaded & _HEAVY, sorted(loaded & _HEAVY)
+
+
+def test_a_public_name_imports_its_module_on_first_use() -> None:
+    code = "import deltatail, sys; deltatail.DeltaLog; print('pyarrow' in sys.modules, 'DeltaLog' in dir(deltatail))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "True"]
+    import deltatail
+
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        deltatail.Nothing  # noqa: B018
+
+
+def test_the_command_line_imports_the_sql_parser_and_kafka_only_when_used() -> None:
+    # A command without --filter, or without a Kafka sink, does not import sqlglot or kafka-python at start.
+    code = (
+        f"{_AT_EXIT}; import deltatail.tailer.cli.main, deltatail.sinks.uris; "
+        "from deltatail.tailer.cli.sink_uri import open_sink; open_sink('jsonl:-'); "
+        "print('sqlglot' in sys.modules, 'kafka' in sys.modules); "
+        "from deltatail.state.filters import compile_predicate; compile_predicate('id > 1', {'id'}); "
+        "open_sink('kafka://127.0.0.1:9/t'); print('sqlglot' in sys.modules, 'kafka' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done
+    assert done.stdout.splitlines()[:2] == ["False False", "True True"], done.stdout

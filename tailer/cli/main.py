@@ -9,7 +9,6 @@ least that severity fired.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
 import os
 import sys
@@ -43,6 +42,7 @@ from deltatail.tailer.follow.tailer import table_name
 from deltatail.tailer.formats.base import DATA_LOSS, KEY, NET_CHANGES, ChangeRequest
 from deltatail.tailer.read.feed import ChangeOptions
 from deltatail.tailer.table import TableRef
+from deltatail.tailer.version import installed_version
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -163,14 +163,6 @@ def _storage_option(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="an object-store option as delta-rs spells it (AWS_REGION=..., AZURE_STORAGE_ACCOUNT_NAME=...)",
     )
-
-
-def installed_version() -> str:
-    """The installed distribution's version (``unknown`` when deltatail runs from a source tree not installed)."""
-    try:
-        return importlib.metadata.version("deltatail")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,8 +24,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError
 
 from deltatail.state.errors import ConfigError, DeltaTailError, StateError
 from deltatail.state.signals import SnapshotRequest, debezium_snapshots
@@ -83,6 +81,9 @@ class SignalTopic:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        # kafka-python is imported by the service that reads a signal topic, not at every command's start.
+        from kafka.errors import KafkaError
+
         while not self._stop.is_set():
             try:
                 self._read()
@@ -91,6 +92,8 @@ class SignalTopic:
                 self._stop.wait(5.0)
 
     def _read(self) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
         consumer = KafkaConsumer(bootstrap_servers=self.servers, group_id=None, enable_auto_commit=False)
         try:
             found = consumer.partitions_for_topic(self.topic) or ()

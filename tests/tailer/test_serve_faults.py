@@ -90,6 +90,7 @@ def no_crash(child: ServeChild) -> None:
     assert text.count("Traceback") == hung_up and "Exception in thread" not in text, text[-3000:]
 
 
+@pytest.mark.slow  # a fixed window of seconds watched in a child process: CI runs it, not the quick loop
 def test_too_many_open_files_makes_tables_unavailable_then_they_resume(tmp_path: Path) -> None:
     """EMFILE (RLIMIT_NOFILE lowered to stdio on the running child): the tables with news are unavailable.
 

@@ -281,6 +281,7 @@ SHORT_OF_DESCRIPTORS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fixed window of seconds watched in a child process: CI runs it, not the quick loop
 def test_a_server_out_of_descriptors_does_not_spin() -> None:
     """Before: the listening socket stayed readable while accept() failed, and the loop spun a core."""
     proc = subprocess.Popen(

@@ -41,7 +41,7 @@ def test_the_installed_entry_points_are_those_pyproject_declares() -> None:
     assert declared == {
         "jsonl": "deltatail.sinks.uris:jsonl_sink",
         "parquet": "deltatail.sinks.uris:parquet_sink",
-        "kafka": "deltatail.sinks.uris:kafka_sink",
+        "kafka": "deltatail.sinks.kafka.uri:kafka_sink",
     }
 
 

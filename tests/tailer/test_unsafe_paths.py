@@ -38,7 +38,7 @@ LIMIT = 120
 
 
 def deltatail(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from tailer.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from deltatail.tailer.cli.main import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,

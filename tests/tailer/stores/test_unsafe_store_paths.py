@@ -29,7 +29,7 @@ OTHER = "otherbucket"
 
 
 def _deltatail(cloud: Cloud, *args: str) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from tailer.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from deltatail.tailer.cli.main import main; sys.exit(main(sys.argv[1:]))"
     options = [a for k, v in cloud.options.items() for a in ("--storage-option", f"{k}={v}")]
     return subprocess.run(
         [sys.executable, "-c", code, *args, *options], capture_output=True, text=True, timeout=300, check=False
