@@ -27,7 +27,17 @@ def test_a_request_is_asked_taken_cancelled_and_ended_through_its_files(tmp_path
     signals.record_end(tmp_path, request.taken_at(3, None), "cancelled")
     assert not signals.cancel_asked(tmp_path, "r1")  # the end forgets the cancel
     assert signals.last_end(tmp_path) == {
-        "request": {"id": "r1", "where": "id > 2", "chunk_rows": 5, "version": 3, "first": 0},
+        "request": {
+            "id": "r1",
+            "where": "id > 2",
+            "chunk_rows": 5,
+            "version": 3,
+            "first": 0,
+            "key": [],
+            "read": 0,
+            "sent": 0,
+            "after": -1,
+        },
         "outcome": "cancelled",
         "error": None,
     }
