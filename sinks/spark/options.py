@@ -45,6 +45,20 @@ def _bool(name: str, raw: str) -> bool:
 
 #: The values of ``onDataLoss``.
 DATA_LOSS_MODES = ("fail", "resnapshot", "skip")
+#: The values of ``splitCommits`` (:func:`sinks.spark.admission.whole_unit` says what each splits).
+SPLIT_MODES = ("auto", "never", "always")
+
+
+def _split(raw: str) -> str:
+    """``splitCommits``.
+
+    Raises:
+        ConfigError: for a value that is none of :data:`SPLIT_MODES`.
+    """
+    mode = raw.strip().lower()
+    if mode not in SPLIT_MODES:
+        raise ConfigError(f"option splitCommits must be one of {', '.join(SPLIT_MODES)}, got {raw!r}")
+    return mode
 
 
 def _data_loss(opts: Mapping[str, str]) -> str:
@@ -93,6 +107,8 @@ class SourceOptions:
     key_columns: tuple[str, ...] = ()
     #: ``onDataLoss``: ``fail``, ``resnapshot`` or ``skip`` (``failOnDataLoss=false`` is ``skip``).
     on_data_loss: str = "fail"
+    #: ``splitCommits``: ``auto``, ``never`` or ``always`` (:func:`sinks.spark.admission.whole_unit`).
+    split_commits: str = "auto"
     #: The format's name when known (a ``lance://`` path, the ``format`` option, or :meth:`resolved`).
     table_format: str | None = None
     #: ``externalRoots``: comma-separated roots outside the table its log may name (:mod:`state.paths`).
@@ -138,6 +154,7 @@ class SourceOptions:
             net_changes=_bool("netChanges", opts.get("netchanges", "false")),
             key_columns=keys,
             on_data_loss=_data_loss(opts),
+            split_commits=_split(opts.get("splitcommits", "auto")),
             table_format=fmt,
             external_roots=tuple(
                 check_external_root(r.strip()) for r in opts.get("externalroots", "").split(",") if r.strip()
@@ -158,7 +175,8 @@ class SourceOptions:
 
         Raises:
             ConfigError: for options the format refuses (a Lance dataset: ``netChanges``,
-                ``keyColumns``, ``maxBytesPerTrigger``), or storage options for a local path.
+                ``keyColumns``, ``maxBytesPerTrigger``; ``splitCommits=always`` on anything but a Delta
+                table), or storage options for a local path.
         """
         if self.table_format is None:
             return replace(self, table_format=detect(self.path, self.storage()).name).resolved()
@@ -170,6 +188,8 @@ class SourceOptions:
             DATA_LOSS: self.on_data_loss == "resnapshot",
         }
         refused = [REFUSABLE[k] for k in fmt.refused([k for k, on in given.items() if on])]
+        if self.split_commits == "always" and fmt.name != "delta":
+            refused.append("splitCommits=always")
         if refused:
             raise ConfigError(
                 f"option {', '.join(refused)} applies to Delta tables, not to {fmt.noun}s "
