@@ -25,12 +25,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("pyspark")
 from deltalake import DeltaTable, write_deltalake
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxFiles, ReadMaxRows
 
@@ -1098,3 +1101,75 @@ def test_kafka_send_failure_is_a_sink_error(spark: SparkSession, tmp_path: Path,
     df = spark.read.format("deltatail").option("startingVersion", 0).load(str(root))
     with pytest.raises(Exception, match="SinkError"):
         writer(df, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("shape", "mode", "sizes"),
+    [
+        ("dv", "auto", [2] * DV_FILES),
+        ("dv", "never", [2 * DV_FILES]),
+        ("cdc", "always", None),  # a micro-batch per cdc file, in the order of the commit's actions
+        ("cdc", "auto", [80, 6]),
+    ],
+)
+def test_spark_split_commits_micro_batches(
+    spark: SparkSession, tmp_path: Path, shape: str, mode: str, sizes: list[int] | None
+) -> None:
+    """A DELETE by deletion vectors of six files, and CDF UPDATEs of five and four cdc files, one file per trigger."""
+    root = dv_delete_table(tmp_path / "t").root if shape == "dv" else cdc_update_table(tmp_path / "t")
+    seen: dict[int, pa.Table] = {}
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        seen[batch_id] = arrow(df)
+
+    stream = (
+        spark.readStream.format("deltatail")
+        .option("startingVersion", 1)
+        .option("maxFilesPerTrigger", 1)
+        .option("splitCommits", mode)
+        .load(str(root))
+    )
+    query = (
+        stream.writeStream.foreachBatch(collect)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    assert query.awaitTermination(120)
+    if sizes is None:
+        files = [a["cdc"]["path"] for v in (1, 2) for a in commit_actions(root, v) if "cdc" in a]
+        sizes = [pq.read_metadata(root / unquote(f)).num_rows for f in files]
+    assert [seen[b].num_rows for b in sorted(seen)] == sizes
+    assert_same_rows(pa.concat_tables([seen[b] for b in sorted(seen)]), load_cdf(root, 1))
+
+
+@pytest.mark.slow
+def test_spark_query_restarted_inside_a_split_cdc_commit_delivers_each_row_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The third micro-batch (version 1's cdc file 2) fails once; the restarted query replays it from the offset log."""
+    root = cdc_update_table(tmp_path / "t")
+    seen: dict[int, pa.Table] = {}
+    failed: list[int] = []
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        if batch_id == 2 and not failed:
+            failed.append(batch_id)
+            raise RuntimeError("the sink fails once")
+        seen[batch_id] = arrow(df)
+
+    def start() -> Any:
+        reader = spark.readStream.format("deltatail").option("startingVersion", 1).option("maxFilesPerTrigger", 1)
+        writer = reader.option("splitCommits", "always").load(str(root)).writeStream.foreachBatch(collect)
+        return writer.trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck")).start()
+
+    first = start()
+    with pytest.raises(StreamingQueryException, match="the sink fails once"):
+        first.awaitTermination(120)
+    second = start()
+    assert second.awaitTermination(120)
+    resumed = json.loads(second.recentProgress[0]["sources"][0]["startOffset"])
+    assert (resumed["version"], resumed["index"]) == (1, 2)
+    assert sorted(seen) == list(range(CDC_PARTS + 4))
+    assert_same_rows(pa.concat_tables([seen[b] for b in sorted(seen)]), load_cdf(root, 1))
