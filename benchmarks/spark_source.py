@@ -312,8 +312,11 @@ def giant(cfg: Config, scratch: Path) -> None:
         ("load_cdf", "deltalake load_cdf read_all"),
     ):
         command = [sys.executable, "-m", "benchmarks.spark_source", "--child", side, str(root)]
-        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        got = json.loads(out.strip().splitlines()[-1])
+        done = subprocess.run(command, check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"{name}: failed\n{done.stderr[-3000:]}")
+            continue
+        got = json.loads(done.stdout.strip().splitlines()[-1])
         row(
             name,
             got["batches"],
