@@ -16,7 +16,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxBytes, ReadMaxFil
 
 from deltatail.state.errors import ConfigError
 from deltatail.state.paths import check_external_root
-from deltatail.tailer.formats.base import DATA_LOSS, KEY, MAX_BYTES, NET_CHANGES
+from deltatail.tailer.formats.base import DATA_LOSS, KEY, MAX_BYTES, NET_CHANGES, SPLIT
 from deltatail.tailer.formats.registry import detect, format_named, split_prefix
 from deltatail.tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
 from deltatail.tailer.read.feed import ChangeOptions
@@ -34,6 +34,7 @@ REFUSABLE = {
     KEY: "keyColumns",
     MAX_BYTES: "maxBytesPerTrigger",
     DATA_LOSS: "onDataLoss=resnapshot",
+    SPLIT: "splitCommits=always",
 }
 
 T = TypeVar("T")
@@ -186,10 +187,9 @@ class SourceOptions:
             KEY: bool(self.key_columns),
             MAX_BYTES: self.max_bytes is not None,
             DATA_LOSS: self.on_data_loss == "resnapshot",
+            SPLIT: self.split_commits == "always",
         }
         refused = [REFUSABLE[k] for k in fmt.refused([k for k, on in given.items() if on])]
-        if self.split_commits == "always" and fmt.name != "delta":
-            refused.append("splitCommits=always")
         if refused:
             raise ConfigError(
                 f"option {', '.join(refused)} applies to Delta tables, not to {fmt.noun}s "
