@@ -12,6 +12,13 @@ or add ``--quick`` for a smoke run. Sections:
    ``partitions`` + ``commit``) after 10 new commits, on log-only tables whose
    log holds 100, 1000 and 2000 commits after a checkpoint, next to a restart
    (a new reader from the same offset, which rebuilds its snapshot).
+3. Giant commit (``--giant``; alone, as it starts a Spark per side): one UPDATE of every row of a
+   table with the change data feed on, partitioned so the commit holds 16 cdc files, streamed with
+   ``maxFilesPerTrigger=1`` into a ``foreachBatch`` that collects each micro-batch to Arrow in the
+   driver (``toArrow``), with ``splitCommits=auto`` (the commit admitted whole, as Delta does) and
+   ``always`` (a cdc file per micro-batch), next to deltalake's ``load_cdf`` of the same version read
+   whole (``read_all``). Each side is a child process; its peak is that process's ``VmHWM`` (the
+   Python driver, where ``toArrow`` lands; Spark's JVM not counted).
 
 Every time is a median of several repetitions (counts printed).
 """
@@ -19,10 +26,13 @@ Every time is a median of several repetitions (counts printed).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +53,8 @@ from deltatail.sinks.spark import DeltaTailDataSource, DeltaTailStreamReader, re
 from deltatail.tailer.read.feed import ChangeFeed
 
 NEW_COMMITS = 10
+#: Partitions (so cdc files) of the giant commit's table.
+GIANT_PARTS = 16
 
 
 @dataclass(frozen=True)
@@ -53,17 +65,22 @@ class Config:
     log_sizes: tuple[int, ...]
     repeat: int
     quick: bool
+    giant: bool = False
+    child: tuple[str, str] | None = None
 
 
 def parse_args(argv: Sequence[str] | None) -> Config:
     """The run's :class:`Config` from the command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.spark_source", description=(__doc__ or "").split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, few repetitions (a smoke run)")
-    p.add_argument("--rows", type=int, help="rows of the throughput table (default 2000000)")
+    p.add_argument("--rows", type=int, help="rows of the throughput (or giant commit's) table (default 2000000)")
+    p.add_argument("--giant", action="store_true", help="only the giant commit section")
+    p.add_argument("--child", nargs=2, metavar=("SIDE", "TABLE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    child = None if args.child is None else (args.child[0], args.child[1])
     if args.quick:
-        return Config(args.rows or 200_000, (100, 1000), 3, True)
-    return Config(args.rows or 2_000_000, (100, 1000, 2000), 5, False)
+        return Config(args.rows or 200_000, (100, 1000), 3, True, args.giant, child)
+    return Config(args.rows or 2_000_000, (100, 1000, 2000), 5, False, args.giant, child)
 
 
 def median_time(fn: Callable[[], object], repeat: int) -> tuple[float, Any]:
@@ -230,14 +247,103 @@ def planning(cfg: Config, scratch: Path) -> None:
     print("   restart = a new query's first micro-batch from the same offset: schema, snapshot rebuild, planning)")
 
 
+# -- giant commit ----------------------------------------------------------------------------------
+
+
+def write_giant(root: Path, rows: int) -> None:
+    """Version 0 inserts ``rows`` rows in ``GIANT_PARTS`` partitions; version 1 updates every row."""
+    ids = pa.array(range(rows), pa.int64())
+    data = pa.table(
+        {"id": ids, "name": pc.cast(ids, pa.string()), "p": pc.cast(pc.bit_wise_and(ids, GIANT_PARTS - 1), pa.string())}
+    )
+    write_deltalake(str(root), data, partition_by=["p"], configuration={"delta.enableChangeDataFeed": "true"})
+    DeltaTable(str(root)).update({"name": "concat(name, '+')"})
+
+
+def peak_mib() -> float:
+    """This process's resident high-water mark (``VmHWM``), MiB."""
+    found = re.search(r"^VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    return int(found.group(1)) / 1024 if found else float("nan")
+
+
+def giant_child(side: str, root: Path) -> dict[str, Any]:
+    """One side of the giant-commit section, in this (child) process."""
+    t0 = time.perf_counter()
+    if side == "load_cdf":
+        rows = DeltaTable(str(root)).load_cdf(starting_version=1, ending_version=1).read_all()
+        return {"batches": 1, "largest": rows.num_rows, "rows": rows.num_rows, "seconds": time.perf_counter() - t0}
+    spark = spark_session()
+    sizes: list[int] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        sizes.append(df.toArrow().num_rows)
+
+    stream = (
+        spark.readStream.format("deltatail")
+        .option("startingVersion", 1)
+        .option("maxFilesPerTrigger", 1)
+        .option("splitCommits", side)
+        .load(str(root))
+    )
+    checkpoint = tempfile.mkdtemp(dir=root.parent, prefix="ck-")
+    t0 = time.perf_counter()
+    stream.writeStream.foreachBatch(collect).trigger(availableNow=True).option(
+        "checkpointLocation", checkpoint
+    ).start().awaitTermination()
+    seconds = time.perf_counter() - t0
+    spark.stop()
+    return {"batches": len(sizes), "largest": max(sizes), "rows": sum(sizes), "seconds": seconds}
+
+
+def giant(cfg: Config, scratch: Path) -> None:
+    root = scratch / "giant"
+    t0 = time.perf_counter()
+    write_giant(root, cfg.rows)
+    print(
+        f"\n== Giant commit: an UPDATE of {cfg.rows:,} rows in {GIANT_PARTS} partitions "
+        f"({2 * cfg.rows:,} cdc rows in {GIANT_PARTS} cdc files), written in {time.perf_counter() - t0:.1f} s; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    widths = (34, 10, 14, 12, 10, 10)
+    row("side", "batches", "largest batch", "rows", "seconds", "peak MiB", widths=widths)
+    for side, name in (
+        ("auto", "Spark splitCommits=auto (whole)"),
+        ("always", "Spark splitCommits=always"),
+        ("load_cdf", "deltalake load_cdf read_all"),
+    ):
+        command = [sys.executable, "-m", "benchmarks.spark_source", "--child", side, str(root)]
+        done = subprocess.run(command, check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"{name}: failed\n{done.stderr[-3000:]}")
+            continue
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        row(
+            name,
+            got["batches"],
+            f"{got['largest']:,}",
+            f"{got['rows']:,}",
+            f"{got['seconds']:.1f}",
+            f"{got['peak']:.0f}",
+            widths=widths,
+        )
+    print(f"  (one run; maxFilesPerTrigger=1; load average after: {os.getloadavg()[0]:.1f})")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     cfg = parse_args(argv)
+    if cfg.child is not None:
+        result = giant_child(cfg.child[0], Path(cfg.child[1]))
+        print(json.dumps({**result, "peak": peak_mib()}))
+        return
     print(
         f"benchmarks.spark_source{' --quick' if cfg.quick else ''}: python {platform.python_version()}, "
         f"pyspark {pyspark.__version__}, {os.cpu_count()} cpus, {platform.machine()}"
     )
     scratch = Path(tempfile.mkdtemp(prefix="deltatail-spark-bench-"))
     try:
+        if cfg.giant:
+            giant(cfg, scratch)
+            return
         planning(cfg, scratch)
         spark = spark_session()
         try:

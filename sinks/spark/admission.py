@@ -58,11 +58,28 @@ class Budget:
 
 
 def whole_unit(plan: AnyPlan, options: SourceOptions) -> bool:
-    """Whether a plan is admitted whole.
+    """Whether a plan is admitted whole (one unit), rather than task by task (``splitCommits``).
 
-    Delta: commits with cdc files or deletion vectors, or any under ``netChanges``. Lance: versions
-    with updates (an update's preimage and postimage rows stay in one micro-batch). Iceberg: every
-    snapshot (its rows are netted and paired across the whole snapshot).
+    A split never loses or repeats a row: an offset inside a version names the next task, and a
+    version's tasks are in a fixed order (the order of its actions in the commit file; see
+    :meth:`state.changes.PreparedCommit.tasks`), so a restarted query replans the version and
+    skips the same tasks. What a split changes is which rows of a version share a micro-batch:
+
+    - Delta commits with deletion vectors but no cdc files: split unless ``splitCommits=never``
+      (Delta keeps them whole). Each task yields whole ``delete`` or ``insert`` rows of one file
+      (a deletion vector's rows, or a file's), and nothing pairs rows across tasks: such a commit
+      reads as a plain add/remove commit does, which is always split.
+    - Delta commits with cdc files: split only with ``splitCommits=always``. The protocol puts no
+      bound on where a row's images go ("``preimage`` is the value before the update,
+      ``postimage`` is the value after the update", one ``_change_type`` per row, in any of the
+      version's cdc files), and writers do separate them (delta-rs writes an UPDATE that moves
+      rows to another partition with the preimages in the old partition's cdc file and the
+      postimages in the new one's): a consumer that pairs images per micro-batch (a
+      ``foreachBatch`` MERGE) would see halves. ``always`` is for consumers that treat each row
+      on its own, as Spark's own change data feed consumers do.
+    - Under ``netChanges``: every commit whole (its rows are netted together).
+    - Lance: versions with updates whole (their preimage and postimage rows are in different row
+      tasks). Iceberg: every snapshot whole (its rows are netted and paired across the snapshot).
     """
     if isinstance(plan, IcebergPlan):
         return True
@@ -72,7 +89,10 @@ def whole_unit(plan: AnyPlan, options: SourceOptions) -> bool:
         return any(t.change_type in ("update_preimage", "update_postimage") for t in plan.tasks)
     if options.net_changes:
         return True
-    return any(t.is_cdc or t.selection.within is not None or t.selection.minus is not None for t in plan.tasks)
+    if any(t.is_cdc for t in plan.tasks):
+        return options.split_commits != "always"
+    dv = any(t.selection.within is not None or t.selection.minus is not None for t in plan.tasks)
+    return dv and options.split_commits == "never"
 
 
 def admit(plans: Iterable[AnyPlan], start: Offset, budget: Budget, options: SourceOptions) -> Offset:

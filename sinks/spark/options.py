@@ -16,7 +16,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxBytes, ReadMaxFil
 
 from deltatail.state.errors import ConfigError
 from deltatail.state.paths import check_external_root
-from deltatail.tailer.formats.base import DATA_LOSS, KEY, MAX_BYTES, NET_CHANGES
+from deltatail.tailer.formats.base import DATA_LOSS, KEY, MAX_BYTES, NET_CHANGES, SPLIT
 from deltatail.tailer.formats.registry import detect, format_named, split_prefix
 from deltatail.tailer.parse import parse_bool, parse_bytes, parse_timestamp_ms
 from deltatail.tailer.read.feed import ChangeOptions
@@ -34,6 +34,7 @@ REFUSABLE = {
     KEY: "keyColumns",
     MAX_BYTES: "maxBytesPerTrigger",
     DATA_LOSS: "onDataLoss=resnapshot",
+    SPLIT: "splitCommits=always",
 }
 
 T = TypeVar("T")
@@ -45,6 +46,20 @@ def _bool(name: str, raw: str) -> bool:
 
 #: The values of ``onDataLoss``.
 DATA_LOSS_MODES = ("fail", "resnapshot", "skip")
+#: The values of ``splitCommits`` (:func:`sinks.spark.admission.whole_unit` says what each splits).
+SPLIT_MODES = ("auto", "never", "always")
+
+
+def _split(raw: str) -> str:
+    """``splitCommits``.
+
+    Raises:
+        ConfigError: for a value that is none of :data:`SPLIT_MODES`.
+    """
+    mode = raw.strip().lower()
+    if mode not in SPLIT_MODES:
+        raise ConfigError(f"option splitCommits must be one of {', '.join(SPLIT_MODES)}, got {raw!r}")
+    return mode
 
 
 def _data_loss(opts: Mapping[str, str]) -> str:
@@ -93,6 +108,8 @@ class SourceOptions:
     key_columns: tuple[str, ...] = ()
     #: ``onDataLoss``: ``fail``, ``resnapshot`` or ``skip`` (``failOnDataLoss=false`` is ``skip``).
     on_data_loss: str = "fail"
+    #: ``splitCommits``: ``auto``, ``never`` or ``always`` (:func:`sinks.spark.admission.whole_unit`).
+    split_commits: str = "auto"
     #: The format's name when known (a ``lance://`` path, the ``format`` option, or :meth:`resolved`).
     table_format: str | None = None
     #: ``externalRoots``: comma-separated roots outside the table its log may name (:mod:`state.paths`).
@@ -138,6 +155,7 @@ class SourceOptions:
             net_changes=_bool("netChanges", opts.get("netchanges", "false")),
             key_columns=keys,
             on_data_loss=_data_loss(opts),
+            split_commits=_split(opts.get("splitcommits", "auto")),
             table_format=fmt,
             external_roots=tuple(
                 check_external_root(r.strip()) for r in opts.get("externalroots", "").split(",") if r.strip()
@@ -158,7 +176,8 @@ class SourceOptions:
 
         Raises:
             ConfigError: for options the format refuses (a Lance dataset: ``netChanges``,
-                ``keyColumns``, ``maxBytesPerTrigger``), or storage options for a local path.
+                ``keyColumns``, ``maxBytesPerTrigger``; ``splitCommits=always`` on anything but a Delta
+                table), or storage options for a local path.
         """
         if self.table_format is None:
             return replace(self, table_format=detect(self.path, self.storage()).name).resolved()
@@ -168,6 +187,7 @@ class SourceOptions:
             KEY: bool(self.key_columns),
             MAX_BYTES: self.max_bytes is not None,
             DATA_LOSS: self.on_data_loss == "resnapshot",
+            SPLIT: self.split_commits == "always",
         }
         refused = [REFUSABLE[k] for k in fmt.refused([k for k, on in given.items() if on])]
         if refused:

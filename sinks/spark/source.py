@@ -31,6 +31,11 @@ Options (names as Delta's change data feed source; case-insensitive):
 ``maxFilesPerTrigger``   soft limit of file tasks per micro-batch; default 1000 (Delta's)
                          unless ``maxBytesPerTrigger`` alone is given
 ``maxBytesPerTrigger``   soft limit of file bytes per micro-batch (``1048576``, ``64m``, ``1g``)
+``splitCommits``         which commits a micro-batch may end inside (Delta tables): ``auto``
+                         (default) splits commits with deletion vectors and no cdc files;
+                         ``always`` also commits with cdc files (their update images may
+                         then land in different micro-batches); ``never`` keeps both whole,
+                         as Delta does (:func:`sinks.spark.admission.whole_unit`)
 ``netChanges``           ``true``: cancel copy-on-write noise per commit (:mod:`tailer.read.net_changes`)
 ``keyColumns``           ``a,b``: key for ``netChanges`` update pairing (needs ``netChanges``)
 ``failOnDataLoss``       ``true`` (default): a version the log no longer holds is an error;
@@ -62,9 +67,10 @@ goes on incrementally from there, so it resumes exactly where it stopped.
 Admission (``maxFilesPerTrigger``/``maxBytesPerTrigger``): a micro-batch takes
 *units* in order while some budget remains; its first unit is always taken, so
 a batch may overshoot (soft limits, as Delta's). A unit is one file task, or a
-whole commit for commits with cdc files or deletion vectors and for every
-commit under ``netChanges``. Plain commits and initial snapshots may thus end a
-micro-batch between two of their files; the other commits never do. When
+whole commit where ``splitCommits`` keeps it whole (by default: commits with cdc
+files) and for every commit under ``netChanges``. Plain commits, commits with
+deletion vectors (unless ``splitCommits=never``) and initial snapshots may thus
+end a micro-batch between two of their files; the other commits never do. When
 Spark asks for everything (``ReadAllAvailable``) the options are ignored. With
 both options set, the engine's limit is the file limit and the byte limit
 applies too. ``Trigger.AvailableNow`` records the latest version when the

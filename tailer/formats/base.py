@@ -71,6 +71,8 @@ MAX_BYTES = "max_bytes"
 DATA_LOSS = "on_data_loss"
 #: On-demand snapshots asked for by ``deltatail signal`` (:mod:`state.signals`).
 SIGNALS = "signals"
+#: Micro-batches of the Spark source that end inside a version with updates (``splitCommits=always``).
+SPLIT = "split_commits"
 
 
 def starting_version(value: object, latest: Callable[[], int]) -> int | None:
@@ -204,7 +206,8 @@ class TableFormat(Protocol):
     def refused(self, asked: Sequence[str]) -> tuple[str, ...]:
         """Which settings of ``asked`` it refuses.
 
-        The settings: :data:`NET_CHANGES`, :data:`KEY`, :data:`MAX_BYTES`, :data:`DATA_LOSS`, :data:`SIGNALS`.
+        The settings: :data:`NET_CHANGES`, :data:`KEY`, :data:`MAX_BYTES`, :data:`DATA_LOSS`, :data:`SIGNALS`,
+        :data:`SPLIT`.
         """
         ...
 

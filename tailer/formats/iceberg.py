@@ -27,7 +27,7 @@ from deltatail.tailer.audit.log import AuditOutput
 from deltatail.tailer.follow.audit import AuditFollowConfig
 from deltatail.tailer.follow.stats import TableStats
 from deltatail.tailer.follow.tailer import TailerConfig, table_name
-from deltatail.tailer.formats.base import DATA_LOSS, MAX_BYTES, SIGNALS, ChangeRequest, ChangeRun
+from deltatail.tailer.formats.base import DATA_LOSS, MAX_BYTES, SIGNALS, SPLIT, ChangeRequest, ChangeRun
 from deltatail.tailer.iceberg.audit import IcebergAuditFeed
 from deltatail.tailer.iceberg.audit_follow import IcebergAuditFollower
 from deltatail.tailer.iceberg.catalog import catalog_pointer, parse_catalog_name
@@ -40,7 +40,7 @@ from deltatail.tailer.storage import Storage
 from deltatail.tailer.table import TableRef, table_storage
 
 #: The settings Iceberg tables refuse.
-REFUSED = (MAX_BYTES, DATA_LOSS, SIGNALS)
+REFUSED = (MAX_BYTES, DATA_LOSS, SIGNALS, SPLIT)
 #: ``snapshot``'s names of a file's content (the spec's ``content`` field: 0, 1, 2).
 _KINDS = {0: "data", 1: "position deletes", 2: "equality deletes"}
 

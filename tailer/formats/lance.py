@@ -29,6 +29,7 @@ from deltatail.tailer.formats.base import (
     MAX_BYTES,
     NET_CHANGES,
     SIGNALS,
+    SPLIT,
     ChangeRequest,
     ChangeRun,
     starting_version,
@@ -42,7 +43,7 @@ from deltatail.tailer.storage import Storage
 from deltatail.tailer.table import TableRef
 
 #: The settings Lance datasets refuse.
-REFUSED = (NET_CHANGES, KEY, MAX_BYTES, DATA_LOSS, SIGNALS)
+REFUSED = (NET_CHANGES, KEY, MAX_BYTES, DATA_LOSS, SIGNALS, SPLIT)
 
 
 def lance_options(options: ChangeOptions) -> LanceOptions:

@@ -22,23 +22,28 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("pyspark")
 from deltalake import DeltaTable, write_deltalake
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxFiles, ReadMaxRows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tailer"))  # cdf_helpers (tests/ is not a package)
-from cdf_helpers import assert_same_rows, corpus_table, load_cdf
+from cdf_helpers import HandTable, assert_same_rows, commit_actions, corpus_table, load_cdf
 
 from deltatail.sinks.kafka.debezium import EventOptions
 from deltatail.sinks.kafka.encoding import ChangeEncoder
 from deltatail.sinks.spark import DeltaTailBatchReader, DeltaTailDataSource, DeltaTailStreamReader, register
+from deltatail.sinks.spark.admission import whole_unit
 from deltatail.sinks.spark.kafka_writer import kafka_batch_writer, version_batches
 from deltatail.sinks.spark.offsets import Offset
 from deltatail.sinks.spark.options import SourceOptions
@@ -65,6 +70,8 @@ CDF = {"delta.enableChangeDataFeed": "true"}
 #: kafka-python's first import warns (legacy ``importlib.resources`` calls); the helper imports it lazily.
 KAFKA_IMPORT = pytest.mark.filterwarnings(r"ignore:\w+ is deprecated. Use files\(\) instead:DeprecationWarning")
 TS = "_commit_timestamp"
+VALUE_FIELD = [{"name": "value", "type": "long", "nullable": True, "metadata": {}}]
+DV_CONFIG = {"delta.enableChangeDataFeed": "true", "delta.enableDeletionVectors": "true"}
 
 
 # ---------------------------------------------------------------- tables --
@@ -133,6 +140,18 @@ def run_batches(
         out.append((start, end, rows))
         start = end
     raise AssertionError("the stream did not settle")
+
+
+def take_batches(reader: DeltaTailStreamReader, start: dict[str, Any], count: int) -> list[Batch]:
+    """The first ``count`` micro-batches from ``start`` (a query stopped after them)."""
+    out: list[Batch] = []
+    for _ in range(count):
+        end = reader.latestOffset(start, reader.getDefaultReadLimit())
+        assert end != start, "fewer micro-batches than asked for"
+        out.append((start, end, read_rows(reader, reader.partitions(start, end))))
+        reader.commit(end)
+        start = end
+    return out
 
 
 def all_rows(batches: list[Batch], schema: pa.Schema) -> pa.Table:
@@ -392,15 +411,150 @@ def test_max_bytes_admits_at_least_one_file(tmp_path: Path) -> None:
     assert len(run_batches(both, both.initialOffset())) == 3
 
 
-def test_commits_with_deletion_vectors_are_admitted_whole() -> None:
+def test_commits_with_deletion_vectors_are_admitted_whole_with_split_never() -> None:
     root = corpus_table("kernel-rs/cdf-table-with-dv")
-    reader = stream_reader(root, startingVersion=0, maxFilesPerTrigger=1)
+    reader = stream_reader(root, startingVersion=0, maxFilesPerTrigger=1, splitCommits="never")
     batches = run_batches(reader, reader.initialOffset())
     assert [b[1]["version"] for b in batches] == [1, 2, 3, 4, 5, 6, 7]  # versions 4 and 5 hold two DV tasks each
     assert all(b[1]["index"] == 0 for b in batches)
     assert_same_rows(all_rows(batches, arrow_target(reader.schema)), ChangeFeed(str(root)).read_table(0), drop=())
-    pairs = stream_reader(root, startingVersion=0, maxFilesPerTrigger=2)
+    pairs = stream_reader(root, startingVersion=0, maxFilesPerTrigger=2, splitCommits="never")
     assert [b[1]["version"] for b in run_batches(pairs, pairs.initialOffset())] == [2, 4, 5, 6, 7]
+
+
+def test_commits_with_deletion_vectors_are_split_by_default() -> None:
+    """kernel-rs/cdf-table-with-dv: versions 4 and 5 each delete by a DV and restore by another (two tasks)."""
+    root = corpus_table("kernel-rs/cdf-table-with-dv")
+    reader = stream_reader(root, startingVersion=0, maxFilesPerTrigger=1)
+    batches = run_batches(reader, reader.initialOffset())
+    ends = [(b[1]["version"], b[1]["index"]) for b in batches]
+    assert ends == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1), (5, 0), (5, 1), (6, 0), (7, 0)]
+    types = [sorted(set(b[2].column("_change_type").to_pylist())) for b in batches]
+    # A task per micro-batch: v4 deletes no more rows by its new DV, restores 1, 4; v5 deletes 3, restores 0, 5.
+    assert types[4:8] == [[], ["insert"], ["delete"], ["insert"]]
+    assert_same_rows(all_rows(batches, arrow_target(reader.schema)), load_cdf(root, 0))
+
+
+DV_FILES = 6
+
+
+def dv_delete_table(root: Path) -> HandTable:
+    """v0: ``DV_FILES`` files of ten values each; v1: one DELETE marking rows 0 and 9 of every file in a DV."""
+    table = HandTable(root, VALUE_FIELD, configuration=DV_CONFIG)
+    names = [f"part-{i}.parquet" for i in range(DV_FILES)]
+    table.commit(
+        [
+            table.add(n, pa.table({"value": pa.array(range(10 * i, 10 * i + 10), pa.int64())}))
+            for i, n in enumerate(names)
+        ]
+    )
+    dvs = table.file_dvs([{0, 9}] * DV_FILES)
+    table.commit(
+        [a for n, dv in zip(names, dvs, strict=True) for a in (table.remove(n), table.add(n, dv=dv))],
+        operation="DELETE",
+    )
+    return table
+
+
+def test_a_deletion_vector_commit_of_many_files_is_split_and_resumes_mid_commit(tmp_path: Path) -> None:
+    root = dv_delete_table(tmp_path / "t").root
+    first = stream_reader(root, startingVersion=1, maxFilesPerTrigger=2)
+    early = take_batches(first, first.initialOffset(), 1)  # stopped after one micro-batch
+    assert (early[0][1]["version"], early[0][1]["index"]) == (1, 2)
+    second = stream_reader(root, startingVersion=1, maxFilesPerTrigger=2)  # a restart from the offset log
+    late = run_batches(second, early[0][1])
+    assert second.planner.rebuilds == 1
+    assert [(b[1]["version"], b[1]["index"]) for b in late] == [(1, 4), (2, 0)]
+    assert [b[2].num_rows for b in early + late] == [4, 4, 4]
+    deleted = sorted(v for b in early + late for v in b[2].column("value").to_pylist())
+    assert deleted == sorted(v for i in range(DV_FILES) for v in (10 * i, 10 * i + 9))
+    assert_same_rows(all_rows(early + late, arrow_target(second.schema)), load_cdf(root, 1))
+    whole = stream_reader(root, startingVersion=1, maxFilesPerTrigger=2, splitCommits="never")
+    assert [b[2].num_rows for b in run_batches(whole, whole.initialOffset())] == [2 * DV_FILES]
+
+
+CDC_PARTS = 5
+
+
+def cdc_update_table(root: Path) -> Path:
+    """v0: 40 rows in ``CDC_PARTS`` partitions (CDF on); v1: UPDATE of every row (a cdc file per partition);
+    v2: an UPDATE that moves ids 1..3 to partition p0, whose preimages deltalake writes in the old partitions'
+    cdc files and postimages in p0's."""
+    n = 40
+    data = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "v": [f"x{i}" for i in range(n)],
+            "p": [f"p{i % CDC_PARTS}" for i in range(n)],
+        }
+    )
+    write_deltalake(str(root), data, partition_by=["p"], configuration=CDF)
+    DeltaTable(str(root)).update({"v": "'u'"})
+    DeltaTable(str(root)).update({"p": "'p0'"}, predicate="id >= 1 and id <= 3")
+    return root
+
+
+def cdc_tasks(root: Path, version: int) -> int:
+    return len([a for a in commit_actions(root, version) if "cdc" in a])
+
+
+def test_cdc_commits_are_whole_by_default_and_split_with_always(tmp_path: Path) -> None:
+    root = cdc_update_table(tmp_path / "t")
+    assert (cdc_tasks(root, 1), cdc_tasks(root, 2)) == (CDC_PARTS, 4)  # the fixture is what it claims
+    auto = stream_reader(root, startingVersion=1, maxFilesPerTrigger=1)
+    assert [(b[1]["version"], b[1]["index"]) for b in run_batches(auto, auto.initialOffset())] == [(2, 0), (3, 0)]
+    split = stream_reader(root, startingVersion=1, maxFilesPerTrigger=1, splitCommits="always")
+    batches = run_batches(split, split.initialOffset())
+    assert [(b[1]["version"], b[1]["index"]) for b in batches] == [
+        *((1, i) for i in range(1, CDC_PARTS)),
+        (2, 0),
+        *((2, i) for i in range(1, 4)),
+        (3, 0),
+    ]
+    assert_same_rows(all_rows(batches, arrow_target(split.schema)), load_cdf(root, 1))
+    # What "always" gives up: version 2's images of one row land in different micro-batches.
+    moved = [Counter(b[2].column("_change_type").to_pylist()) for b in batches[CDC_PARTS:]]
+    assert sum(c["update_preimage"] for c in moved) == sum(c["update_postimage"] for c in moved) == 3
+    assert any(c["update_preimage"] != c["update_postimage"] for c in moved)
+
+
+def test_a_cdc_commit_split_mid_commit_resumes_at_the_next_file_after_a_restart(tmp_path: Path) -> None:
+    root = cdc_update_table(tmp_path / "t")
+    first = stream_reader(root, startingVersion=1, maxBytesPerTrigger=1, splitCommits="always")
+    early = take_batches(first, first.initialOffset(), 2)
+    assert [(b[1]["version"], b[1]["index"]) for b in early] == [(1, 1), (1, 2)]
+    second = stream_reader(root, startingVersion=1, maxBytesPerTrigger=1, splitCommits="always")
+    late = run_batches(second, early[-1][1])
+    assert second.planner.rebuilds == 1 and all(pos(b[0]) < pos(b[1]) for b in early + late)
+    assert len(early + late) == CDC_PARTS + 4
+    assert_same_rows(all_rows(early + late, arrow_target(second.schema)), load_cdf(root, 1))
+
+
+def test_split_commits_option() -> None:
+    assert SourceOptions.parse({"path": "/t"}).split_commits == "auto"
+    assert SourceOptions.parse({"path": "/t", "splitCommits": " Always"}).split_commits == "always"
+    with pytest.raises(ConfigError, match="splitCommits must be one of auto, never, always, got 'sometimes'"):
+        SourceOptions.parse({"path": "/t", "splitCommits": "sometimes"})
+    for fmt in ("lance", "iceberg"):
+        assert SourceOptions.parse({"path": "/t", "format": fmt, "splitCommits": "never"}).split_commits == "never"
+        with pytest.raises(ConfigError, match="option splitCommits=always applies to Delta tables"):
+            SourceOptions.parse({"path": "/t", "format": fmt, "splitCommits": "always"})
+
+
+def test_whole_unit_rule(tmp_path: Path) -> None:
+    """The admission rule alone, on plans of real commits: cdc, deletion vectors, plain, and under netChanges."""
+    cdc_root = cdc_update_table(tmp_path / "cdc")
+    plain_root = new_table(tmp_path / "plain", cdf=False)
+    append(plain_root, [6])
+    cdc = next(iter(ChangeFeed(str(cdc_root)).plans(1, 1)))
+    dv = next(iter(ChangeFeed(str(corpus_table("kernel-rs/cdf-table-with-dv"))).plans(4, 4)))
+    plain = next(iter(ChangeFeed(str(plain_root)).plans(1, 1)))
+    expected = {"auto": (True, False, False), "always": (False, False, False), "never": (True, True, False)}
+    for mode, whole in expected.items():
+        options = SourceOptions.parse({"path": "/t", "format": "delta", "splitCommits": mode})
+        assert (whole_unit(cdc, options), whole_unit(dv, options), whole_unit(plain, options)) == whole, mode
+        net = replace(options, net_changes=True)
+        assert (whole_unit(cdc, net), whole_unit(dv, net), whole_unit(plain, net)) == (True, True, True), mode
 
 
 def test_available_now_never_reads_past_the_prepared_version(tmp_path: Path) -> None:
@@ -947,3 +1101,75 @@ def test_kafka_send_failure_is_a_sink_error(spark: SparkSession, tmp_path: Path,
     df = spark.read.format("deltatail").option("startingVersion", 0).load(str(root))
     with pytest.raises(Exception, match="SinkError"):
         writer(df, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("shape", "mode", "sizes"),
+    [
+        ("dv", "auto", [2] * DV_FILES),
+        ("dv", "never", [2 * DV_FILES]),
+        ("cdc", "always", None),  # a micro-batch per cdc file, in the order of the commit's actions
+        ("cdc", "auto", [80, 6]),
+    ],
+)
+def test_spark_split_commits_micro_batches(
+    spark: SparkSession, tmp_path: Path, shape: str, mode: str, sizes: list[int] | None
+) -> None:
+    """A DELETE by deletion vectors of six files, and CDF UPDATEs of five and four cdc files, one file per trigger."""
+    root = dv_delete_table(tmp_path / "t").root if shape == "dv" else cdc_update_table(tmp_path / "t")
+    seen: dict[int, pa.Table] = {}
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        seen[batch_id] = arrow(df)
+
+    stream = (
+        spark.readStream.format("deltatail")
+        .option("startingVersion", 1)
+        .option("maxFilesPerTrigger", 1)
+        .option("splitCommits", mode)
+        .load(str(root))
+    )
+    query = (
+        stream.writeStream.foreachBatch(collect)
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .start()
+    )
+    assert query.awaitTermination(120)
+    if sizes is None:
+        files = [a["cdc"]["path"] for v in (1, 2) for a in commit_actions(root, v) if "cdc" in a]
+        sizes = [pq.read_metadata(root / unquote(f)).num_rows for f in files]
+    assert [seen[b].num_rows for b in sorted(seen)] == sizes
+    assert_same_rows(pa.concat_tables([seen[b] for b in sorted(seen)]), load_cdf(root, 1))
+
+
+@pytest.mark.slow
+def test_spark_query_restarted_inside_a_split_cdc_commit_delivers_each_row_once(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The third micro-batch (version 1's cdc file 2) fails once; the restarted query replays it from the offset log."""
+    root = cdc_update_table(tmp_path / "t")
+    seen: dict[int, pa.Table] = {}
+    failed: list[int] = []
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        if batch_id == 2 and not failed:
+            failed.append(batch_id)
+            raise RuntimeError("the sink fails once")
+        seen[batch_id] = arrow(df)
+
+    def start() -> Any:
+        reader = spark.readStream.format("deltatail").option("startingVersion", 1).option("maxFilesPerTrigger", 1)
+        writer = reader.option("splitCommits", "always").load(str(root)).writeStream.foreachBatch(collect)
+        return writer.trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck")).start()
+
+    first = start()
+    with pytest.raises(StreamingQueryException, match="the sink fails once"):
+        first.awaitTermination(120)
+    second = start()
+    assert second.awaitTermination(120)
+    resumed = json.loads(second.recentProgress[0]["sources"][0]["startOffset"])
+    assert (resumed["version"], resumed["index"]) == (1, 2)
+    assert sorted(seen) == list(range(CDC_PARTS + 4))
+    assert_same_rows(pa.concat_tables([seen[b] for b in sorted(seen)]), load_cdf(root, 1))
