@@ -176,7 +176,7 @@ def write_dv_table(path: Path, rows: int, files: int) -> int:
         "writerFeatures": ["changeDataFeed", "deletionVectors"],
     }
     configuration = {**metadata["configuration"], "delta.enableDeletionVectors": "true"}
-    upgrade = {"commitInfo": {"timestamp": now, "operation": "SET TBLPROPERTIES"}}
+    upgrade: dict[str, object] = {"commitInfo": {"timestamp": now, "operation": "SET TBLPROPERTIES"}}
     write_log(path, 1, [upgrade, {"protocol": protocol}, {"metaData": {**metadata, "configuration": configuration}}])
     counts = [json.loads(a["stats"])["numRecords"] for a in adds]
     descriptors: list[dict[str, object]] = []
