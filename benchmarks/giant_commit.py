@@ -2,8 +2,9 @@
 
 Usage::
 
-    python -m benchmarks.giant_commit [--rows 1000000,4000000] [--shapes cdc,rewrite,rewrite-net]
+    python -m benchmarks.giant_commit [--rows 1000000,4000000] [--shapes cdc,rewrite,rewrite-net,dv]
                                       [--sinks jsonl,parquet,kafka] [--flush-rows N] [--data-dir DIR]
+                                      [--file-rows N] [--dv-files N]
 
 Each table is written by ``deltalake`` in appends of ``--file-rows`` rows (one file each), then one
 giant commit, the one measured:
@@ -13,8 +14,14 @@ giant commit, the one measured:
 - ``rewrite``: CDF on, an overwrite with every value changed: one commit that removes every file
   and adds one, without cdc files (``rows`` deletes and ``rows`` inserts).
 - ``rewrite-net``: the same commit with ``--net-changes --key id`` (``rows`` update pairs).
-
-A deletion-vector commit is not measured: ``deltalake`` 1.6.6 cannot write deletion vectors.
+- ``dv``: a deletion-vector DELETE touching ``--dv-files`` files (10,000). ``deltalake`` writes the
+  table in one commit partitioned into that many files, CDF on; ``deltalake`` 1.6.6 cannot write
+  deletion vectors, so this benchmark writes the next two commits from the protocol (Delta
+  protocol, "Deletion Vectors"): a protocol (reader 3, writer 7, feature ``deletionVectors``) and
+  metaData upgrade, then one commit removing every file and adding it back with a relative (``u``)
+  DV marking every other row (even row indexes) deleted: ``rows / 2`` deletes, no cdc file. The DVs
+  are packed 1,000 to a DV file (version byte, then per DV its big-endian size, ``magic + bitmap``,
+  big-endian CRC-32 of the bitmap data).
 
 Each side runs as a child process of its own, and its peak RSS is the child's ``VmHWM`` (the whole
 process, interpreter and imports included; deltatail's reader processes, which read only small
@@ -28,6 +35,7 @@ of the same version is read as a stream (``RecordBatchReader``, every batch coun
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -37,6 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,9 +55,10 @@ import deltalake
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
+from pyroaring import BitMap64
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = ("cdc", "rewrite", "rewrite-net")
+SHAPES = ("cdc", "rewrite", "rewrite-net", "dv")
 SINKS = ("jsonl", "parquet", "kafka")
 CDF_ON = {"delta.enableChangeDataFeed": "true"}
 
@@ -75,12 +85,16 @@ def rows_of(first: int, last: int, bump: float) -> pa.Table:
     return pa.table({"id": ids, "name": names, "value": pc.add(pc.cast(ids, pa.float64()), bump)})
 
 
-def write_table(path: Path, rows: int, file_rows: int, shape: str) -> int:
+def write_table(path: Path, rows: int, file_rows: int, shape: str, dv_files: int = 10_000) -> int:
     """Write the table of ``shape`` (module docstring) unless a marker says it is there; returns the giant version."""
     marker = path / "_written"
     if marker.is_file():
         return int(marker.read_text())
     shutil.rmtree(path, ignore_errors=True)
+    if shape == "dv":
+        version = write_dv_table(path, rows, dv_files)
+        marker.write_text(str(version))
+        return version
     for first in range(0, rows, file_rows):
         write_deltalake(path, rows_of(first, min(first + file_rows, rows), 0), mode="append", configuration=CDF_ON)
     if shape == "cdc":
@@ -90,6 +104,94 @@ def write_table(path: Path, rows: int, file_rows: int, shape: str) -> int:
     version = DeltaTable(path).version()
     marker.write_text(str(version))
     return version
+
+
+#: Z85 (ZeroMQ Base85) digits, for the UUID of a ``u`` DV's file (Delta protocol, "Deletion Vector Descriptor Schema").
+Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+#: The magic number before every serialized DV bitmap, little-endian (Delta protocol, "Deletion Vector Format").
+DV_MAGIC = 1681511377
+#: DVs per DV file in the ``dv`` shape.
+DVS_PER_FILE = 1_000
+
+
+def z85(data: bytes) -> str:
+    """Z85 of ``data`` (a multiple of 4 bytes long)."""
+    out = []
+    for i in range(0, len(data), 4):
+        value = int.from_bytes(data[i : i + 4], "big")
+        digits = []
+        for _ in range(5):
+            value, digit = divmod(value, 85)
+            digits.append(Z85[digit])
+        out.append("".join(reversed(digits)))
+    return "".join(out)
+
+
+def write_dv_file(root: Path, row_counts: Sequence[int]) -> list[dict[str, object]]:
+    """One DV file under ``root`` marking the even row indexes of files of ``row_counts`` rows; their descriptors.
+
+    Protocol, "Deletion Vector File Storage Format": a version byte (1), then per DV its ``dataSize``,
+    ``bitmapData`` and the "CRC-32 checksum of bitmapData" (both fields big-endian, as Delta Spark
+    writes them); a descriptor's ``offset`` points at its ``dataSize``.
+    """
+    file_id = uuid.uuid4()
+    blob = bytearray(b"\x01")
+    descriptors: list[dict[str, object]] = []
+    for count in row_counts:
+        data = DV_MAGIC.to_bytes(4, "little") + BitMap64(range(0, count, 2)).serialize()
+        descriptors.append(
+            {
+                "storageType": "u",
+                "pathOrInlineDv": z85(file_id.bytes),
+                "offset": len(blob),
+                "sizeInBytes": len(data),
+                "cardinality": (count + 1) // 2,
+            }
+        )
+        blob += len(data).to_bytes(4, "big") + data + zlib.crc32(data).to_bytes(4, "big")
+    (root / f"deletion_vector_{file_id}.bin").write_bytes(bytes(blob))
+    return descriptors
+
+
+def write_log(path: Path, version: int, actions: Sequence[dict[str, object]]) -> None:
+    """Write commit ``version`` of the table at ``path`` (one JSON action a line)."""
+    lines = "".join(json.dumps(a) + "\n" for a in actions)
+    (path / "_delta_log" / f"{version:020d}.json").write_text(lines, encoding="utf-8")
+
+
+def write_dv_table(path: Path, rows: int, files: int) -> int:
+    """The ``dv`` shape (module docstring): ``deltalake`` writes ``files`` files, then the DV commit; its version."""
+    table = rows_of(0, rows, 0)
+    per_file = pa.scalar(max(rows // files, 1), pa.int64())
+    table = table.append_column("part", pc.divide(table["id"], per_file))  # integer division: ``files`` parts
+    write_deltalake(path, table, partition_by=["part"], configuration=CDF_ON)
+    del table
+    first = [json.loads(line) for line in (path / "_delta_log" / f"{0:020d}.json").read_text().splitlines()]
+    metadata = next(a["metaData"] for a in first if "metaData" in a)
+    adds = [a["add"] for a in first if "add" in a]
+    now = int(time.time() * 1000)
+    protocol = {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": ["deletionVectors"],
+        "writerFeatures": ["changeDataFeed", "deletionVectors"],
+    }
+    configuration = {**metadata["configuration"], "delta.enableDeletionVectors": "true"}
+    upgrade: dict[str, object] = {"commitInfo": {"timestamp": now, "operation": "SET TBLPROPERTIES"}}
+    write_log(path, 1, [upgrade, {"protocol": protocol}, {"metaData": {**metadata, "configuration": configuration}}])
+    counts = [json.loads(a["stats"])["numRecords"] for a in adds]
+    descriptors: list[dict[str, object]] = []
+    for at in range(0, len(adds), DVS_PER_FILE):
+        descriptors += write_dv_file(path, counts[at : at + DVS_PER_FILE])
+    actions: list[dict[str, object]] = [{"commitInfo": {"timestamp": now + 1, "operation": "DELETE"}}]
+    for add, dv in zip(adds, descriptors, strict=True):
+        common = {"path": add["path"], "partitionValues": add["partitionValues"], "size": add["size"]}
+        actions.append(
+            {"remove": {**common, "deletionTimestamp": now + 1, "dataChange": True, "extendedFileMetadata": True}}
+        )
+        actions.append({"add": {**common, "modificationTime": now + 1, "dataChange": True, "deletionVector": dv}})
+    write_log(path, 2, actions)
+    return 2
 
 
 @dataclass(frozen=True)
@@ -198,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--sinks", default="jsonl,parquet", help=f"comma-separated, of {', '.join(SINKS)}")
     parser.add_argument("--file-rows", type=int, default=500_000, help="rows per data file before the commit")
+    parser.add_argument("--dv-files", type=int, default=10_000, help="files the dv shape's commit touches")
     parser.add_argument("--flush-rows", type=int, default=None, help="deltatail's --flush-rows (default: its own)")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "benchmarks" / ".data" / "giant")
     args = parser.parse_args(argv)
@@ -213,8 +316,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch = Path(tmp)
         for size in sizes:
             for shape in shapes:
-                table = args.data_dir / f"{'cdc' if shape == 'cdc' else 'rewrite'}-{size}-{args.file_rows}"
-                version = write_table(table, size, args.file_rows, "cdc" if shape == "cdc" else "rewrite")
+                kind = "rewrite" if shape == "rewrite-net" else shape
+                layout = args.dv_files if shape == "dv" else args.file_rows
+                table = args.data_dir / f"{kind}-{size}-{layout}"
+                version = write_table(table, size, args.file_rows, kind, args.dv_files)
                 extra = [*flush, "--net-changes", "--key", "id"] if shape == "rewrite-net" else flush
                 sides = [("load_cdf", run_load_cdf(table, version))] if shape != "rewrite-net" else []
                 for kind in sinks:

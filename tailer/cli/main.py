@@ -23,7 +23,7 @@ from deltatail.tailer.cli.cursor import add_parsers as add_cursor_parsers
 from deltatail.tailer.cli.demo import run_demo
 from deltatail.tailer.cli.model import changes_settings, run_settings, snapshot_settings
 from deltatail.tailer.cli.outputs import write_changes
-from deltatail.tailer.cli.process import stop_on_signals, tune_for_latency
+from deltatail.tailer.cli.process import return_memory_promptly, stop_on_signals, tune_for_latency
 from deltatail.tailer.cli.progress import ServiceProgress
 from deltatail.tailer.cli.serve import serve
 from deltatail.tailer.cli.settings import (
@@ -117,6 +117,7 @@ def _run(args: argparse.Namespace) -> int:
             f"on_data_loss applies to Delta tables only: the stream of this {table.format.noun} fails on a lost version"
         )
     tune_for_latency()
+    return_memory_promptly()
     stats = TableStats(config.table, table_name(config.table))
     service = TailerService(
         config,

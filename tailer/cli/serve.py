@@ -65,7 +65,7 @@ from pathlib import Path
 from deltatail.state.errors import ConfigError, DeltaTailError, StorageError
 from deltatail.tailer.cli.configure import tailer_config
 from deltatail.tailer.cli.model import ServeTableSettings, TableSettings
-from deltatail.tailer.cli.process import stop_on_signals, tune_for_latency
+from deltatail.tailer.cli.process import return_memory_promptly, stop_on_signals, tune_for_latency
 from deltatail.tailer.cli.progress import ServiceProgress
 from deltatail.tailer.cli.serve_config import ServeConfig, load_serve_config
 from deltatail.tailer.cli.sink_uri import open_sink
@@ -340,6 +340,7 @@ def serve(config_path: str) -> int:
         signal_reader = SignalTopic(config.signal_kafka_topic, config.signal_kafka_key, state_root)
         signal_reader.start()
     tune_for_latency()
+    return_memory_promptly()
     stop_on_signals(service.stop)
     progress = ServiceProgress(lambda: service.stats)
     try:

@@ -10,8 +10,8 @@ by ``python -m benchmarks.changes`` (see ``benchmarks/README.md``).
 
 from __future__ import annotations
 
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,8 +19,13 @@ from deltatail.tailer.read.rows import FileBatch
 
 #: Worker threads reading large files ahead (pyarrow decodes without holding the GIL).
 READ_THREADS = 2
-#: Batches one worker may hold ahead of the consumer, per file (bounds the memory of reading ahead).
+#: Batches one worker may hold ahead of the consumer, per file.
 READ_AHEAD_BATCHES = 16
+#: Decoded bytes one worker may hold ahead of the consumer, per file (plus the one batch that crossed it):
+#: what bounds the memory of reading ahead within a giant commit, whatever its rows' width. 16 batches of
+#: 65,536 narrow rows held ~45 MiB (``python -m benchmarks.giant_commit``); the worker still stays a few
+#: batches ahead of the consumer, which is all the overlap of decoding and converting needs.
+READ_AHEAD_BYTES = 8 << 20
 
 
 class Prefetch:
@@ -28,6 +33,10 @@ class Prefetch:
 
     The worker does stage one (open, decode, DV filter: pyarrow releases the GIL);
     the consumer finishes each batch (:func:`~tailer.read.tasks.finish_batch`) while the worker decodes the next.
+
+    The worker holds at most :data:`READ_AHEAD_BATCHES` batches, and puts no
+    further batch once those it holds reach :data:`READ_AHEAD_BYTES` (``nbytes``
+    of the decoded batches); one batch is always let through, however large.
 
     The worker stops early when the consumer goes away (:meth:`cancel`). An
     exception in the worker is handed over in the queue and raised to the
@@ -37,18 +46,36 @@ class Prefetch:
     _DONE = object()
 
     def __init__(self, pool: ThreadPoolExecutor, read: Callable[[], Generator[FileBatch, None, None]]) -> None:
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=READ_AHEAD_BATCHES)
+        self._items: deque[tuple[object, int]] = deque()
+        self._held = 0  # bytes of the batches in _items
+        self._changed = threading.Condition()
         self._cancelled = threading.Event()
+        self.most_held = 0  # the most bytes held at once (for tests and benchmarks)
         self._future = pool.submit(self._run, read)
 
     def _put(self, item: object) -> bool:
-        while not self._cancelled.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-            except queue.Full:
-                continue
-            return True
-        return False
+        size = item.batch.nbytes if isinstance(item, FileBatch) else 0
+        with self._changed:
+            while self._items and (len(self._items) >= READ_AHEAD_BATCHES or self._held >= READ_AHEAD_BYTES):
+                if self._cancelled.is_set():
+                    return False
+                self._changed.wait(timeout=0.05)
+            if self._cancelled.is_set():
+                return False
+            self._items.append((item, size))
+            self._held += size
+            self.most_held = max(self.most_held, self._held)
+            self._changed.notify_all()
+        return True
+
+    def _get(self) -> object:
+        with self._changed:
+            while not self._items:
+                self._changed.wait()
+            item, size = self._items.popleft()
+            self._held -= size
+            self._changed.notify_all()
+        return item
 
     def _run(self, read: Callable[[], Generator[FileBatch, None, None]]) -> None:
         batches = read()
@@ -67,7 +94,7 @@ class Prefetch:
         """The task's decoded batches, in order; raises what reading raised."""
         try:
             while True:
-                item = self._queue.get()
+                item = self._get()
                 if item is self._DONE:
                     return
                 if isinstance(item, BaseException):
@@ -86,3 +113,7 @@ class Prefetch:
         """Stop the worker (if still reading) and drop what it buffered."""
         self._cancelled.set()
         self._future.cancel()
+        with self._changed:
+            self._items.clear()
+            self._held = 0
+            self._changed.notify_all()

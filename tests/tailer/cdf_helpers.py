@@ -246,6 +246,35 @@ def relative_dv_path(path_or_inline_dv: str) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
+def write_dv_file(root: Path, row_sets: Sequence[Iterable[int]], *, prefix: str = "") -> list[dict[str, Any]]:
+    """Write one DV file under ``root`` (in ``prefix``) holding a DV per row set; returns their ``u`` descriptors.
+
+    Protocol, "Deletion Vector File Storage Format": a version byte, then per DV its size, data and
+    CRC-32 of the data (size and checksum big-endian, as Delta Spark writes them); the offsets are > 1
+    after the first.
+    """
+    file_id = uuid.uuid4()
+    blob = bytearray(b"\x01")
+    descriptors = []
+    for rows in row_sets:
+        chosen = sorted(set(rows))
+        data = dv_data(chosen)
+        descriptors.append(
+            {
+                "storageType": "u",
+                "pathOrInlineDv": prefix + z85_encode(file_id.bytes),
+                "offset": len(blob),
+                "sizeInBytes": len(data),
+                "cardinality": len(chosen),
+            }
+        )
+        blob += len(data).to_bytes(4, "big") + data + zlib.crc32(data).to_bytes(4, "big")
+    directory = root / prefix if prefix else root
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"deletion_vector_{file_id}.bin").write_bytes(bytes(blob))
+    return descriptors
+
+
 # ---------------------------------------------------------------- hand-built tables
 
 
@@ -373,26 +402,7 @@ class HandTable:
 
     def file_dvs(self, row_sets: Sequence[Iterable[int]], *, prefix: str = "") -> list[dict[str, Any]]:
         """Write one DV file holding a DV per row set; returns their ``u`` descriptors (offsets > 1 after the first)."""
-        file_id = uuid.uuid4()
-        blob = bytearray(b"\x01")
-        descriptors = []
-        for rows in row_sets:
-            chosen = sorted(set(rows))
-            data = dv_data(chosen)
-            descriptors.append(
-                {
-                    "storageType": "u",
-                    "pathOrInlineDv": prefix + z85_encode(file_id.bytes),
-                    "offset": len(blob),
-                    "sizeInBytes": len(data),
-                    "cardinality": len(chosen),
-                }
-            )
-            blob += len(data).to_bytes(4, "big") + data + zlib.crc32(data).to_bytes(4, "big")
-        directory = self.root / prefix if prefix else self.root
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / f"deletion_vector_{file_id}.bin").write_bytes(bytes(blob))
-        return descriptors
+        return write_dv_file(self.root, row_sets, prefix=prefix)
 
     def dv_file(self, descriptor: Mapping[str, Any]) -> Path:
         """The file of a ``u`` descriptor made by :meth:`file_dvs`."""

@@ -2,7 +2,9 @@
 
 The table is written by ``deltalake``: 16 partitions, CDF on, then one UPDATE of every row (a commit
 of 16 cdc files, one per partition, holding each row's pre- and post-image). The expected rows are
-deltalake's ``load_cdf`` of that version.
+deltalake's ``load_cdf`` of that version. The deletion-vector commit (200 files written by ``deltalake``,
+the DVs written here from the protocol) is checked against ``load_cdf`` and against the rows computed
+here from pyarrow reads of the data files.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from cdf_helpers import append_commit, write_dv_file
 from deltalake import DeltaTable, write_deltalake
 
 from deltatail.state.cursor import Position
@@ -240,3 +244,79 @@ def test_reading_ahead_decodes_a_few_large_files_of_a_commit_not_all(giant: tupl
     assert 1 <= len(opened) <= READ_THREADS + 1 < 16
     rows += [r for b in batches for r in b.rows.to_pylist()]
     assert Counter(_key(r) for r in rows) == _expected(root, version)
+
+
+# ---------------------------------------------------------------- a deletion-vector commit touching many files
+
+DV_FILES = 200
+DV_ROWS = 6_000
+
+
+def _dv_rows(index: int, count: int) -> list[int]:
+    """The rows of data file ``index`` (of ``count`` rows) its DV marks deleted: about a third, varying by file."""
+    return [i for i in range(count) if (7 * i + index) % 3 == 0]
+
+
+@pytest.fixture(scope="module")
+def dv_commit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, list[dict[str, Any]]]:
+    """``deltalake`` writes ``DV_FILES`` files (one per partition); then, from the protocol, a commit enabling
+    deletion vectors and a DELETE removing every file and adding it back with a ``u`` DV (the DVs packed 100 to
+    a DV file). Returns the table, the DELETE's version and its add actions."""
+    root = tmp_path_factory.mktemp("dv") / "t"
+    ids = range(DV_ROWS)
+    data = {"id": pa.array(ids, pa.int64()), "p": pa.array([i % DV_FILES for i in ids], pa.int64())}
+    write_deltalake(str(root), pa.table({**data, "score": pa.array([i * 0.5 for i in ids])}), partition_by=["p"])
+    first = [orjson.loads(line) for line in (root / "_delta_log" / f"{0:020d}.json").read_bytes().splitlines()]
+    metadata = next(a["metaData"] for a in first if "metaData" in a)
+    metadata["configuration"] = {"delta.enableChangeDataFeed": "true", "delta.enableDeletionVectors": "true"}
+    protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"]}
+    protocol["writerFeatures"] = ["changeDataFeed", "deletionVectors"]
+    append_commit(root, [{"protocol": protocol}, {"metaData": metadata}])
+    adds = [a["add"] for a in first if "add" in a]
+    assert len(adds) == DV_FILES
+    counts = [orjson.loads(a["stats"])["numRecords"] for a in adds]
+    dvs = write_dv_file(root, [_dv_rows(i, n) for i, n in enumerate(counts[:100])])
+    dvs += write_dv_file(root, [_dv_rows(i, n) for i, n in enumerate(counts[100:], start=100)])
+    actions: list[dict[str, Any]] = [{"commitInfo": {"timestamp": 1_700_000_000_000, "operation": "DELETE"}}]
+    readds = []
+    for add, dv in zip(adds, dvs, strict=True):
+        common = {"path": add["path"], "partitionValues": add["partitionValues"], "size": add["size"]}
+        actions.append({"remove": {**common, "deletionTimestamp": 1, "dataChange": True}})
+        readds.append({**common, "modificationTime": 1, "dataChange": True, "deletionVector": dv})
+        actions.append({"add": readds[-1]})
+    return root, append_commit(root, actions), readds
+
+
+def _dv_deletes(root: Path, version: int, adds: list[dict[str, Any]]) -> Counter[tuple[Any, ...]]:
+    """The DELETE's rows computed here: each data file read by pyarrow, the rows at the indexes its DV was made of."""
+    out: Counter[tuple[Any, ...]] = Counter()
+    for i, add in enumerate(adds):
+        rows = pq.read_table(root / add["path"]).to_pylist()
+        for index in _dv_rows(i, len(rows)):
+            row = {**rows[index], "p": int(add["partitionValues"]["p"])}
+            out[_key({**row, "_change_type": "delete", "_commit_version": version})] += 1
+    return out
+
+
+@pytest.mark.slow
+def test_a_deletion_vector_commit_touching_many_files_is_delivered_exactly_in_bounded_flushes(
+    tmp_path: Path, dv_commit: tuple[Path, int, list[dict[str, Any]]]
+) -> None:
+    root, version, adds = dv_commit
+    events: list[tuple[str, Any]] = []
+    feed = ChangeFeed(str(root), RecordingStorage(events), ChangeOptions(batch_size=BATCH, reader_processes=0))
+    config = TailerConfig(
+        str(root), str(tmp_path / "state"), starting_version=version, until_caught_up=True, flush_rows=FLUSH // 5
+    )
+    sink = RecordingSink(events)
+    Tailer(config, sink, feed=feed).run()
+
+    expected = _dv_deletes(root, version, adds)
+    assert sum(expected.values()) == sum(len(_dv_rows(i, DV_ROWS // DV_FILES)) for i in range(DV_FILES))
+    assert Counter(_key(r) for r in sink.rows) == expected == _expected(root, version)
+    assert sink.most_unflushed < FLUSH // 5 + BATCH
+    assert len([n for kind, n in events if kind == "flush" and n]) >= len(sink.rows) // (FLUSH // 5 + BATCH)
+    # Flushed before the commit's last data file is opened: the commit is never held whole.
+    data_opens = [i for i, (kind, path) in enumerate(events) if kind == "open" and str(path).endswith(".parquet")]
+    assert len(data_opens) == DV_FILES
+    assert next(i for i, (kind, n) in enumerate(events) if kind == "flush" and n) < data_opens[-1]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Generator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,7 +14,11 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from deltatail.state.errors import MissingFileError, VersionGapError
+from deltatail.tailer.read import prefetch
 from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.read.rows import FileBatch
+from deltatail.tailer.read.tasks import decode_task
+from deltatail.tailer.storage.local import LocalStorage
 
 
 def _table(root: Path, commits: int) -> None:
@@ -84,7 +91,7 @@ def test_a_gap_is_raised_after_every_row_before_it(tmp_path: Path, options: Chan
 
 
 def test_a_consumer_that_stops_before_a_started_file_does_not_hang(tmp_path: Path) -> None:
-    # One commit of two 40-row files, read a row per batch: each worker fills its 16-batch queue and
+    # One commit of two 40-row files, read a row per batch: each worker fills its queue (16 batches) and
     # waits; the consumer stops inside the first file, before the second that a worker already reads.
     rows = pa.table({"id": list(range(80)), "part": ["a"] * 40 + ["b"] * 40})
     write_deltalake(tmp_path, rows, partition_by=["part"])
@@ -96,3 +103,32 @@ def test_a_consumer_that_stops_before_a_started_file_does_not_hang(tmp_path: Pat
     closing.join(timeout=60)
     assert not closing.is_alive(), "closing the generator hung on a reader thread"
     assert not any(t.name.startswith("deltatail-read") for t in threading.enumerate())
+
+
+def test_a_worker_holds_decoded_batches_up_to_the_byte_bound_and_then_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of 1,000 int64 rows (8,000 bytes) under a bound of three: the worker holds three, decodes a
+    fourth and waits for the consumer; every row still comes out, in file order."""
+    write_deltalake(tmp_path, pa.table({"id": pa.array(range(20_000), pa.int64())}))
+    plan = next(ChangeFeed(str(tmp_path)).plans(0, 0))
+    (task,) = plan.tasks
+    monkeypatch.setattr(prefetch, "READ_AHEAD_BYTES", 3 * 8_000)
+    decoded: list[int] = []
+
+    def read() -> Generator[FileBatch, None, None]:
+        for batch in decode_task(LocalStorage(), plan.context_of(task), task, 1_000):
+            decoded.append(batch.batch.nbytes)
+            yield batch
+
+    with ThreadPoolExecutor(max_workers=1) as threads:
+        fetch = prefetch.Prefetch(threads, read)
+        waited = 0.0
+        while len(decoded) < 4 and waited < 60:
+            time.sleep(0.05)
+            waited += 0.05
+        time.sleep(0.3)  # time to run further ahead, were it not held back
+        assert decoded == [8_000] * 4
+        ids = [i for b in fetch.batches() for i in b.batch.column(0).to_pylist()]
+    assert ids == list(range(20_000))
+    assert len(decoded) == 20 and fetch.most_held == 3 * 8_000
