@@ -108,12 +108,14 @@ def test_a_consumer_that_stops_before_a_started_file_does_not_hang(tmp_path: Pat
 def test_a_worker_holds_decoded_batches_up_to_the_byte_bound_and_then_waits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Batches of 1,000 int64 rows (8,000 bytes) under a bound of three: the worker holds three, decodes a
-    fourth and waits for the consumer; every row still comes out, in file order."""
+    """Batches of 1,000 int64 rows (8,000 bytes and a validity bitmap) under a bound of three: the worker holds
+    three, decodes a fourth and waits for the consumer; every row still comes out, in file order."""
     write_deltalake(tmp_path, pa.table({"id": pa.array(range(20_000), pa.int64())}))
     plan = next(ChangeFeed(str(tmp_path)).plans(0, 0))
     (task,) = plan.tasks
-    monkeypatch.setattr(prefetch, "READ_AHEAD_BYTES", 3 * 8_000)
+    size = next(iter(decode_task(LocalStorage(), plan.context_of(task), task, 1_000))).batch.nbytes
+    assert 8_000 <= size <= 8_125  # the values, and at most a bit a row of validity
+    monkeypatch.setattr(prefetch, "READ_AHEAD_BYTES", 3 * size)
     decoded: list[int] = []
 
     def read() -> Generator[FileBatch, None, None]:
@@ -123,12 +125,15 @@ def test_a_worker_holds_decoded_batches_up_to_the_byte_bound_and_then_waits(
 
     with ThreadPoolExecutor(max_workers=1) as threads:
         fetch = prefetch.Prefetch(threads, read)
-        waited = 0.0
-        while len(decoded) < 4 and waited < 60:
-            time.sleep(0.05)
-            waited += 0.05
-        time.sleep(0.3)  # time to run further ahead, were it not held back
-        assert decoded == [8_000] * 4
-        ids = [i for b in fetch.batches() for i in b.batch.column(0).to_pylist()]
+        try:
+            waited = 0.0
+            while len(decoded) < 4 and waited < 60:
+                time.sleep(0.05)
+                waited += 0.05
+            time.sleep(0.3)  # time to run further ahead, were it not held back
+            assert decoded == [size] * 4
+            ids = [i for b in fetch.batches() for i in b.batch.column(0).to_pylist()]
+        finally:
+            fetch.cancel()  # a failed assertion must not leave the worker waiting for a consumer
     assert ids == list(range(20_000))
-    assert len(decoded) == 20 and fetch.most_held == 3 * 8_000
+    assert len(decoded) == 20 and fetch.most_held == 3 * size
