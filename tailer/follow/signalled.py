@@ -179,8 +179,7 @@ class SignalledTailer(Tailer):
             return False
         try:
             if self._chunks is None:
-                if signals.cancel_asked(self.store.dir, request.id):
-                    self._end_signal("cancelled")
+                if self._signal_cancelled(request):
                     return False
                 self._chunks = self._open_chunks(request)
             for _ in range(limit):
@@ -191,14 +190,24 @@ class SignalledTailer(Tailer):
                 if not self._write_batches([chunk], {}):
                     return True  # stopped: the cursor (with the request) is saved on the way out
                 self._checkpoint()
-                if signals.cancel_asked(self.store.dir, request.id):
-                    self._end_signal("cancelled")
+                if self._signal_cancelled(request):
                     return False
         except (MissingFileError, ConfigError) as e:
-            log.error("%s: on-demand snapshot %s failed: %s", self.stats.name, request.id, e)
-            self._end_signal("failed", str(e))
+            self._signal_failed(request, e)
             return False
         return True
+
+    def _signal_cancelled(self, request: SnapshotRequest) -> bool:
+        """Whether ``request``'s cancel was asked; if so its end is recorded (``cancelled``)."""
+        if not signals.cancel_asked(self.store.dir, request.id):
+            return False
+        self._end_signal("cancelled")
+        return True
+
+    def _signal_failed(self, request: SnapshotRequest, error: Exception) -> None:
+        """Record ``request``'s end as failed (its files vacuumed, a column its predicate reads gone)."""
+        log.error("%s: on-demand snapshot %s failed: %s", self.stats.name, request.id, error)
+        self._end_signal("failed", str(error))
 
     def _deliver_keyed_chunk(self) -> bool:
         """Deliver the next chunk of a keyed request after the commits delivered (rule 4); whether it goes on.
@@ -211,8 +220,7 @@ class SignalledTailer(Tailer):
             return False
         try:
             if self._keyed_chunks is None:
-                if signals.cancel_asked(self.store.dir, request.id):
-                    self._end_signal("cancelled")
+                if self._signal_cancelled(request):
                     return False
                 self._keyed_chunks = self._open_keyed(request)
             start = request.position_after(snap.version)
@@ -234,12 +242,10 @@ class SignalledTailer(Tailer):
                 self._in_chunk = False
             self._set_signal(request.chunk_done(raw.num_rows, kept.num_rows, snap.version))
             self._checkpoint()
-            if signals.cancel_asked(self.store.dir, request.id):
-                self._end_signal("cancelled")
+            if self._signal_cancelled(request):
                 return False
         except (MissingFileError, ConfigError) as e:
-            log.error("%s: on-demand snapshot %s failed: %s", self.stats.name, request.id, e)
-            self._end_signal("failed", str(e))
+            self._signal_failed(request, e)
             return False
         return True
 

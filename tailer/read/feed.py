@@ -15,7 +15,8 @@ why it differs from delta-rs, which reports ``commitInfo.timestamp``.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator
+import functools
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TypedDict, Unpack
 
@@ -40,6 +41,9 @@ from deltatail.tailer.read.readers import PlanReader, PlanRows, SequentialReader
 from deltatail.tailer.read.tasks import count_task_rows, read_task
 from deltatail.tailer.read.update_pairs import check_key, in_pair_pass, pair_batches
 from deltatail.tailer.storage import Storage
+
+#: The rows of a batch that one key-hash pass takes: ``f(batch, passes=N, which=I)``.
+_PassFilter = Callable[..., pa.RecordBatch]
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,36 +251,35 @@ class ChangeFeed:
                     yield from change_filter.apply(unfiltered)
 
     def _netted(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
-        """The net changes of ``plan``'s rows, in key-hash partitioned passes (:mod:`tailer.read.net_changes`).
-
-        The first pass reads ``task_batches``; each later one reads the plan's files again.
-        """
+        """The net changes of ``plan``'s rows, in key-hash partitioned passes (:mod:`tailer.read.net_changes`)."""
         o = self.options
-        passes = net_passes(plan.tasks)
-        schema = change_schema(plan.context.schema())
-        for which in range(passes):
-            if which:
-                task_batches = (read_task(self.storage, plan.context_of(t), t, o.batch_size) for t in plan.tasks)
-            rows = (b for batches in task_batches for b in batches)
-            if passes > 1:
-                rows = (in_pass(b, o.key_columns, passes, which) for b in rows)
-            merged = pa.Table.from_batches(list(rows), schema=schema)
+        for merged in self._in_passes(plan, task_batches, functools.partial(in_pass, key_columns=o.key_columns)):
             yield from net_changes(merged, o.key_columns).to_batches(o.batch_size)
 
     def _paired(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
         """``plan``'s rows with both images of every update side by side, in key-hash passes as :meth:`_netted`."""
         o = self.options
+        check_key(change_schema(plan.context.schema()), o.pair_key, where=self.table, version=plan.context.version)
+        for merged in self._in_passes(plan, task_batches, functools.partial(in_pair_pass, key_columns=o.pair_key)):
+            yield from pair_batches(merged, o.pair_key, o.batch_size)
+
+    def _in_passes(
+        self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]], in_which: _PassFilter
+    ) -> Iterator[pa.Table]:
+        """``plan``'s rows in :func:`net_passes` passes, each one table of the rows ``in_which`` keeps for it.
+
+        The first pass reads ``task_batches``; each later one reads the plan's files again.
+        """
         passes = net_passes(plan.tasks)
         schema = change_schema(plan.context.schema())
-        check_key(schema, o.pair_key, where=self.table, version=plan.context.version)
         for which in range(passes):
             if which:
-                task_batches = (read_task(self.storage, plan.context_of(t), t, o.batch_size) for t in plan.tasks)
+                size = self.options.batch_size
+                task_batches = (read_task(self.storage, plan.context_of(t), t, size) for t in plan.tasks)
             rows = (b for batches in task_batches for b in batches)
             if passes > 1:
-                rows = (in_pair_pass(b, o.pair_key, passes, which) for b in rows)
-            merged = pa.Table.from_batches(list(rows), schema=schema)
-            yield from pair_batches(merged, o.pair_key, o.batch_size)
+                rows = (in_which(b, passes=passes, which=which) for b in rows)
+            yield pa.Table.from_batches(list(rows), schema=schema)
 
     def _pairs(self, plan: VersionPlan) -> bool:
         """Whether ``plan``'s rows are read for a sink that pairs update images (a commit with cdc files)."""

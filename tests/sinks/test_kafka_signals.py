@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections import Counter
 from pathlib import Path
@@ -61,6 +60,19 @@ def serve(config: Path) -> subprocess.Popen[bytes]:
     )
 
 
+def write_config(tmp_path: Path, bootstrap: str, topic: str, tables: list[Path], defaults: str = "") -> Path:
+    """A serve configuration: state in ``tmp_path/state``, JSON lines in ``tmp_path/out``, signals on ``topic``."""
+    config = tmp_path / "serve.toml"
+    paths = "".join(f'[[tables]]\npath = "{t}"\n\n' for t in tables)
+    config.write_text(
+        f'[service]\nstate_root = "{tmp_path / "state"}"\nlisten = "off"\n'
+        f'signal_kafka_topic = "kafka://{bootstrap}/{topic}"\n\n'
+        f'[defaults]\nsink = "jsonl:{tmp_path / "out"}/{{table_name}}.jsonl"\n{defaults}'
+        f"poll_interval = 0.1\nreader_processes = 0\n\n{paths}"
+    )
+    return config
+
+
 def stop(proc: subprocess.Popen[bytes]) -> str:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
@@ -74,28 +86,8 @@ def test_a_signal_message_snapshots_the_table_it_names_once(tmp_path: Path, kafk
     for name in ("a", "b"):
         write_deltalake(str(lake / name), rows(range(10)), configuration=CDF)
     topic = kafka_broker.new_topic(partitions=1, prefix="signals")
-    config = tmp_path / "serve.toml"
-    config.write_text(
-        textwrap.dedent(
-            f"""
-            [service]
-            state_root = "{state}"
-            listen = "off"
-            signal_kafka_topic = "kafka://{kafka_broker.bootstrap}/{topic}"
-
-            [defaults]
-            sink = "jsonl:{out}/{{table_name}}.jsonl"
-            checkpoint_seconds = 0.2
-            poll_interval = 0.1
-            reader_processes = 0
-
-            [[tables]]
-            path = "{lake / "a"}"
-
-            [[tables]]
-            path = "{lake / "b"}"
-            """
-        )
+    config = write_config(
+        tmp_path, kafka_broker.bootstrap, topic, [lake / "a", lake / "b"], "checkpoint_seconds = 0.2\n"
     )
     out.mkdir()
     snapshot = {
@@ -190,28 +182,7 @@ def test_a_signal_naming_a_lance_dataset_fails_its_request(tmp_path: Path, kafka
     write_deltalake(str(lake / "a"), rows(range(5)), configuration=CDF)
     lance.write_dataset(rows(range(3)), str(lake / "ds"))
     topic = kafka_broker.new_topic(partitions=1, prefix="signals")
-    config = tmp_path / "serve.toml"
-    config.write_text(
-        textwrap.dedent(
-            f"""
-            [service]
-            state_root = "{state}"
-            listen = "off"
-            signal_kafka_topic = "kafka://{kafka_broker.bootstrap}/{topic}"
-
-            [defaults]
-            sink = "jsonl:{out}/{{table_name}}.jsonl"
-            poll_interval = 0.1
-            reader_processes = 0
-
-            [[tables]]
-            path = "{lake / "a"}"
-
-            [[tables]]
-            path = "{lake / "ds"}"
-            """
-        )
-    )
+    config = write_config(tmp_path, kafka_broker.bootstrap, topic, [lake / "a", lake / "ds"])
     out.mkdir()
     signal_value = {"type": "execute-snapshot", "data": {"data-collections": ["ds", "a"], "type": "incremental"}}
     kafka_broker.produce(topic, [(b"deltatail", json.dumps(signal_value).encode(), [], 0)])
