@@ -45,7 +45,6 @@ import sys
 import tempfile
 import time
 import uuid
-import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,9 +54,11 @@ import deltalake
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
-from pyroaring import BitMap64
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "tailer")]  # the tests' DV writer (tests/ is no package)
+from cdf_helpers import write_dv_file  # noqa: E402
+
 SHAPES = ("cdc", "rewrite", "rewrite-net", "dv")
 SINKS = ("jsonl", "parquet", "kafka")
 CDF_ON = {"delta.enableChangeDataFeed": "true"}
@@ -106,51 +107,8 @@ def write_table(path: Path, rows: int, file_rows: int, shape: str, dv_files: int
     return version
 
 
-#: Z85 (ZeroMQ Base85) digits, for the UUID of a ``u`` DV's file (Delta protocol, "Deletion Vector Descriptor Schema").
-Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
-#: The magic number before every serialized DV bitmap, little-endian (Delta protocol, "Deletion Vector Format").
-DV_MAGIC = 1681511377
 #: DVs per DV file in the ``dv`` shape.
 DVS_PER_FILE = 1_000
-
-
-def z85(data: bytes) -> str:
-    """Z85 of ``data`` (a multiple of 4 bytes long)."""
-    out = []
-    for i in range(0, len(data), 4):
-        value = int.from_bytes(data[i : i + 4], "big")
-        digits = []
-        for _ in range(5):
-            value, digit = divmod(value, 85)
-            digits.append(Z85[digit])
-        out.append("".join(reversed(digits)))
-    return "".join(out)
-
-
-def write_dv_file(root: Path, row_counts: Sequence[int]) -> list[dict[str, object]]:
-    """One DV file under ``root`` marking the even row indexes of files of ``row_counts`` rows; their descriptors.
-
-    Protocol, "Deletion Vector File Storage Format": a version byte (1), then per DV its ``dataSize``,
-    ``bitmapData`` and the "CRC-32 checksum of bitmapData" (both fields big-endian, as Delta Spark
-    writes them); a descriptor's ``offset`` points at its ``dataSize``.
-    """
-    file_id = uuid.uuid4()
-    blob = bytearray(b"\x01")
-    descriptors: list[dict[str, object]] = []
-    for count in row_counts:
-        data = DV_MAGIC.to_bytes(4, "little") + BitMap64(range(0, count, 2)).serialize()
-        descriptors.append(
-            {
-                "storageType": "u",
-                "pathOrInlineDv": z85(file_id.bytes),
-                "offset": len(blob),
-                "sizeInBytes": len(data),
-                "cardinality": (count + 1) // 2,
-            }
-        )
-        blob += len(data).to_bytes(4, "big") + data + zlib.crc32(data).to_bytes(4, "big")
-    (root / f"deletion_vector_{file_id}.bin").write_bytes(bytes(blob))
-    return descriptors
 
 
 def write_log(path: Path, version: int, actions: Sequence[dict[str, object]]) -> None:
@@ -182,7 +140,7 @@ def write_dv_table(path: Path, rows: int, files: int) -> int:
     counts = [json.loads(a["stats"])["numRecords"] for a in adds]
     descriptors: list[dict[str, object]] = []
     for at in range(0, len(adds), DVS_PER_FILE):
-        descriptors += write_dv_file(path, counts[at : at + DVS_PER_FILE])
+        descriptors += write_dv_file(path, [range(0, c, 2) for c in counts[at : at + DVS_PER_FILE]])
     actions: list[dict[str, object]] = [{"commitInfo": {"timestamp": now + 1, "operation": "DELETE"}}]
     for add, dv in zip(adds, descriptors, strict=True):
         common = {"path": add["path"], "partitionValues": add["partitionValues"], "size": add["size"]}
