@@ -57,10 +57,11 @@ class Life:
         table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
         table = DeltaTable(self.uri)
         table.create_checkpoint()
-        for commit in (self.root / "_delta_log").glob("*.json"):
-            if int(commit.name.split(".")[0]) < table.version():  # older than delta.logRetentionDuration
-                old = commit.stat().st_mtime_ns - 2 * HOUR_NS
-                os.utime(commit, ns=(old, old))
+        for file in (self.root / "_delta_log").iterdir():  # commits and older checkpoints alike, so that the
+            # cleanup's last checkpoint to keep is the new one, whichever rule of deltalake's picks it
+            if file.name[:20].isdigit() and int(file.name[:20]) < table.version():  # older than logRetentionDuration
+                old = file.stat().st_mtime_ns - 2 * HOUR_NS
+                os.utime(file, ns=(old, old))
         table.cleanup_metadata()
 
     def step(self) -> None:

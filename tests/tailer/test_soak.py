@@ -119,6 +119,7 @@ def test_a_seeded_life_is_followed_without_loss_or_duplicate(tmp_path: Path) -> 
         [sys.executable, str(WRITER), str(root), str(truth_file), str(seed), str(operations), str(operations // 2)]
     )
     kills = 0
+    after_gap: list[str] = []  # the log's files once the writer took what the tailer needs (for a failure's message)
     try:
         while not (tmp_path / "t" / "_delta_log").exists():
             time.sleep(0.05)
@@ -139,6 +140,7 @@ def test_a_seeded_life_is_followed_without_loss_or_duplicate(tmp_path: Path) -> 
                 while not Path(f"{root}.gap").exists():
                     assert writer.poll() is None, "the writer died"
                     time.sleep(0.05)
+                after_gap = sorted(p.name for p in (root / "_delta_log").iterdir())
         assert writer.wait() == 0
         done = tailer(root, state, out, log, "--until-caught-up")
         assert done.wait(600) == 0, log.read_text()[-3000:]
@@ -153,6 +155,7 @@ def test_a_seeded_life_is_followed_without_loss_or_duplicate(tmp_path: Path) -> 
     reported |= {int(v) for v in re.findall(r"data lost: version (\d+) ", text)}
     figures = account(load_truth(truth_file), out, reported)
     print(f"soak (seed {seed}, {operations} operations, {kills} SIGKILLs): {figures}")
-    assert figures["resnapshots"] >= 1 and reported  # the stop past VACUUM and cleanup was noticed
+    noticed = f"log after the gap: {after_gap}; the run's log ends: {text[-3000:]}"
+    assert figures["resnapshots"] >= 1 and reported, noticed  # the stop past VACUUM and cleanup was noticed
     assert (figures["lost"], figures["duplicated"]) == (0, 0)
     assert figures["delivered"] >= figures["expected"] > 0
