@@ -3,8 +3,8 @@
 Usage::
 
     python -m benchmarks.giant_commit [--rows 1000000,4000000] [--shapes cdc,rewrite,rewrite-net,dv]
-                                      [--sinks jsonl,parquet,kafka,feed] [--flush-rows N] [--data-dir DIR]
-                                      [--file-rows N] [--dv-files N]
+                                      [--sinks jsonl,parquet,kafka,kafka-confluent,feed]
+                                      [--flush-rows N] [--data-dir DIR] [--file-rows N] [--dv-files N]
 
 Each table is written by ``deltalake`` in appends of ``--file-rows`` rows (one file each), then one
 giant commit, the one measured:
@@ -28,7 +28,8 @@ process, interpreter and imports included; deltatail's reader processes, which r
 files, are not counted). ``deltatail run --until-caught-up`` starts at the
 giant commit (``--starting-version``) with a fresh state directory and writes to a ``jsonl:`` file,
 a ``parquet:`` directory, or a Kafka topic of a memory-only tansu broker started here
-(``--sinks kafka``: ``format=debezium`` keyed by ``id``, :func:`kafka_sink_uri`). ``load_cdf``
+(``--sinks kafka``: ``format=debezium`` keyed by ``id``, :func:`kafka_sink_uri`; ``kafka-confluent``:
+the same with ``backend=confluent``). ``load_cdf``
 of the same version is read as a stream (``RecordBatchReader``, every batch counted and dropped);
 ``--sinks feed`` reads it the same way through deltatail's Python API (``ChangeFeed.batches``: the
 reading engine every sink sits on, without a sink), the like-for-like comparison.
@@ -62,7 +63,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "tailer")]  # the test
 from cdf_helpers import write_dv_file  # noqa: E402
 
 SHAPES = ("cdc", "rewrite", "rewrite-net", "dv")
-SINKS = ("jsonl", "parquet", "kafka", "feed")
+SINKS = ("jsonl", "parquet", "kafka", "kafka-confluent", "feed")
 CDF_ON = {"delta.enableChangeDataFeed": "true"}
 
 #: The child that streams ``load_cdf`` of one version and prints its row count.
@@ -260,7 +261,8 @@ def sink_uri(kind: str, scratch: Path, bootstrap: str | None) -> str:
         return f"parquet:{scratch / name}"
     if bootstrap is None:
         raise SystemExit("no broker for the kafka sink")
-    return kafka_sink_uri(bootstrap, f"giant-{name}")
+    uri = kafka_sink_uri(bootstrap, f"giant-{name}")
+    return uri + "&backend=confluent" if kind == "kafka-confluent" else uri
 
 
 def kafka_sink_uri(bootstrap: str, topic: str) -> str:
@@ -295,8 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"command   {' '.join([sys.executable, '-m', 'benchmarks.giant_commit', *(argv or sys.argv[1:])])}")
     print(f"machine   nproc {os.cpu_count()}, {platform.platform()}")
     print(f"versions  python {platform.python_version()}, pyarrow {pa.__version__}, deltalake {deltalake.__version__}")
-    print(f"{'rows':>11} {'shape':<12} {'side':<16} {'rows out':>11} {'peak RSS':>10} {'rows/s':>12}")
-    with broker("kafka" in sinks) as bootstrap, tempfile.TemporaryDirectory(prefix="giant-") as tmp:
+    print(f"{'rows':>11} {'shape':<12} {'side':<26} {'rows out':>11} {'peak RSS':>10} {'rows/s':>12}")
+    kafka = any(s.startswith("kafka") for s in sinks)
+    with broker(kafka) as bootstrap, tempfile.TemporaryDirectory(prefix="giant-") as tmp:
         scratch = Path(tmp)
         for size in sizes:
             for shape in shapes:
@@ -317,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     scratch.mkdir()
                 for side, m in sides:
                     print(
-                        f"{size:>11,} {shape:<12} {side:<16} {m.rows:>11,} {m.peak_mib:>7.0f} MiB"
+                        f"{size:>11,} {shape:<12} {side:<26} {m.rows:>11,} {m.peak_mib:>7.0f} MiB"
                         f" {m.rows / max(m.seconds, 1e-9):>12,.0f}",
                         flush=True,
                     )
