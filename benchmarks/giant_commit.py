@@ -3,8 +3,8 @@
 Usage::
 
     python -m benchmarks.giant_commit [--rows 1000000,4000000] [--shapes cdc,rewrite,rewrite-net,dv]
-                                      [--sinks jsonl,parquet,kafka] [--flush-rows N] [--data-dir DIR]
-                                      [--file-rows N] [--dv-files N]
+                                      [--sinks jsonl,parquet,kafka,kafka-confluent,feed]
+                                      [--flush-rows N] [--data-dir DIR] [--file-rows N] [--dv-files N]
 
 Each table is written by ``deltalake`` in appends of ``--file-rows`` rows (one file each), then one
 giant commit, the one measured:
@@ -28,8 +28,11 @@ process, interpreter and imports included; deltatail's reader processes, which r
 files, are not counted). ``deltatail run --until-caught-up`` starts at the
 giant commit (``--starting-version``) with a fresh state directory and writes to a ``jsonl:`` file,
 a ``parquet:`` directory, or a Kafka topic of a memory-only tansu broker started here
-(``--sinks kafka``: ``format=debezium`` keyed by ``id``, :func:`kafka_sink_uri`). ``load_cdf``
-of the same version is read as a stream (``RecordBatchReader``, every batch counted and dropped).
+(``--sinks kafka``: ``format=debezium`` keyed by ``id``, :func:`kafka_sink_uri`; ``kafka-confluent``:
+the same with ``backend=confluent``). ``load_cdf``
+of the same version is read as a stream (``RecordBatchReader``, every batch counted and dropped);
+``--sinks feed`` reads it the same way through deltatail's Python API (``ChangeFeed.batches``: the
+reading engine every sink sits on, without a sink), the like-for-like comparison.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "tailer")]  # the test
 from cdf_helpers import write_dv_file  # noqa: E402
 
 SHAPES = ("cdc", "rewrite", "rewrite-net", "dv")
-SINKS = ("jsonl", "parquet", "kafka")
+SINKS = ("jsonl", "parquet", "kafka", "kafka-confluent", "feed")
 CDF_ON = {"delta.enableChangeDataFeed": "true"}
 
 #: The child that streams ``load_cdf`` of one version and prints its row count.
@@ -75,6 +78,18 @@ while True:
         n += reader.read_next_batch().num_rows
     except StopIteration:
         break
+print(n)
+"""
+
+#: The child that reads the same version through deltatail's Python API (``ChangeFeed.batches``, the
+#: reading engine under every sink, no sink) and prints its row count: the like-for-like peer of ``LOAD_CDF``.
+FEED = """
+import sys
+from deltatail import ChangeFeed
+v = int(sys.argv[2])
+n = 0
+for batch in ChangeFeed(sys.argv[1]).batches(starting_version=v, ending_version=v):
+    n += batch.rows.num_rows
 print(n)
 """
 
@@ -188,9 +203,21 @@ def measure(command: list[str], env: dict[str, str] | None = None) -> tuple[str,
         return out.read().decode() + err.read().decode(), peak_kib / 1024, seconds
 
 
+#: The environment of the two reading children: Arrow memory from jemalloc (pyarrow's own setting), as
+#: ``deltatail run`` and ``serve`` allocate it; ``load_cdf``'s rows are allocated by deltalake's Rust
+#: side, so the setting is for deltatail, given to both so the two children differ only in the reader.
+READER_ENV = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
+
+
 def run_load_cdf(table: Path, version: int) -> Measure:
     """``load_cdf`` of ``version`` streamed in a child."""
-    out, peak, seconds = measure([sys.executable, "-c", LOAD_CDF, str(table), str(version)])
+    out, peak, seconds = measure([sys.executable, "-c", LOAD_CDF, str(table), str(version)], READER_ENV)
+    return Measure(int(out.strip()), peak, seconds)
+
+
+def run_feed(table: Path, version: int) -> Measure:
+    """deltatail's ``ChangeFeed`` of ``version`` read as a stream in a child, as :func:`run_load_cdf` reads."""
+    out, peak, seconds = measure([sys.executable, "-c", FEED, str(table), str(version)], READER_ENV)
     return Measure(int(out.strip()), peak, seconds)
 
 
@@ -234,7 +261,8 @@ def sink_uri(kind: str, scratch: Path, bootstrap: str | None) -> str:
         return f"parquet:{scratch / name}"
     if bootstrap is None:
         raise SystemExit("no broker for the kafka sink")
-    return kafka_sink_uri(bootstrap, f"giant-{name}")
+    uri = kafka_sink_uri(bootstrap, f"giant-{name}")
+    return uri + "&backend=confluent" if kind == "kafka-confluent" else uri
 
 
 def kafka_sink_uri(bootstrap: str, topic: str) -> str:
@@ -269,8 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"command   {' '.join([sys.executable, '-m', 'benchmarks.giant_commit', *(argv or sys.argv[1:])])}")
     print(f"machine   nproc {os.cpu_count()}, {platform.platform()}")
     print(f"versions  python {platform.python_version()}, pyarrow {pa.__version__}, deltalake {deltalake.__version__}")
-    print(f"{'rows':>11} {'shape':<12} {'side':<16} {'rows out':>11} {'peak RSS':>10} {'rows/s':>12}")
-    with broker("kafka" in sinks) as bootstrap, tempfile.TemporaryDirectory(prefix="giant-") as tmp:
+    print(f"{'rows':>11} {'shape':<12} {'side':<26} {'rows out':>11} {'peak RSS':>10} {'rows/s':>12}")
+    kafka = any(s.startswith("kafka") for s in sinks)
+    with broker(kafka) as bootstrap, tempfile.TemporaryDirectory(prefix="giant-") as tmp:
         scratch = Path(tmp)
         for size in sizes:
             for shape in shapes:
@@ -281,13 +310,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extra = [*flush, "--net-changes", "--key", "id"] if shape == "rewrite-net" else flush
                 sides = [("load_cdf", run_load_cdf(table, version))] if shape != "rewrite-net" else []
                 for kind in sinks:
+                    if kind == "feed":
+                        if shape != "rewrite-net":
+                            sides.append(("deltatail feed", run_feed(table, version)))
+                        continue
                     m = run_deltatail(table, version, sink_uri(kind, scratch, bootstrap), extra, scratch)
                     sides.append((f"deltatail {kind}", m))
                     shutil.rmtree(scratch, ignore_errors=True)
                     scratch.mkdir()
                 for side, m in sides:
                     print(
-                        f"{size:>11,} {shape:<12} {side:<16} {m.rows:>11,} {m.peak_mib:>7.0f} MiB"
+                        f"{size:>11,} {shape:<12} {side:<26} {m.rows:>11,} {m.peak_mib:>7.0f} MiB"
                         f" {m.rows / max(m.seconds, 1e-9):>12,.0f}",
                         flush=True,
                     )

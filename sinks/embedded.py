@@ -250,12 +250,66 @@ def _pos_name(p: Position) -> str:
     return f"v{p.version:020d}-{'s' if p.snapshot else 'c'}{p.index:012d}"
 
 
+#: Rows a Parquet output file's row groups hold (at most): rows arriving in smaller batches are
+#: gathered up to this before they are encoded, larger runs are encoded as they come.
+ROW_GROUP_ROWS = 65_536
+
+
+class _OpenFile:
+    """A Parquet output file being written under its temporary name: its writer and its positions."""
+
+    def __init__(self, directory: Path, first: ChangeBatch, metadata: dict[bytes, bytes]) -> None:
+        self.start, self.end = first.start, first.end
+        self.schema = first.rows.schema
+        self.tmp = directory / f".{_pos_name(first.start)}.tmp"
+        with_table = self.schema.with_metadata({**(self.schema.metadata or {}), **metadata})
+        self.writer = pq.ParquetWriter(self.tmp, with_table)
+        self.held: list[pa.RecordBatch] = []
+        self.held_rows = 0
+
+    def add(self, batch: ChangeBatch) -> None:
+        """Take ``batch`` (same schema); encode a row group once :data:`ROW_GROUP_ROWS` rows are held."""
+        self.held.append(batch.rows)
+        self.held_rows += len(batch)
+        self.end = batch.end
+        if self.held_rows >= ROW_GROUP_ROWS:
+            self.encode()
+
+    def encode(self) -> None:
+        """Write the rows held as row groups of at most :data:`ROW_GROUP_ROWS` rows."""
+        if self.held:
+            self.writer.write_table(pa.Table.from_batches(self.held, self.schema), row_group_size=ROW_GROUP_ROWS)
+            self.held, self.held_rows = [], 0
+
+    def finish(self) -> Path:
+        """Encode what is held, close and fsync the file; its final name."""
+        self.encode()
+        self.writer.close()
+        with open(self.tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        return self.tmp.with_name(f"{_pos_name(self.start)}_{_pos_name(self.end)}.parquet")
+
+    def discard(self) -> None:
+        """Close and remove the temporary file (its rows were never acknowledged)."""
+        try:
+            self.writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
 class ParquetDirSink(Sink):
-    """One Parquet file per flush in a directory, named by position, written atomically."""
+    """One Parquet file per flush in a directory, named by position, written atomically.
+
+    Rows are encoded into the file as they arrive (row groups of at most :data:`ROW_GROUP_ROWS`
+    rows), under a temporary name that :meth:`flush` renames: what the sink holds in memory is a
+    row group, however many rows a flush covers. A change of schema between batches starts a new
+    file (the rows after it carry the new columns).
+    """
 
     def __init__(self, directory: str) -> None:
         self.dir = Path(directory)
-        self._pending: list[ChangeBatch] = []
+        self._open: _OpenFile | None = None
+        self._done: list[tuple[Path, Path]] = []  # finished files of this flush: temporary and final name
         self._metadata: dict[bytes, bytes] = {}
 
     @property
@@ -313,39 +367,55 @@ class ParquetDirSink(Sink):
             raise _not_ours(str(newest), table, other.decode(errors="replace"), where)
 
     def write(self, batch: ChangeBatch) -> None:
-        """Hold the batch until :meth:`flush`."""
-        if len(batch):
-            self._pending.append(batch)
+        """Encode the batch into the file being written (a new one when the schema changed).
+
+        Raises:
+            SinkError: if the file cannot be written.
+        """
+        if not len(batch):
+            return
+        try:
+            if self._open is not None and self._open.schema != batch.rows.schema:
+                self._finish_open()
+            if self._open is None:
+                self._open = _OpenFile(self.dir, batch, self._metadata)
+            self._open.add(batch)
+        except (OSError, pa.ArrowException) as e:
+            raise SinkError(f"cannot write Parquet output: {e}", file=str(self.dir)) from e
+
+    def _finish_open(self) -> None:
+        if self._open is not None:
+            done = self._open
+            self._open = None
+            self._done.append((done.tmp, done.finish()))
 
     def flush(self) -> None:
-        """Write held batches as Parquet files (one per run of same-schema batches), atomically.
+        """Finish the files written since the last flush and rename them to their names, in position order.
 
         Raises:
             SinkError: if a file cannot be written.
         """
-        while self._pending:
-            group = [self._pending.pop(0)]
-            while self._pending and self._pending[0].rows.schema == group[0].rows.schema:
-                group.append(self._pending.pop(0))
-            self._write_file(group)
-
-    def _write_file(self, group: list[ChangeBatch]) -> None:
-        name = f"{_pos_name(group[0].start)}_{_pos_name(group[-1].end)}.parquet"
-        tmp = self.dir / f".{name}.tmp"
         try:
-            rows = pa.Table.from_batches([b.rows for b in group])
-            pq.write_table(rows.replace_schema_metadata({**(rows.schema.metadata or {}), **self._metadata}), tmp)
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.dir / name)
+            self._finish_open()
+            if not self._done:
+                return
+            while self._done:
+                tmp, name = self._done[0]
+                os.replace(tmp, name)
+                self._done.pop(0)
             fd = os.open(self.dir, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        except OSError as e:
-            raise SinkError(f"cannot write Parquet output: {e}", file=str(self.dir / name)) from e
+        except (OSError, pa.ArrowException) as e:
+            raise SinkError(f"cannot write Parquet output: {e}", file=str(self.dir)) from e
 
     def close(self) -> None:
-        """Drop anything not flushed (it was never acknowledged)."""
-        self._pending.clear()
+        """Drop anything not flushed (it was never acknowledged): the temporary files are removed."""
+        if self._open is not None:
+            self._open.discard()
+            self._open = None
+        for tmp, _ in self._done:
+            tmp.unlink(missing_ok=True)
+        self._done.clear()

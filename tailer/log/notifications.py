@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import unquote_plus, urlsplit
@@ -37,6 +38,8 @@ BATCH = 10
 MAX_RECORDS = 100
 #: Seconds between attempts while the queue cannot be read (the followers' safety polls go on meanwhile).
 RETRY_SECONDS = 5.0
+#: The longest :meth:`NotificationHub.close` waits for its threads before leaving a long poll to end alone.
+CLOSE_WAIT_SECONDS = 1.0
 
 
 class NotificationSource(Protocol):
@@ -199,6 +202,7 @@ class NotificationHub:
         #: The running thread's own stop (set when the last subscriber leaves), and every thread started.
         self._thread_stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._source_closed = False
         #: Notifications received that named a followed log, and all received (for metrics and tests).
         self.matched = 0
         self.received = 0
@@ -249,26 +253,46 @@ class NotificationHub:
                         wake()
 
     def _run(self, stop: threading.Event) -> None:
-        while not (stop.is_set() or self._stop.is_set()):
-            try:
-                objects = self.source.receive(WAIT_SECONDS)
-                self.deliver(objects)  # the followers' looks start now; the delete goes alongside them
-                self.source.acknowledge()
-            except DeltaTailError as e:
-                if stop.is_set() or self._stop.is_set():
-                    return
-                log.warning("%s; retrying in %gs (the tables' safety polls go on)", e, self.retry_seconds)
-                stop.wait(self.retry_seconds)
+        try:
+            while not (stop.is_set() or self._stop.is_set()):
+                try:
+                    objects = self.source.receive(WAIT_SECONDS)
+                    self.deliver(objects)  # the followers' looks start now; the delete goes alongside them
+                    self.source.acknowledge()
+                except DeltaTailError as e:
+                    if stop.is_set() or self._stop.is_set():
+                        return
+                    log.warning("%s; retrying in %gs (the tables' safety polls go on)", e, self.retry_seconds)
+                    stop.wait(self.retry_seconds)
+        finally:
+            self._close_source_if_done()
 
     def close(self) -> None:
-        """Stop the threads (after the long poll in hand) and close the source."""
+        """Stop the threads and close the source, waiting at most :data:`CLOSE_WAIT_SECONDS` for them.
+
+        A thread inside a long poll ends when the poll returns (up to :data:`WAIT_SECONDS` later, as a
+        daemon thread) and the last one to end closes the source; what such a poll brings is dropped
+        (notifications are hints).
+        """
         self._stop.set()
         with self._lock:
             self._thread_stop.set()
             self._thread = None
-            threads, self._threads = self._threads, []
+            threads = list(self._threads)
+        deadline = time.monotonic() + CLOSE_WAIT_SECONDS
         for thread in threads:
-            thread.join(WAIT_SECONDS + 5)
+            thread.join(max(deadline - time.monotonic(), 0))
+        self._close_source_if_done()
+
+    def _close_source_if_done(self) -> None:
+        """Close the source once the hub is closed and none of its threads runs (once)."""
+        me = threading.current_thread()
+        with self._lock:
+            if self._source_closed or not self._stop.is_set():
+                return
+            if any(t.is_alive() and t is not me for t in self._threads):
+                return
+            self._source_closed = True
         self.source.close()
 
 

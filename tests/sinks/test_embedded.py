@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deltatail.sinks.embedded import JsonLinesSink, ParquetDirSink
+from deltatail.sinks.embedded import ROW_GROUP_ROWS, JsonLinesSink, ParquetDirSink
 from deltatail.state.cursor import Position
 from deltatail.state.errors import ConfigError, SinkError
 from deltatail.state.feed import ChangeBatch, TableInfo
@@ -99,6 +99,59 @@ def test_parquet_dir_names_files_by_position_and_resumes_after_the_largest(tmp_p
     again = ParquetDirSink(str(tmp_path / "out"))
     assert again.open(TABLE) == Position.change(6, 2)
     assert not (tmp_path / "out" / ".v1_v2.parquet.tmp").exists()
+
+
+def test_parquet_dir_encodes_row_groups_as_rows_arrive_and_shows_the_file_only_at_flush(tmp_path: Path) -> None:
+    """A flush covering many batches is one file of row groups of at most ROW_GROUP_ROWS rows: small batches
+    gathered into one row group, a run larger than it cut; nothing is visible under a final name before
+    the flush, and a close without flush leaves no file at all."""
+    out = tmp_path / "out"
+    sink = ParquetDirSink(str(out))
+    sink.open(TABLE)
+    sink.write(_batch(1, 0, [1, 2, 3]))
+    sink.write(_batch(2, 0, [4]))
+    big = list(range(10, 10 + 2 * ROW_GROUP_ROWS + 5))
+    sink.write(_batch(3, 0, big))
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == []
+    sink.flush()
+    (name,) = [p.name for p in out.iterdir()]
+    assert name == f"v00000000000000000001-c000000000000_v00000000000000000003-c{len(big):012d}.parquet"
+    meta = pq.read_metadata(out / name)
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert max(sizes) <= ROW_GROUP_ROWS and sum(sizes) == 4 + len(big)
+    assert sizes[0] == ROW_GROUP_ROWS  # the four small rows went into the first group with the big run's start
+    assert pq.read_table(out / name).column("id").to_pylist() == [1, 2, 3, 4, *big]
+    assert (meta.metadata or {})[b"deltatail.table_id"] == b"table-id"
+    sink.write(_batch(4, 0, [7]))
+    sink.close()
+    assert [p.name for p in out.iterdir()] == [name]
+
+
+def test_parquet_dir_starts_a_new_file_when_the_schema_changes_inside_a_flush(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    sink = ParquetDirSink(str(out))
+    sink.open(TABLE)
+    sink.write(_batch(1, 0, [1]))
+    widened = _batch(2, 0, [2])
+    widened = ChangeBatch(widened.start, widened.rows.append_column("extra", pa.array(["x"])))
+    sink.write(widened)
+    sink.flush()
+    files = sorted(out.iterdir())
+    assert [pq.read_schema(f).names for f in files] == [
+        ["id", "_change_type", "_commit_version", "_commit_timestamp"],
+        ["id", "_change_type", "_commit_version", "_commit_timestamp", "extra"],
+    ]
+    assert [pq.read_table(f).column("id").to_pylist() for f in files] == [[1], [2]]
+
+
+def test_parquet_dir_removed_under_the_sink_is_an_error_at_write_or_flush(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    sink = ParquetDirSink(str(out))
+    sink.open(TABLE)
+    out.rmdir()
+    with pytest.raises(SinkError, match="cannot write Parquet output"):
+        sink.write(_batch(1, 0, [1]))
+        sink.flush()
 
 
 def test_parquet_dir_that_cannot_be_created_is_an_error(tmp_path: Path) -> None:

@@ -19,7 +19,14 @@ import pytest
 
 import deltatail.sinks.embedded as embedded
 import deltatail.sinks.kafka.encoding as encoding
-from deltatail.sinks.json_text import EncodedBatch, concatenated, constant_text, json_texts, json_values
+from deltatail.sinks.json_text import (
+    EncodedBatch,
+    column_texts,
+    concatenated,
+    constant_text,
+    json_texts,
+    json_values,
+)
 from deltatail.sinks.kafka.encoding import ChangeEncoder
 from deltatail.state.cursor import Position
 from deltatail.state.errors import SinkError
@@ -241,3 +248,34 @@ def test_json_lines_are_the_same_bytes_column_wise_and_row_wise(monkeypatch: pyt
     lines = column_wise.splitlines()
     assert len(lines) == ROWS
     assert orjson.loads(lines[-1])["_position"] == [3, 20 + ROWS - 1, shape == "snapshot"]
+
+
+#: What orjson writes for each value of the floating-point columns, which have no kernel path.
+VALUE_TEXTS = {
+    "float64": ["1.0", "1e-6", "null"],
+    "float32": ["1.5"],
+    "float64 specials": ["null", "null", "-0.0", "1.7976931348623157e+308", "5e-324", "0.1"],
+    "empty": [],
+}
+FLOATS = {
+    **{k: LEFT_TO_ORJSON[k] for k in ("float64", "float32")},
+    "float64 specials": pa.array([float("nan"), float("inf"), -0.0, 1.7976931348623157e308, 5e-324, 0.1]),
+    "empty": pa.array([], pa.float64()),
+}
+
+
+@pytest.mark.parametrize("name", list(VALUE_TEXTS))
+def test_a_float_column_is_written_column_wise_as_orjson_writes_each_value(name: str) -> None:
+    """A float column no longer sends its whole batch down the row path; other columns without a kernel still do."""
+    column = FLOATS[name]
+    rows = pa.record_batch({"id": pa.array(range(len(column)), pa.int64()), "x": column})
+    texts = column_texts(rows)
+    assert texts is not None
+    assert texts["x"].to_pylist() == VALUE_TEXTS[name]  # type: ignore[union-attr]
+    assert VALUE_TEXTS[name] == [orjson.dumps(v).decode() for v in column.to_pylist()]  # orjson's own, value by value
+
+
+@pytest.mark.parametrize("name", ["binary", "struct", "list", "null", "newline in a string"])
+def test_a_batch_with_another_column_without_a_kernel_is_left_to_the_row_path(name: str) -> None:
+    column = LEFT_TO_ORJSON[name]
+    assert column_texts(pa.record_batch({"id": pa.array(range(len(column)), pa.int64()), "x": column})) is None

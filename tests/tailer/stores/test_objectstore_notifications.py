@@ -382,6 +382,35 @@ def test_the_hub_reads_the_queue_only_while_a_table_listens(notified: tuple[Clou
     assert not hub.running
 
 
+class ClosingRecorded(SqsNotifications):
+    """The real SQS source, recording when it is closed."""
+
+    closed_by: str | None = None
+
+    def close(self) -> None:
+        self.closed_by = threading.current_thread().name
+        super().close()
+
+
+def test_close_leaves_a_long_poll_in_hand_to_end_alone_and_its_thread_closes_the_queue(
+    notified: tuple[Cloud, str],
+) -> None:
+    """``close`` does not wait out a long poll (up to 20 s): it returns with the hub stopped, and the
+    thread, once its poll returns, ends and closes the source (the hub's last thread does)."""
+    cloud, queue = notified
+    source = ClosingRecorded(queue, cloud.options)
+    hub = NotificationHub(source)
+    before = set(threading.enumerate())
+    hub.subscribe(cloud.uri("t/_delta_log"), lambda: None)
+    (thread,) = set(threading.enumerate()) - before
+    time.sleep(1.5)  # the thread is inside its long poll (nothing is in the queue)
+    hub.close()
+    assert not hub.running and thread.is_alive() and source.closed_by is None
+    cloud.put("t/_delta_log/00000000000000000000.json", b"{}")  # the poll returns with it
+    wait_until(lambda: not thread.is_alive(), 30, "the hub's thread to end after its poll")
+    assert source.closed_by == thread.name
+
+
 def test_one_hub_wakes_only_the_tables_whose_log_an_object_is_in(s3: Cloud) -> None:
     """The hub's routing: a notification wakes the subscribers of its log (once), not those of other tables."""
     hub = NotificationHub(SqsNotifications(new_queue(s3, "hub"), s3.options))
