@@ -56,9 +56,11 @@ PRELOAD = (
     "deltatail.sinks.kafka.uri",
     "deltatail.sinks.kafka.sink",
     "deltatail.sinks.kafka.producers",
+    "deltatail.tailer.formats.lance",
     "pyarrow.parquet",
     "kafka",
     "confluent_kafka",
+    "lance",
 )
 
 #: The helper's own environment on top of the test's: the native threads that importing pyarrow starts
@@ -195,12 +197,12 @@ def _fresh_stdio() -> None:
     """New ``sys.stdin``/``stdout``/``stderr`` over descriptors 0-2, made as the interpreter makes them at start:
     stdout line-buffered only on a terminal, stderr always line-buffered with backslash escapes."""
     encoding = sys.stdout.encoding
-    sys.stdin = sys.__stdin__ = open(0, encoding=encoding, closefd=False)  # noqa: SIM115
-    sys.stdout = sys.__stdout__ = open(1, "w", encoding=encoding, closefd=False)  # noqa: SIM115
+    sys.stdin = open(0, encoding=encoding, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding=encoding, closefd=False)  # noqa: SIM115
     raw_err = open(2, "wb", closefd=False)  # noqa: SIM115
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
-        raw_err, encoding=encoding, errors="backslashreplace", line_buffering=True
-    )
+    sys.stderr = io.TextIOWrapper(raw_err, encoding=encoding, errors="backslashreplace", line_buffering=True)
+    for name in ("stdin", "stdout", "stderr"):  # sys.__stdout__ is sys.stdout at start (typeshed marks it final)
+        setattr(sys, f"__{name}__", getattr(sys, name))
 
 
 # ---------------------------------------------------------------- the test side
@@ -282,10 +284,12 @@ class Launcher:
         stdout: int | IO[Any] | None = None,
         stderr: int | IO[Any] | None = None,
     ) -> Launched:
-        """Start ``deltatail`` with ``args[1:]`` (``args[0]`` is the program name, as in ``sys.argv``).
+        """Start the command line ``args`` as :func:`cli_args` reads it; the child runs ``deltatail.main``.
 
         ``stdin``/``stdout``/``stderr``: ``PIPE``, ``DEVNULL``, ``None`` (this process's) or an open file.
+        Raises ``LauncherError`` for a command that is not ``deltatail``.
         """
+        argv = cli_args(args)
         ends: list[int] = []  # the child's ends, closed here once sent
         mine: list[IO[bytes] | None] = [None, None, None]
         for i, how in enumerate((stdin, stdout, stderr)):
@@ -301,7 +305,7 @@ class Launcher:
                 ends.append(os.dup(how))
             else:
                 ends.append(os.dup(how.fileno()))
-        request = {"argv": list(args), "env": dict(env), "cwd": str(cwd)}
+        request = {"argv": argv, "env": dict(env), "cwd": str(cwd)}
         try:
             with self.lock:
                 socket.send_fds(self.sock, [json.dumps(request).encode()], ends)
@@ -340,6 +344,21 @@ class Launcher:
         self.sock.shutdown(socket.SHUT_RDWR)
         self.helper.wait(60)
         self.sock.close()
+
+
+#: The command lines that start ``deltatail``: its script, ``python -m deltatail`` and ``python -m
+#: deltatail.tailer.cli`` (which differ only in ``--version``, answered by the first two without the CLI).
+SCRIPT = str(Path(sys.executable).parent / "deltatail")
+MODULES = ("deltatail", "deltatail.tailer.cli")
+
+
+def cli_args(args: Sequence[str]) -> list[str]:
+    """``args`` as ``sys.argv`` of the ``deltatail`` script: the script's path, then the arguments."""
+    if args and args[0] == SCRIPT:
+        return [SCRIPT, *args[1:]]
+    if len(args) >= 3 and args[0] == sys.executable and args[1] == "-m" and args[2] in MODULES:
+        return [SCRIPT, *args[3:]]
+    raise LauncherError(f"not a deltatail command line: {list(args)[:3]}")
 
 
 _shared: list[Launcher] = []

@@ -23,7 +23,7 @@ from deltalake import write_deltalake
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: launcher.py (tests/ is not a package)
 import launcher
 
-SCRIPT = str(Path(sys.executable).parent / "deltatail")
+SCRIPT = launcher.SCRIPT
 WAIT = 60.0
 
 
@@ -131,3 +131,14 @@ def test_the_helper_forks_with_one_thread() -> None:
     """The helper imported pyarrow, the Kafka clients and the command line and still runs one thread."""
     helper = launcher.launcher().helper.pid
     assert os.listdir(f"/proc/{helper}/task") == [str(helper)]
+
+
+def test_the_command_lines_it_takes(tmp_path: Path) -> None:
+    """``python -m deltatail`` and ``python -m deltatail.tailer.cli`` as well as the script; anything else
+    is refused (the launcher runs ``deltatail.main`` only)."""
+    for args in ([sys.executable, "-m", "deltatail"], [sys.executable, "-m", "deltatail.tailer.cli"]):
+        proc = launcher.popen([*args, "run"], env=env(), cwd=tmp_path, stderr=launcher.PIPE)
+        assert proc.stderr is not None
+        assert proc.wait(WAIT) == 2 and b"the following arguments are required: table" in proc.stderr.read()
+    with pytest.raises(launcher.LauncherError, match="not a deltatail command line"):
+        launcher.popen([sys.executable, "-c", "pass"], env=env(), cwd=tmp_path)
