@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence, Sized
 from pathlib import Path
+from typing import IO, Protocol
 
 #: The run loop's crash points (tailer/faults.py).
 POINTS = ("after_write", "after_flush", "after_snapshot", "after_save")
@@ -57,8 +58,29 @@ def run_campaign(
     assert run("clean") == 0
 
 
+class Proc(Protocol):
+    """What a campaign needs of a started process: ``subprocess.Popen`` or the launcher's ``Launched``."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+
+    @property
+    def stderr(self) -> IO[bytes] | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
 def strike(
-    proc: subprocess.Popen[bytes],
+    proc: Proc,
     spec: str,
     rng: random.Random,
     progressed: Callable[[], bool],
@@ -89,8 +111,12 @@ def run_struck(
     cwd: Path,
     kills: set[str],
     wait: float,
+    start: Callable[..., Proc] = subprocess.Popen,
 ) -> int:
     """Run ``args`` under ``spec`` (a crash point through ``DELTATAIL_CRASH_AT``, or a strike once ``out`` grows).
+
+    ``start`` starts the process (``subprocess.Popen``'s arguments): ``launcher.popen`` for a ``deltatail``
+    command line (tests/launcher.py), which saves each run the command line's imports.
 
     A run ended by SIGKILL adds ``<spec>@<size of out before it>`` to ``kills``; any other run must exit 0
     (its stderr's end is in the failure message). Returns the exit code.
@@ -99,7 +125,7 @@ def run_struck(
     if spec.partition(":")[0] in POINTS:
         child["DELTATAIL_CRASH_AT"] = spec
     size = out.stat().st_size if out.exists() else 0
-    proc = subprocess.Popen(list(args), cwd=cwd, env=child, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = start(list(args), cwd=cwd, env=child, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = bytearray()
     reader = threading.Thread(target=lambda: err.extend(proc.stderr.read() if proc.stderr else b""), daemon=True)
     reader.start()

@@ -73,6 +73,7 @@ from crash import POINTS, run_campaign, strike
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.partitioner.default import murmur2 as kafka_murmur2
+from launcher import popen
 
 from deltatail.tailer.read.feed import ChangeFeed
 
@@ -579,8 +580,8 @@ class Campaign:
         kind = spec.partition(":")[0]
         before, size = saved_cursor(self.state), self.watch.size()
         env = clean_env(**({"DELTATAIL_CRASH_AT": spec} if kind in POINTS else {}))
-        with self.log.open("ab") as log:
-            proc = subprocess.Popen(self.args(), cwd=ROOT, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        with self.log.open("ab") as log:  # forked by the launcher (tests/launcher.py); the other tests start it anew
+            proc = popen(self.args(), cwd=ROOT, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         try:
             strike(proc, spec, self.rng, self._progress_since(before, size), wait=WAIT, tick=0.005)
             proc.wait(WAIT)

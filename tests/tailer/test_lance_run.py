@@ -38,6 +38,7 @@ from deltatail.tailer.read.feed import ChangeOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import run_campaign, run_struck
+from launcher import popen
 
 from deltatail.sinks.embedded import JsonLinesSink
 
@@ -174,7 +175,7 @@ def test_crashes_and_restarts_deliver_every_row_once(tmp_path: Path) -> None:
 
     def run(spec: str) -> int:
         args = run_args(root, state, f"jsonl:{out}", "--until-caught-up", "--checkpoint-commits", "1")
-        return run_struck(args, spec, rng, out=out, env=clean_env(), cwd=ROOT, kills=kills, wait=WAIT)
+        return run_struck(args, spec, rng, out=out, env=clean_env(), cwd=ROOT, kills=kills, wait=WAIT, start=popen)
 
     first = ["after_write:1", "after_flush:1", "after_save:1", "after_write:3", "after_write:4", "kill:0.5"]
     run_campaign(run, kills, rng, kills_wanted=8, max_runs=20, delay=0.5, first=first)

@@ -45,7 +45,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
-from crash import POINTS, run_campaign, strike
+from crash import POINTS, Proc, run_campaign, strike
+from launcher import popen
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
@@ -204,11 +205,13 @@ class Campaign:
         lines = jsonl_lines([target.read_bytes()])
         return position(lines[-1]) if lines else None
 
-    def _start(self, crash_at: str | None) -> subprocess.Popen[bytes]:
+    def _start(self, crash_at: str | None) -> Proc:
+        """The run, forked by the launcher (tests/launcher.py; the snapshot test below starts the command
+        the ordinary way)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
         if crash_at is not None:
             env["DELTATAIL_CRASH_AT"] = crash_at
-        return subprocess.Popen(self.args(), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return popen(self.args(), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def run(self, spec: str) -> int:
         """One run: ``<point>:<k>`` (crash point), ``kill:<s>`` / ``term:<s>`` (SIGKILL / SIGTERM at a random
