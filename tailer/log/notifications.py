@@ -186,11 +186,17 @@ class NotificationHub:
     Args:
         source: the queue.
         retry_seconds: the wait after a failed read before the next.
+        wait_seconds: the length of one long poll (at most ``WAIT_SECONDS``, SQS's limit): an idle hub
+            sends one request per ``wait_seconds``, and :meth:`close` waits up to that long for the
+            poll in hand.
     """
 
-    def __init__(self, source: NotificationSource, *, retry_seconds: float = RETRY_SECONDS) -> None:
+    def __init__(
+        self, source: NotificationSource, *, retry_seconds: float = RETRY_SECONDS, wait_seconds: float = WAIT_SECONDS
+    ) -> None:
         self.source = source
         self.retry_seconds = retry_seconds
+        self.wait_seconds = min(max(wait_seconds, 0.0), WAIT_SECONDS)
         self._lock = threading.Lock()
         self._subscribers: dict[int, tuple[str, str, Callable[[], None]]] = {}
         self._next_id = 0
@@ -251,7 +257,7 @@ class NotificationHub:
     def _run(self, stop: threading.Event) -> None:
         while not (stop.is_set() or self._stop.is_set()):
             try:
-                objects = self.source.receive(WAIT_SECONDS)
+                objects = self.source.receive(self.wait_seconds)
                 self.deliver(objects)  # the followers' looks start now; the delete goes alongside them
                 self.source.acknowledge()
             except DeltaTailError as e:
@@ -268,7 +274,7 @@ class NotificationHub:
             self._thread = None
             threads, self._threads = self._threads, []
         for thread in threads:
-            thread.join(WAIT_SECONDS + 5)
+            thread.join(self.wait_seconds + 5)
         self.source.close()
 
 

@@ -33,7 +33,13 @@ from deltalake import DeltaTable, write_deltalake
 from deltatail.sinks.embedded import JsonLinesSink
 from deltatail.state.errors import ConfigError, StorageError
 from deltatail.tailer.follow.tailer import Tailer, TailerConfig
-from deltatail.tailer.log.notifications import NotificationHub, SqsNotifications, hub_for, s3_event_objects
+from deltatail.tailer.log.notifications import (
+    WAIT_SECONDS,
+    NotificationHub,
+    SqsNotifications,
+    hub_for,
+    s3_event_objects,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tailer: serve_child.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: objectstores.py (tests/ is not a package)
@@ -43,6 +49,8 @@ from serve_child import ServeChild, delivered, expected, wait_for
 pytest_plugins = ("objectstore_fixtures",)
 
 CDF = {"delta.enableChangeDataFeed": "true"}
+#: The long poll of the hubs made here: ``close`` waits out the poll in hand, SQS's 20 seconds per test otherwise.
+POLL_SECONDS = 2
 
 
 def client(cloud: Cloud, service: str) -> Any:
@@ -343,7 +351,7 @@ def test_the_hub_wakes_a_table_before_it_deletes_the_message_that_named_it(notif
     wake-ups); once the hub has moved on the message is gone from the queue.
     """
     cloud, queue = notified
-    hub = NotificationHub(SqsNotifications(queue, cloud.options))
+    hub = NotificationHub(SqsNotifications(queue, cloud.options), wait_seconds=POLL_SECONDS)
     seen: list[tuple[int, int]] = []
     hub.subscribe(cloud.uri("t/_delta_log"), lambda: seen.append(in_queue(cloud, queue)))
     cloud.put("t/_delta_log/00000000000000000000.json", b"{}")
@@ -361,7 +369,7 @@ def test_the_hub_reads_the_queue_only_while_a_table_listens(notified: tuple[Clou
     dropped from the queue (a hint nobody needs); the next subscriber hears of the next object.
     """
     cloud, queue = notified
-    hub = NotificationHub(SqsNotifications(queue, cloud.options))
+    hub = NotificationHub(SqsNotifications(queue, cloud.options), wait_seconds=POLL_SECONDS)
     before = set(threading.enumerate())
     try:
         first = hub.subscribe(cloud.uri("t/_delta_log"), lambda: None)
@@ -384,7 +392,7 @@ def test_the_hub_reads_the_queue_only_while_a_table_listens(notified: tuple[Clou
 
 def test_one_hub_wakes_only_the_tables_whose_log_an_object_is_in(s3: Cloud) -> None:
     """The hub's routing: a notification wakes the subscribers of its log (once), not those of other tables."""
-    hub = NotificationHub(SqsNotifications(new_queue(s3, "hub"), s3.options))
+    hub = NotificationHub(SqsNotifications(new_queue(s3, "hub"), s3.options), wait_seconds=POLL_SECONDS)
     woken: Counter[str] = Counter()
     a = hub.subscribe("s3://b/lake/a/_delta_log", lambda: woken.update(["a"]))
     hub.subscribe("s3a://b/lake/ab/_delta_log", lambda: woken.update(["ab"]))
@@ -396,6 +404,8 @@ def test_one_hub_wakes_only_the_tables_whose_log_an_object_is_in(s3: Cloud) -> N
     assert woken == Counter({"a": 1, "ab": 1})
     assert (hub.received, hub.matched) == (6, 3)
     hub.close()
+    assert NotificationHub(hub.source, wait_seconds=60).wait_seconds == WAIT_SECONDS  # SQS's limit
+    assert NotificationHub(hub.source, wait_seconds=-1).wait_seconds == 0
 
 
 @pytest.mark.slow
