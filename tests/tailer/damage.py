@@ -358,13 +358,14 @@ def run_damage(
 def _tree(root: Path) -> dict[str, tuple[int, int, int] | None]:
     """Each file's ``(size, mode, mtime_ns)`` and each directory (``None``) under ``root``, by relative path."""
     found: dict[str, tuple[int, int, int] | None] = {}
-    for folder, dirs, files in os.walk(root):
-        base = Path(folder)
+    top = str(root)
+    for folder, dirs, files in os.walk(top):
+        base = os.path.relpath(folder, top)
         for name in dirs:
-            found[(base / name).relative_to(root).as_posix()] = None
+            found[os.path.join(base, name)] = None
         for name in files:
-            st = (base / name).lstat()
-            found[(base / name).relative_to(root).as_posix()] = (st.st_size, st.st_mode, st.st_mtime_ns)
+            st = os.lstat(os.path.join(folder, name))
+            found[os.path.join(base, name)] = (st.st_size, st.st_mode, st.st_mtime_ns)
     return found
 
 
