@@ -1,7 +1,8 @@
 """Damaged copies of real corpus tables: the unchanged answer or one clean error, never a traceback or a hang.
 
-Each damage (see ``damage.py``) is one change to one file of a fresh copy of a corpus table: a commit
-file truncated, cut by a byte, emptied, deleted or bit-flipped (at JSON structure characters and at
+Each damage (see ``damage.py``) is one change to one file of an undamaged copy of a corpus table
+(made once; the file is put back after each damage, and the copy checked equal to the table before
+each): a commit file truncated, cut by a byte, emptied, deleted or bit-flipped (at JSON structure characters and at
 seeded random offsets); a checkpoint part, sidecar, data, cdc or deletion-vector file deleted,
 emptied, truncated or bit-flipped (in its Parquet footer and at random offsets); a ``_last_checkpoint``
 that is deleted, garbage or lies (a version past the log, one without a checkpoint, three parts, a
@@ -21,7 +22,7 @@ commit was deleted (the log of the table as it was before that commit).
 
 The default run damages the first file of every kind of each table; ``DELTATAIL_DAMAGE_SWEEP=1``
 runs every file of every kind (at most 8 a kind on the large tables; 1,712 damages, two commands
-each on a fresh copy: several minutes, mostly reading checkpoints and data; the commands share one
+each on an undamaged copy: a few minutes, mostly reading checkpoints and data; the commands share one
 argument parser, see ``damage.py``).
 """
 

@@ -472,6 +472,16 @@ def wait_caught_up(state: Path, version: int) -> None:
     )
 
 
+def wait_delivered(out: Path, root: Path, version: int) -> None:
+    """Wait until ``out`` holds as many complete lines as deltalake's change rows of versions ``0..version``."""
+    want = sum(expected_cdf(root, 0, version).values())
+
+    def complete_lines() -> int:
+        return out.read_bytes().count(b"\n") if out.exists() else 0
+
+    wait_for(lambda: complete_lines() >= want, f"the rows of versions 0..{version} delivered")
+
+
 def check_live_output(root: Path, out: Path, version: int) -> None:
     lines = read_jsonl(out)
     assert_positions(lines)
@@ -489,11 +499,12 @@ def test_live_writer_followed_with_watching(tmp_path: Path) -> None:
     try:
         tailer.wait_running()  # following before the writer starts
         version = wait_writer(start_writer(tmp_path, root, 3.0, seed=1, next_id=20))
-        wait_caught_up(state, version)
+        wait_delivered(out, root, version)  # not the cursor: that waits for the 5 s checkpoint timer
         code, err = tailer.finish(signal.SIGTERM)
     finally:
         tailer.kill()
     assert code == 0, err
+    assert saved_cursor(state) == Position.change(version + 1, 0)  # saved on the way out
     check_live_output(root, out, version)
 
 
@@ -1004,8 +1015,9 @@ def test_signal_exits_zero_with_the_cursor_saved(tmp_path: Path, sig: int) -> No
     exit code 0, cursor saved after the last delivered commit."""
     root, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
     version = varied_table(root)
+    # A cursor saved at every commit: the test waits for each commit's cursor, not for the 5 s checkpoint timer.
     args = ("run", str(root), "--state-dir", str(state), "--sink", f"jsonl:{out}", "--poll-interval", "3600")
-    proc = Cli(*args)
+    proc = Cli(*args, "--checkpoint-commits", "1")
     try:
         wait_caught_up(state, version)
         more = append(root, [90, 91])
