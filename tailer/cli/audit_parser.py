@@ -7,6 +7,8 @@ command's module, and the audit code behind it, is imported only when ``audit`` 
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 from deltatail.tailer.cli.settings import external_root_option, flag_type
@@ -91,8 +93,16 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=_run_audit)
 
 
+def deferred(module: str, name: str) -> Any:
+    """``module.name``, importing ``module`` now: a command's code is loaded only when the command runs.
+
+    For the command line's own modules only (``tailer/cli/``): the start of every other command
+    does not pay for them.
+    """
+    return getattr(importlib.import_module(module), name)
+
+
 def _run_audit(args: argparse.Namespace) -> int:
     """:func:`tailer.cli.audit.run_audit`, imported now."""
-    from deltatail.tailer.cli.audit import run_audit
-
+    run_audit: Callable[[argparse.Namespace], int] = deferred("deltatail.tailer.cli.audit", "run_audit")
     return run_audit(args)

@@ -12,12 +12,13 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import orjson
 
 from deltatail.state.errors import ConfigError, DeltaTailError, StorageError
 from deltatail.tailer.cli import audit_parser, logs
+from deltatail.tailer.cli.audit_parser import deferred
 from deltatail.tailer.cli.configure import DEFAULT_SINK, READ_DEFAULTS, RUN_DEFAULTS, tailer_config
 from deltatail.tailer.cli.cursor import add_parsers as add_cursor_parsers
 from deltatail.tailer.cli.model import changes_settings, run_settings, snapshot_settings
@@ -137,14 +138,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from deltatail.tailer.cli.serve import serve  # each command imports what it uses when it runs
-
+    serve: Callable[[str], int] = deferred("deltatail.tailer.cli.serve", "serve")
     return serve(args.config)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from deltatail.tailer.cli.demo import run_demo
-
+    run_demo: Callable[..., int] = deferred("deltatail.tailer.cli.demo", "run_demo")
     rows = run_demo(commits=args.commits, interval=args.interval)
     logging.getLogger("deltatail").info("demo done: %d change rows delivered", rows)
     return 0
