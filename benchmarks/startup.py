@@ -6,9 +6,9 @@ smoke run. Each case is a fresh child process, timed from outside: wall time, us
 that child's). Cases run interleaved, ``--runs`` times each; the medians are printed.
 
 Cases: ``import deltatail``; ``deltatail --version``; ``deltatail run --until-caught-up`` of a small
-table (3 versions, 300 rows, change data feed on) into a JSON lines file, from a fresh state directory; ``deltatail status``
-of that state directory; and the peer: ``python -c`` building ``deltalake.DeltaTable(path)`` and
-reading ``load_cdf(starting_version=0).read_all()`` of the same table.
+table (3 versions, 300 rows, change data feed on) into a JSON lines file, from a fresh state
+directory; ``deltatail status`` of that state directory; and the peer: ``python -c`` building
+``deltalake.DeltaTable(path)`` and reading ``load_cdf(starting_version=0).read_all()`` of the same table.
 """
 
 from __future__ import annotations
