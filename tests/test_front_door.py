@@ -91,3 +91,41 @@ def test_the_command_line_imports_the_sql_parser_and_kafka_only_when_used() -> N
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done
     assert done.stdout.splitlines()[:2] == ["False False", "True True"], done.stdout
+
+
+#: Modules a `deltatail run` of a Delta table never needs: the other formats, audit, serve, the progress bars.
+_NOT_FOR_A_DELTA_RUN = {
+    "lance",
+    "pyiceberg",
+    "rich",
+    "prometheus_client",
+    "deltatail.tailer.formats.iceberg",
+    "deltatail.tailer.formats.lance",
+    "deltatail.tailer.iceberg",
+    "deltatail.tailer.lance",
+    "deltatail.tailer.cli.audit",
+    "deltatail.tailer.cli.serve",
+    "deltatail.tailer.cli.demo",
+}
+
+
+def test_run_on_a_delta_table_imports_no_other_format_audit_serve_or_rich(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    table = tmp_path / "t"
+    write_deltalake(str(table), pa.table({"id": [1, 2, 3]}))
+    out = tmp_path / "out.jsonl"
+    argv = ["run", str(table), "--state-dir", str(tmp_path / "state"), "--until-caught-up", "--sink", f"jsonl:{out}"]
+    code = (
+        "import sys; from deltatail.tailer.cli.main import main; code = main(sys.argv[1:]); "
+        "print(*sorted(sys.modules)); sys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert "deltatail.tailer.formats.delta" in loaded  # the child really ran the command
+    assert not loaded & _NOT_FOR_A_DELTA_RUN, sorted(loaded & _NOT_FOR_A_DELTA_RUN)
+    assert [m for m in loaded if m.startswith(("deltatail.tailer.iceberg.", "deltatail.tailer.lance."))] == []
+    rows = [line for line in out.read_text().splitlines() if line]
+    assert len(rows) == 3  # written by deltalake above: three inserted rows

@@ -12,20 +12,19 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import orjson
 
 from deltatail.state.errors import ConfigError, DeltaTailError, StorageError
-from deltatail.tailer.cli import audit, logs
+from deltatail.tailer.cli import audit_parser, logs
+from deltatail.tailer.cli.audit_parser import deferred
 from deltatail.tailer.cli.configure import DEFAULT_SINK, READ_DEFAULTS, RUN_DEFAULTS, tailer_config
 from deltatail.tailer.cli.cursor import add_parsers as add_cursor_parsers
-from deltatail.tailer.cli.demo import run_demo
 from deltatail.tailer.cli.model import changes_settings, run_settings, snapshot_settings
 from deltatail.tailer.cli.outputs import write_changes
 from deltatail.tailer.cli.process import return_memory_promptly, stop_on_signals, tune_for_latency
 from deltatail.tailer.cli.progress import ServiceProgress
-from deltatail.tailer.cli.serve import serve
 from deltatail.tailer.cli.settings import (
     DATA_LOSS_CHOICES,
     SCHEMA_CHANGE_CHOICES,
@@ -47,7 +46,7 @@ from deltatail.tailer.version import installed_version
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-EXIT_ALERTS = audit.EXIT_ALERTS
+EXIT_ALERTS = audit_parser.EXIT_ALERTS
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_ERROR: "a deltatail error: bad or unreadable table, store, sink or state",
@@ -139,10 +138,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    serve: Callable[[str], int] = deferred("deltatail.tailer.cli.serve", "serve")
     return serve(args.config)
 
 
 def _demo(args: argparse.Namespace) -> int:
+    run_demo: Callable[..., int] = deferred("deltatail.tailer.cli.demo", "run_demo")
     rows = run_demo(commits=args.commits, interval=args.interval)
     logging.getLogger("deltatail").info("demo done: %d change rows delivered", rows)
     return 0
@@ -321,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--config", required=True, help="the service's TOML file (see the README's Service section)")
     srv.set_defaults(handler=_serve)
 
-    audit.add_parser(sub)
+    audit_parser.add_parser(sub)
 
     demo = sub.add_parser("demo", help="tail a copy of the bundled sample table while a writer changes it")
     demo.add_argument(

@@ -23,8 +23,6 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
-import pyarrow as pa
-
 #: The GIL switch interval of a following tailer process.
 SWITCH_INTERVAL = 0.0005
 
@@ -41,6 +39,8 @@ def return_memory_promptly() -> None:
     """
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return
+    import pyarrow as pa  # here, not at the top: ``status`` and ``signal`` never load Arrow
+
     try:
         pool = pa.jemalloc_memory_pool()
     except NotImplementedError:  # a pyarrow built without jemalloc

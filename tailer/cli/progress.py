@@ -13,12 +13,13 @@ import sys
 import threading
 from collections.abc import Callable
 from types import TracebackType
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from typing import TYPE_CHECKING
 
 from deltatail.tailer.cli import logs
 from deltatail.tailer.follow.stats import TableStats
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 class ServiceProgress:
@@ -38,16 +39,27 @@ class ServiceProgress:
         self._enabled = force or (sys.stderr.isatty() and not logs.json_mode())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._force = force
         self._tasks: dict[str, tuple[TaskID, int]] = {}
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("versions"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True, force_terminal=force or None),
-            transient=True,
-        )
+        self._bars: Progress | None = None
+
+    @property
+    def _progress(self) -> Progress:
+        """The bars, built on first use: rich is imported only by a process that draws them."""
+        if self._bars is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bars = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("versions"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True, force_terminal=self._force or None),
+                transient=True,
+            )
+        return self._bars
 
     def __enter__(self) -> ServiceProgress:
         if self._enabled:
