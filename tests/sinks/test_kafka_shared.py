@@ -151,6 +151,7 @@ def unused_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_an_unreachable_cluster_leaves_nothing_in_the_pool(backend: str) -> None:
     pool = ProducerPool()
     uri = f"kafka://127.0.0.1:{unused_port()}/t?open_timeout_ms=1500&backend={backend}"

@@ -185,6 +185,7 @@ def test_what_is_not_a_row_predicate_is_refused(where: str, message: str) -> Non
         ChangeFilter(where=where).compile(ROWS.schema.names)
 
 
+@pytest.mark.slow
 def test_a_long_and_chain_is_evaluated_without_recursion() -> None:
     # 3,000 ANDs raised RecursionError; a chain is evaluated in a loop, whatever its length.
     where = " AND ".join(["id > 1"] * 1500 + ["id < 6"] * 1501)

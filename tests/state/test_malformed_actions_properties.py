@@ -192,6 +192,7 @@ def test_a_damaged_schema_string_gives_a_schema_or_a_delta_tail_error(schema_str
     _feed(data, 0, Snapshot.empty("tbl"))
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(json_values)
 def test_any_json_line_gives_actions_or_a_delta_tail_error(value: Any) -> None:

@@ -76,6 +76,7 @@ def rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ---------------------------------------------------------------- exit codes
 
 
+@pytest.mark.slow
 def test_exit_codes_follow_one_convention(table: Path, tmp_path: Path) -> None:
     t = str(table)
     state = tmp_path / "state"
@@ -109,6 +110,7 @@ def test_exit_codes_follow_one_convention(table: Path, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- JSON logs
 
 
+@pytest.mark.slow
 def test_json_mode_prints_every_line_as_json_the_fatal_error_too(table: Path, tmp_path: Path) -> None:
     missing = str(tmp_path / "nothing")
     done = cli("--log-format", "json", "snapshot", missing)
@@ -143,6 +145,7 @@ def test_json_mode_prints_every_line_as_json_the_fatal_error_too(table: Path, tm
     assert records[-1]["event"] == "fatal"
 
 
+@pytest.mark.slow
 def test_text_mode_keeps_one_line_and_verbose_adds_the_causes(table: Path, tmp_path: Path) -> None:
     taken = tmp_path / "taken.jsonl"
     taken.mkdir()  # a directory where the output file should go: the error wraps the OS's
@@ -167,6 +170,7 @@ def test_positions_print_as_users_write_them() -> None:
     assert f"{Position.change(12, 345)}" == "12:345"
 
 
+@pytest.mark.slow
 def test_log_lines_show_positions_not_reprs(table: Path, tmp_path: Path) -> None:
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
     run = ["run", str(table), "--state-dir", str(state), "--sink", f"jsonl:{out}", "--until-caught-up"]
@@ -183,6 +187,7 @@ def test_log_lines_show_positions_not_reprs(table: Path, tmp_path: Path) -> None
 # ---------------------------------------------------------------- audit --fail-on, --html
 
 
+@pytest.mark.slow
 def test_audit_fail_on_exits_3_when_an_alert_of_that_severity_fired(ops: Path, rules: Path) -> None:
     base = ["audit", str(ops), "--config", str(rules), "--format", "jsonl"]
     assert cli(*base).returncode == 0  # without --fail-on, alerts never change the exit code

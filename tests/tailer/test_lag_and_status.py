@@ -144,6 +144,7 @@ def _poll(what: str, check: object, seconds: float = 15.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_status_of_a_running_tailer_is_as_fresh_as_the_sink(tmp_path: Path) -> None:
     root, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
     make(root, 2)
@@ -169,6 +170,7 @@ def test_status_of_a_running_tailer_is_as_fresh_as_the_sink(tmp_path: Path) -> N
     assert (doc["delivered_version"], doc["versions_behind"], doc["state"]) == (2, 0, "stopped")
 
 
+@pytest.mark.slow
 def test_serve_status_and_metrics_are_as_fresh_as_the_sink(tmp_path: Path) -> None:
     root, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
     make(root, 2)

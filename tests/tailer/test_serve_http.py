@@ -149,6 +149,7 @@ def _reset(sock: socket.socket) -> None:
     sock.close()
 
 
+@pytest.mark.slow
 def test_clients_that_hang_up_write_nothing_to_stderr() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE

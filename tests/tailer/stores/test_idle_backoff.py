@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
 
 from deltatail.sinks.embedded import JsonLinesSink
@@ -22,6 +23,7 @@ from objectstores import Cloud
 pytest_plugins = ("objectstore_fixtures",)
 
 
+@pytest.mark.slow
 def test_a_long_idle_spell_keeps_the_backoff_at_the_maximum(s3: Cloud, tmp_path: Path) -> None:
     write_deltalake(s3.uri("t"), pa.table({"id": [1, 2]}), storage_options=s3.writer_options)
     config = TailerConfig(

@@ -127,6 +127,7 @@ def assert_names_the_table(stderr: str, uri: str) -> None:
 # ---------------------------------------------------------------- the table's store fails
 
 
+@pytest.mark.slow
 def test_wrong_credentials_name_the_table_and_its_log(auth_moto: AuthMoto, tmp_path: Path) -> None:
     uri = auth_moto.table()
     wrong = flags(auth_moto.options(aws_secret_access_key=WRONG_SECRET))
@@ -202,6 +203,7 @@ def test_no_credentials_say_where_they_were_looked_for(s3: Cloud) -> None:
 # ---------------------------------------------------------------- -v
 
 
+@pytest.mark.slow
 def test_verbose_shows_the_store_failure_without_secrets(auth_moto: AuthMoto) -> None:
     uri = auth_moto.table()
     wrong = flags(auth_moto.options(aws_secret_access_key=WRONG_SECRET))
@@ -251,6 +253,7 @@ def test_the_detail_of_a_failure_leaves_the_query_string_out() -> None:
 # ---------------------------------------------------------------- secrets by reference
 
 
+@pytest.mark.slow
 def test_secrets_by_environment_variable_and_file_reach_the_store(auth_moto: AuthMoto, tmp_path: Path) -> None:
     uri = auth_moto.table(5)
     base = auth_moto.options()
@@ -293,6 +296,7 @@ def test_secrets_by_environment_variable_and_file_reach_the_store(auth_moto: Aut
         assert WRONG_SECRET not in denied.stderr + denied.stdout
 
 
+@pytest.mark.slow
 def test_a_reference_that_cannot_be_resolved_is_a_usage_error_naming_the_option(
     auth_moto: AuthMoto, tmp_path: Path
 ) -> None:
