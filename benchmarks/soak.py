@@ -100,7 +100,9 @@ def rss_bytes(pid: int) -> int | None:
 class Watch:
     """Threads that record commit times, deltatail's and the peer's arrivals, and both processes' memory."""
 
-    def __init__(self, log_dir: Path, out: Path, ours: subprocess.Popen[bytes], peer: subprocess.Popen[str]) -> None:
+    def __init__(
+        self, log_dir: Path, out: Path, ours: subprocess.Popen[bytes], peer: subprocess.Popen[str] | None
+    ) -> None:
         self.log_dir, self.out, self.ours, self.peer = log_dir, out, ours, peer
         self.committed: dict[int, float] = {}
         self.deltatail, self.peer_side = Side("deltatail"), Side("deltalake")
@@ -149,6 +151,8 @@ class Watch:
             time.sleep(0.005)
 
     def _peer(self) -> None:
+        if self.peer is None:
+            return
         assert self.peer.stdout is not None
         for line in self.peer.stdout:
             version, when, rows = line.split(maxsplit=2)
@@ -160,6 +164,8 @@ class Watch:
     def _mem(self) -> None:
         while not self.stop.is_set():
             for side, proc in ((self.deltatail, self.ours), (self.peer_side, self.peer)):
+                if proc is None:
+                    continue
                 rss, cpu, now = rss_bytes(proc.pid), cpu_seconds(proc.pid), time.time()
                 if rss is not None and cpu is not None:
                     side.rss.append((now, rss))
@@ -191,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--operations", type=int, default=600, help="operations of the life (default 600)")
     parser.add_argument("--seed", type=int, default=29)
     parser.add_argument("--windows", type=int, default=6)
+    parser.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="follow with deltatail alone (a control: the peer's work grows with the history and takes CPU from it)",
+    )
     args = parser.parse_args(argv)
     print(f"command   {sys.executable} -m benchmarks.soak {' '.join(argv or sys.argv[1:])}")
     print(f"machine   nproc {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}", flush=True)
@@ -206,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         run = ["run", str(root), "--state-dir", str(base / "state"), "--sink", f"jsonl:{out}"]
         run += ["--starting-version", "0", "--checkpoint-commits", "1", "--on-data-loss", "resnapshot"]
         ours = subprocess.Popen([sys.executable, "-m", "deltatail", *run], cwd=ROOT, stderr=subprocess.DEVNULL)
-        peer = subprocess.Popen([sys.executable, "-c", PEER, str(root)], stdout=subprocess.PIPE, text=True)
+        peer = (
+            None
+            if args.no_peer
+            else subprocess.Popen([sys.executable, "-c", PEER, str(root)], stdout=subprocess.PIPE, text=True)
+        )
         watch = Watch(root / "_delta_log", out, ours, peer).start()
         started = time.monotonic()
         try:
@@ -221,11 +236,13 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1.0)
         finally:
             for p in (ours, peer):
-                p.kill()
-                p.wait()
+                if p is not None:
+                    p.kill()
+                    p.wait()
             watch.close()
         elapsed = time.monotonic() - started
-    both = sorted(set(watch.deltatail.arrived) & set(watch.peer_side.arrived) & set(watch.committed))
+    theirs = set(watch.deltatail.arrived) if peer is None else set(watch.peer_side.arrived)
+    both = sorted(set(watch.deltatail.arrived) & theirs & set(watch.committed))
     last = max(watch.committed)
     print(
         f"life      {args.operations} operations, {last + 1} versions in {elapsed:.0f} s (seed {args.seed});"
@@ -242,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         versions = range(lo, min(lo + size, last + 1))
         timed = [v for v in versions if v in both]
         mine = window_figures(watch.deltatail, watch.committed, timed, versions)
-        theirs = window_figures(watch.peer_side, watch.committed, timed, versions)
-        print(f"| {versions.start}-{versions.stop - 1} | {' | '.join(mine)} | {' | '.join(theirs)} |")
+        peer_figures = ["-"] * 3 if peer is None else window_figures(watch.peer_side, watch.committed, timed, versions)
+        print(f"| {versions.start}-{versions.stop - 1} | {' | '.join(mine)} | {' | '.join(peer_figures)} |")
     return 0
 
 
