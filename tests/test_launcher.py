@@ -53,6 +53,7 @@ def ids(jsonl: bytes) -> list[int]:
     return [int(orjson.loads(line)["id"]) for line in jsonl.splitlines()]
 
 
+@pytest.mark.slow
 def test_exit_codes_and_output_are_the_scripts(tmp_path: Path) -> None:
     """``--version`` exits 0 and prints it; a usage error exits 2 with argparse's message; a missing
     config file exits 2 with the one-line error: the same bytes both ways."""
@@ -101,6 +102,7 @@ def test_sigkill_and_crash_points_report_minus_nine(table: Path, tmp_path: Path)
     assert following.wait(WAIT) == -signal.SIGKILL and following.returncode == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_following_run_cleanly(table: Path, tmp_path: Path) -> None:
     """SIGTERM reaches the child's own handler (set by ``main`` in the child): it checkpoints and exits 0."""
     out = tmp_path / "out.jsonl"

@@ -12,6 +12,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from setuptools import find_packages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +34,7 @@ def _bare_imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
                 yield node.lineno, name
 
 
+@pytest.mark.slow
 def test_project_modules_are_imported_through_the_namespace() -> None:
     roots = (*FOLDERS, "tests", "benchmarks", "docs")
     paths = [*(ROOT / NAMESPACE).glob("*.py"), *(p for folder in roots for p in (ROOT / folder).rglob("*.py"))]

@@ -253,6 +253,7 @@ print(repr((run.returncode, err)))
 
 
 @needs_namespace
+@pytest.mark.slow
 def test_state_dir_read_only_mid_run_then_restart_is_exact(tmp_path: Path) -> None:
     table, state, out = make_table(tmp_path / "t"), tmp_path / "state", tmp_path / "out.jsonl"
     done = subprocess.run(

@@ -213,6 +213,7 @@ def test_audit_follow_fail_on(ops: Path, rules: Path, tmp_path: Path) -> None:
     assert quiet.returncode == 0, quiet.stderr
 
 
+@pytest.mark.slow
 def test_audit_html_without_its_extra_fails_before_reading(ops: Path, tmp_path: Path) -> None:
     fake = tmp_path / "site"
     (fake / "vl_convert").mkdir(parents=True)

@@ -175,6 +175,7 @@ def test_a_snapshot_killed_in_the_middle_resumes_exactly_once(tmp_path: Path) ->
     assert (signals.last_end(state) or {}).get("outcome") == "done"
 
 
+@pytest.mark.slow
 def test_a_bad_filter_is_refused_when_asked(tmp_path: Path) -> None:
     table, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
     write_deltalake(str(table), rows(range(3)), configuration=CDF)
@@ -193,6 +194,7 @@ def test_a_bad_filter_is_refused_when_asked(tmp_path: Path) -> None:
     assert snap == [] and change_rows(changes) == cdf(table)
 
 
+@pytest.mark.slow
 def test_a_second_request_waits_for_the_first_and_cancel_drops_it(tmp_path: Path) -> None:
     table, state, out = tmp_path / "t", tmp_path / "state", tmp_path / "out.jsonl"
     write_deltalake(str(table), rows(range(3)), configuration=CDF)

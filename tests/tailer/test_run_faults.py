@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
 from serve_child import CDF, ROOT, delivered, expected, wait_for
 
@@ -73,6 +74,7 @@ def test_a_full_sink_file_ends_the_run_with_one_clean_error_when_retries_run_out
     assert "sink_unavailable" in events
 
 
+@pytest.mark.slow
 def test_a_full_sink_file_is_retried_and_delivery_is_exact_once_it_can_grow(tmp_path: Path) -> None:
     t = table(tmp_path / "t")
     proc = run(t, tmp_path)

@@ -136,6 +136,7 @@ def test_too_many_open_files_makes_tables_unavailable_then_they_resume(tmp_path:
     no_crash(child)
 
 
+@pytest.mark.slow
 def test_a_full_sink_file_makes_its_table_unavailable_and_the_others_go_on(tmp_path: Path) -> None:
     """RLIMIT_FSIZE just above the big table's sink file: its writes fail (EFBIG), the small table's do not."""
     big, small = str(tmp_path / "big"), str(tmp_path / "small")
@@ -196,6 +197,7 @@ def test_a_table_whose_state_directory_cannot_be_made_is_unavailable_alone(tmp_p
     no_crash(child)
 
 
+@pytest.mark.slow
 def test_an_unusable_state_root_fails_healthz_and_exits_non_zero(tmp_path: Path) -> None:
     """The state root replaced by a file: /healthz 503, then exit 1 after fatal_seconds; a restart is exact."""
     a = str(tmp_path / "a")
@@ -283,6 +285,7 @@ def test_an_unexpected_error_fails_its_table_and_the_one_worker_goes_on(tmp_path
 
 
 @pytest.mark.parametrize("fmt", ["", 'format = "delta"\n'], ids=["format-detected", "format-given"])
+@pytest.mark.slow
 def test_a_store_failing_at_start_up_makes_its_table_unavailable_not_the_service(
     moto: Server, tmp_path: Path, fmt: str
 ) -> None:
@@ -589,6 +592,7 @@ def test_campaign_faults_while_a_writer_commits_never_lie_and_lose_nothing(moto:
     no_crash(child)
 
 
+@pytest.mark.slow
 def test_a_step_that_does_not_return_is_reported_unavailable_until_it_does(moto: Server, tmp_path: Path) -> None:
     """The store holds every request 8 s (under the client's timeout): the step hangs, the table is not delivering.
 
