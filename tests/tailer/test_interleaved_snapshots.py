@@ -49,7 +49,11 @@ def follow(table: Path, state: Path, out: Path, crash_at: str | None = None) -> 
 
 
 def lines(out: Path) -> list[Row]:
-    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    """The complete lines of the output so far (a line being written by a running tailer is left out)."""
+    if not out.exists():
+        return []
+    complete = out.read_bytes().split(b"\n")[:-1]
+    return [json.loads(line) for line in complete]
 
 
 def order(r: Row) -> tuple[int, int, int]:
@@ -209,6 +213,9 @@ def test_a_keyed_snapshot_asked_while_a_writer_updates_and_deletes_folds_to_the_
     try:
         deadline = time.monotonic() + 180
         while len(lines(out)) < 40:
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.05)
+        while not (state / "cursor.json").exists():  # the request needs the run's saved state to name its version
             assert time.monotonic() < deadline and run.poll() is None
             time.sleep(0.05)
         go.touch()  # the writer starts; the request is asked for while it writes
