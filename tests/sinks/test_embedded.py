@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deltatail.sinks.embedded import ROW_GROUP_ROWS, JsonLinesSink, ParquetDirSink
+from deltatail.sinks.embedded import DICTIONARY_PAGE_BYTES, ROW_GROUP_ROWS, JsonLinesSink, ParquetDirSink
 from deltatail.state.cursor import Position
 from deltatail.state.errors import ConfigError, SinkError
 from deltatail.state.feed import ChangeBatch, TableInfo
@@ -125,6 +125,29 @@ def test_parquet_dir_encodes_row_groups_as_rows_arrive_and_shows_the_file_only_a
     sink.write(_batch(4, 0, [7]))
     sink.close()
     assert [p.name for p in out.iterdir()] == [name]
+
+
+def test_parquet_dir_keeps_dictionaries_for_few_values_and_writes_many_plainly(tmp_path: Path) -> None:
+    """A column of distinct values stops building its dictionary at DICTIONARY_PAGE_BYTES (pyarrow's own
+    limit, 1 MiB, would hold all 65,536 ids of a row group: 512 KiB of dictionary), while the change
+    columns' few values stay dictionary-encoded (a 65,536-row chunk of them is a few hundred bytes)."""
+    out = tmp_path / "out"
+    sink = ParquetDirSink(str(out))
+    sink.open(TABLE)
+    ids = list(range(ROW_GROUP_ROWS))
+    sink.write(_batch(1, 0, ids))
+    sink.flush()
+    (name,) = [p for p in out.iterdir()]
+    group = pq.read_metadata(name).row_group(0)
+    chunks = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    ids_chunk = chunks["id"]
+    dictionary_page = ids_chunk.data_page_offset - ids_chunk.dictionary_page_offset
+    assert dictionary_page <= DICTIONARY_PAGE_BYTES + 64  # the page and its header
+    assert ids_chunk.total_uncompressed_size > ROW_GROUP_ROWS * 8  # the ids written out, not referenced
+    for change_column in ("_change_type", "_commit_version", "_commit_timestamp"):
+        assert chunks[change_column].has_dictionary_page
+        assert chunks[change_column].total_compressed_size < 1024
+    assert pq.read_table(name).column("id").to_pylist() == ids
 
 
 def test_parquet_dir_starts_a_new_file_when_the_schema_changes_inside_a_flush(tmp_path: Path) -> None:
