@@ -42,10 +42,17 @@ from typing import BinaryIO
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from deltatail.sinks.json_text import VECTOR_ROWS, column_texts, concatenated, joined_objects, json_values, text_scalar
+from deltatail.sinks.json_text import (
+    VECTOR_ROWS,
+    column_texts,
+    concatenated,
+    counting_texts,
+    joined_objects,
+    json_values,
+    text_scalar,
+)
 from deltatail.state.cursor import Position
 from deltatail.state.errors import SinkError
 from deltatail.state.feed import ChangeBatch, TableInfo
@@ -90,7 +97,7 @@ def encode_jsonl(batch: ChangeBatch) -> bytes:
         texts = column_texts(batch.rows)
         if texts is not None:
             start = batch.start
-            index = pc.cast(pa.array(range(start.index, batch.end.index), pa.int64()), pa.string())
+            index = counting_texts(start.index, batch.end.index)
             snapshot = "true" if start.snapshot else "false"
             tail = [text_scalar(f',"{_POSITION}":[{start.version},'), index, text_scalar(f",{snapshot}]}}\n")]
             return concatenated(joined_objects(len(batch), list(texts), list(texts.values()), tail))

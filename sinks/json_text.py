@@ -66,6 +66,15 @@ def text_scalar(value: str) -> pa.Scalar:
     return pa.scalar(value, pa.string())
 
 
+def counting_texts(start: int, stop: int) -> pa.Array:
+    """The decimal texts of ``start, start + 1, ..., stop - 1`` (a string array), e.g. rows' indexes.
+
+    Built in Arrow (a running sum of ones): ``pa.array(range(...))`` walks Python integers, ~4x the time.
+    """
+    ones = pa.repeat(pa.scalar(1, pa.int64()), max(stop - start, 0))
+    return pc.cast(pc.add(pc.cumulative_sum(ones), pa.scalar(start - 1, pa.int64())), pa.string())
+
+
 # Arrow scalars made once: passing Python strings makes pyarrow build them on every call.
 _Z = text_scalar("Z")
 _EMPTY = text_scalar("")

@@ -72,6 +72,7 @@ from deltatail.sinks.json_text import (
     EncodedBatch,
     Text,
     Wrapped,
+    counting_texts,
     joined_objects,
 )
 from deltatail.sinks.json_text import text_scalar as _scalar
@@ -260,7 +261,7 @@ class EventEncoder:
             texts = [mode_text(batch.rows.column(c), modes) for c in self.key_columns]
             return joined_objects(n, self.key_columns, texts)
         start = batch.start
-        index = pc.cast(pa.array(range(start.index, start.index + n), pa.int64()), pa.string())
+        index = counting_texts(start.index, start.index + n)
         snapshot = "true" if start.snapshot else "false"
         return _join(n, [f'{{"v":{start.version},"i":', index, ',"s":' + snapshot + "}"])
 

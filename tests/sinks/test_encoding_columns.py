@@ -24,6 +24,7 @@ from deltatail.sinks.json_text import (
     column_texts,
     concatenated,
     constant_text,
+    counting_texts,
     json_texts,
     json_values,
 )
@@ -279,3 +280,11 @@ def test_a_float_column_is_written_column_wise_as_orjson_writes_each_value(name:
 def test_a_batch_with_another_column_without_a_kernel_is_left_to_the_row_path(name: str) -> None:
     column = LEFT_TO_ORJSON[name]
     assert column_texts(pa.record_batch({"id": pa.array(range(len(column)), pa.int64()), "x": column})) is None
+
+
+def test_counting_texts_are_the_decimal_texts_of_the_range() -> None:
+    assert counting_texts(7, 11).to_pylist() == ["7", "8", "9", "10"]
+    assert counting_texts(0, 1).to_pylist() == ["0"]
+    assert counting_texts(2**40, 2**40 + 2).to_pylist() == ["1099511627776", "1099511627777"]
+    assert counting_texts(5, 5).to_pylist() == []
+    assert counting_texts(5, 5).type == pa.string()
