@@ -32,7 +32,9 @@ a ``parquet:`` directory, or a Kafka topic of a memory-only tansu broker started
 the same with ``backend=confluent``). ``load_cdf``
 of the same version is read as a stream (``RecordBatchReader``, every batch counted and dropped);
 ``--sinks feed`` reads it the same way through deltatail's Python API (``ChangeFeed.batches``: the
-reading engine every sink sits on, without a sink), the like-for-like comparison.
+reading engine every sink sits on, without a sink), the like-for-like comparison. With the
+``parquet`` sink, ``load_cdf`` is also streamed into a Parquet file (pyarrow's ``ParquetWriter``, its
+default settings, row groups of 65,536 rows): the sink's like-for-like peer.
 """
 
 from __future__ import annotations
@@ -78,6 +80,27 @@ while True:
         n += reader.read_next_batch().num_rows
     except StopIteration:
         break
+print(n)
+"""
+
+#: The child that streams ``load_cdf`` of one version into one Parquet file (pyarrow's ``ParquetWriter``
+#: with its defaults, the batches gathered into row groups of 65,536 rows as the ``parquet:`` sink does)
+#: and prints its row count: the like-for-like peer of ``deltatail run`` into a ``parquet:`` directory.
+LOAD_CDF_PARQUET = """
+import sys, pyarrow as pa, pyarrow.parquet as pq
+from deltalake import DeltaTable
+v = int(sys.argv[2])
+reader = pa.RecordBatchReader.from_stream(DeltaTable(sys.argv[1]).load_cdf(starting_version=v, ending_version=v))
+n, held = 0, []
+with pq.ParquetWriter(sys.argv[3], reader.schema) as writer:
+    for batch in reader:
+        held.append(batch)
+        n += batch.num_rows
+        if sum(b.num_rows for b in held) >= 65536:
+            writer.write_table(pa.Table.from_batches(held, reader.schema), row_group_size=65536)
+            held = []
+    if held:
+        writer.write_table(pa.Table.from_batches(held, reader.schema), row_group_size=65536)
 print(n)
 """
 
@@ -215,6 +238,16 @@ def run_load_cdf(table: Path, version: int) -> Measure:
     return Measure(int(out.strip()), peak, seconds)
 
 
+def run_load_cdf_parquet(table: Path, version: int, scratch: Path) -> Measure:
+    """``load_cdf`` of ``version`` streamed into a Parquet file in a child."""
+    target = scratch / f"load_cdf-{uuid.uuid4().hex[:10]}.parquet"
+    out, peak, seconds = measure(
+        [sys.executable, "-c", LOAD_CDF_PARQUET, str(table), str(version), str(target)], READER_ENV
+    )
+    target.unlink(missing_ok=True)
+    return Measure(int(out.strip()), peak, seconds)
+
+
 def run_feed(table: Path, version: int) -> Measure:
     """deltatail's ``ChangeFeed`` of ``version`` read as a stream in a child, as :func:`run_load_cdf` reads."""
     out, peak, seconds = measure([sys.executable, "-c", FEED, str(table), str(version)], READER_ENV)
@@ -309,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 version = write_table(table, size, args.file_rows, kind, args.dv_files)
                 extra = [*flush, "--net-changes", "--key", "id"] if shape == "rewrite-net" else flush
                 sides = [("load_cdf", run_load_cdf(table, version))] if shape != "rewrite-net" else []
+                if "parquet" in sinks and shape != "rewrite-net":
+                    sides.append(("load_cdf -> parquet", run_load_cdf_parquet(table, version, scratch)))
                 for kind in sinks:
                     if kind == "feed":
                         if shape != "rewrite-net":
