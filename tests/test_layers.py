@@ -10,8 +10,9 @@ Layers, read from every module's imports (``ast``, module level and inside funct
 - ``sinks`` imports ``state``, ``tailer`` (the sink contract ``tailer.sink`` and the runtime; never
   the follow loop ``tailer.follow`` nor ``tailer.cli``) and ``sinks``.
 
-Imports of project modules sit at module level (a function-local import would hide a cycle), and
-the module-level import graph has no cycle; nor has the graph of folders (sub-packages such as
+Imports of project modules sit at module level (a function-local import would hide a cycle); a
+module loaded by name when first used (``importlib.import_module`` and the helpers around it) is an
+edge like an import. The module-level import graph has no cycle; nor has the graph of folders (sub-packages such as
 ``tailer/follow`` and ``tailer/audit``, an edge wherever a module of one imports a module of the
 other), so that a folder's modules can be read, moved or drawn without the folders that use it.
 No product module is over 600 lines: a longer one holds more than one job, to be split along its
@@ -130,7 +131,23 @@ def _names_type_checking(test: ast.expr) -> bool:
     return any(isinstance(n, ast.Name | ast.Attribute) and _name_of(n) == "TYPE_CHECKING" for n in ast.walk(test))
 
 
+def _deferred_loads(tree: ast.Module) -> Iterator[tuple[str, int]]:
+    """Project modules a module loads by name at run time (``importlib.import_module``, and the helpers
+    around it: ``deferred("deltatail.tailer.cli.audit", ...)``, a format registry entry's module path):
+    every string argument of a call that names a ``deltatail.`` module."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for arg in (*node.args, *(k.value for k in node.keywords)):
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("deltatail."):
+                    yield arg.value, node.lineno
+
+
 def _imports(module: str, path: Path) -> Iterator[Import]:
+    if '"deltatail.' in path.read_text():  # a module path in a string: only a few files have one
+        for name, line in _deferred_loads(_tree(path)):
+            # Loaded when first used, not at import: an edge of the graph all the same (a cycle through
+            # it is a cycle of the design), but not a function-local import statement.
+            yield Import(module, name.removeprefix("deltatail."), line, False)
     for node, local in _import_nodes(_tree(path).body):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -269,6 +286,18 @@ def test_the_folder_rule_sees_folders() -> None:
     assert "tailer.follow" in graph["tailer.lance"]
     assert "tailer.follow" not in graph["tailer.audit"]
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"]}) == [["a", "b", "c", "a"]]
+
+
+def test_modules_loaded_by_name_are_edges_of_the_graph() -> None:
+    # A command's module and a table format's module are imported by name when first used: the graph
+    # (and so the cycle and layer rules) sees them all the same.
+    known, edges = _graph()
+    targets = {m: {_resolve(imp.target, known) for imp in imports} for m, imports in edges.items()}
+    assert "tailer.cli.serve" in targets["tailer.cli.main"]
+    assert "tailer.cli.audit" in targets["tailer.cli.audit_parser"]
+    assert "tailer.formats.lance" in targets["tailer.formats.registry"]
+    tree = ast.parse('x = load("deltatail.tailer.cli.demo", "run")\ny = other("elsewhere.module")')
+    assert list(_deferred_loads(tree)) == [("deltatail.tailer.cli.demo", 1)]
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:

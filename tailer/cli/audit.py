@@ -40,8 +40,8 @@ from deltatail.state.errors import ConfigError
 from deltatail.tailer.audit.alerts import AlertNotifier
 from deltatail.tailer.audit.log import AlertLog, AuditOutput, open_audit_log, write_audit_log
 from deltatail.tailer.audit.report import require_report_extra, write_report
-from deltatail.tailer.cli.audit_parser import EXIT_ALERTS
 from deltatail.tailer.cli.configure import follow_fields
+from deltatail.tailer.cli.lazy import EXIT_ALERTS
 from deltatail.tailer.cli.model import AuditCommandSettings, audit_command_settings
 from deltatail.tailer.cli.process import stop_on_signals
 from deltatail.tailer.follow.audit import AuditFollowConfig

@@ -7,14 +7,11 @@ command's module, and the audit code behind it, is imported only when ``audit`` 
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable
 from typing import Any
 
+from deltatail.tailer.cli.lazy import EXIT_ALERTS, deferred
 from deltatail.tailer.cli.settings import external_root_option, flag_type
-
-EXIT_ALERTS = 3
-"""The exit code of ``--fail-on SEVERITY`` when an alert of at least that severity was raised."""
 
 
 def add_parser(sub: Any) -> None:
@@ -91,15 +88,6 @@ def add_parser(sub: Any) -> None:
     )
     external_root_option(p)
     p.set_defaults(handler=_run_audit)
-
-
-def deferred(module: str, name: str) -> Any:
-    """``module.name``, importing ``module`` now: a command's code is loaded only when the command runs.
-
-    For the command line's own modules only (``tailer/cli/``): the start of every other command
-    does not pay for them.
-    """
-    return getattr(importlib.import_module(module), name)
 
 
 def _run_audit(args: argparse.Namespace) -> int:

@@ -18,9 +18,9 @@ import orjson
 
 from deltatail.state.errors import ConfigError, DeltaTailError, StorageError
 from deltatail.tailer.cli import audit_parser, logs
-from deltatail.tailer.cli.audit_parser import deferred
 from deltatail.tailer.cli.configure import DEFAULT_SINK, READ_DEFAULTS, RUN_DEFAULTS, tailer_config
 from deltatail.tailer.cli.cursor import add_parsers as add_cursor_parsers
+from deltatail.tailer.cli.lazy import EXIT_ALERTS, deferred
 from deltatail.tailer.cli.model import changes_settings, run_settings, snapshot_settings
 from deltatail.tailer.cli.outputs import write_changes
 from deltatail.tailer.cli.process import return_memory_promptly, stop_on_signals, tune_for_latency
@@ -46,7 +46,6 @@ from deltatail.tailer.version import installed_version
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-EXIT_ALERTS = audit_parser.EXIT_ALERTS
 EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_ERROR: "a deltatail error: bad or unreadable table, store, sink or state",
