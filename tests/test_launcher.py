@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -156,9 +157,10 @@ def test_the_signals_a_fresh_interpreter_ignores_stay_ignored(table: Path, tmp_p
     """The child ignores the signals a ``deltatail`` started by ``subprocess`` ignores (SIGPIPE and SIGXFSZ:
     the interpreter's own start-up; a write past ``RLIMIT_FSIZE`` fails with EFBIG instead of killing it)."""
     masks = []
-    for i, start in enumerate((launcher.popen, subprocess.Popen)):
+    for i in range(2):
         state = tmp_path / f"state{i}"
         args = [SCRIPT, "run", str(table), "--state-dir", str(state), "--sink", f"jsonl:{tmp_path / f'{i}.jsonl'}"]
+        start: Callable[..., launcher.Launched | subprocess.Popen[bytes]] = (launcher.popen, subprocess.Popen)[i]
         proc = start(args, env=env(), cwd=tmp_path, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + WAIT
         while not (state / "cursor.json").exists() and time.monotonic() < deadline:  # in main: started up
