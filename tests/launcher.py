@@ -59,6 +59,12 @@ PRELOAD = (
     "deltatail.sinks.kafka.sink",
     "deltatail.sinks.kafka.producers",
     "deltatail.tailer.formats.lance",
+    "deltatail.tailer.formats.iceberg",
+    "pyiceberg.manifest",  # what tailer/iceberg/metadata.py imports when it first reads a table
+    "pyiceberg.table.metadata",
+    "pyiceberg.avro.file",
+    "pyiceberg.schema",
+    "pyiceberg.io.pyarrow",
     "pyarrow.parquet",
     "kafka",
     "confluent_kafka",
