@@ -410,6 +410,23 @@ def popen(args: Sequence[str], **kwargs: Any) -> Launched:
     return launcher().popen(args, **kwargs)
 
 
+def run(
+    args: Sequence[str], *, env: Mapping[str, str], cwd: str | Path, timeout: float, text: bool = False
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run(args, capture_output=True, ...)`` for a ``deltatail`` command line, forked by this
+    process's launcher: the child's exit code and its whole stdout and stderr (decoded if ``text``)."""
+    proc = popen(args, env=env, cwd=cwd, stdout=PIPE, stderr=PIPE)
+    try:
+        out, err = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert out is not None and err is not None and proc.returncode is not None
+    if text:
+        return subprocess.CompletedProcess(list(args), proc.returncode, out.decode(), err.decode())
+    return subprocess.CompletedProcess(list(args), proc.returncode, out, err)
+
+
 if __name__ == "__main__":
     sys.path[0] = str(Path(sys.executable).parent)  # where the ``deltatail`` script lives, not tests/
     sys.exit(serve(int(sys.argv[1])))

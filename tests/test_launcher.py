@@ -64,6 +64,8 @@ def test_exit_codes_and_output_are_the_scripts(tmp_path: Path) -> None:
         assert forked == spawned
     assert both(["--version"], tmp_path)[0][:2] == (0, b"deltatail 0.1.0\n")
     assert both(["run"], tmp_path)[0][0] == 2
+    done = launcher.run([SCRIPT, "--version"], env=env(), cwd=tmp_path, timeout=WAIT, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "deltatail 0.1.0\n", "")
 
 
 def test_environment_and_working_directory_are_the_requests(table: Path, tmp_path: Path) -> None:
