@@ -329,7 +329,7 @@ class Launcher:
             if how == PIPE:
                 r, w = os.pipe()
                 ends.append(r if i == 0 else w)
-                mine[i] = os.fdopen(w if i == 0 else r, "wb" if i == 0 else "rb", buffering=0)
+                mine[i] = os.fdopen(w if i == 0 else r, "wb" if i == 0 else "rb")  # buffered, as Popen's (bufsize -1)
             elif how == DEVNULL:
                 ends.append(os.open(os.devnull, os.O_RDWR))
             elif how is None:
