@@ -14,14 +14,16 @@ What keeps the children honest (they must behave as ``subprocess.Popen([deltatai
   everything ``main`` sets up for a process (signal handlers, Arrow's memory pool, the GIL switch
   interval, logging) is set up in the child; the product reads its environment when a command runs,
   not at import (``tailer/runtime/faults.py`` reads ``DELTATAIL_CRASH_AT`` at its first crash point);
-- the child gets the default disposition for every signal the helper changed, fresh ``sys.stdin``/
+- the child gets the default disposition for every signal the helper changed (and keeps ignoring
+  SIGPIPE and SIGXFSZ, as every interpreter does from its start: a write past ``RLIMIT_FSIZE`` fails
+  with EFBIG instead of killing it), fresh ``sys.stdin``/
   ``sys.stdout``/``sys.stderr`` over its descriptors (buffered as a new interpreter's would be),
   ``sys.argv`` and ``sys.path[0]`` as the ``deltatail`` script sees them, and stays in the process
   group of pytest (as ``Popen`` leaves it: a Ctrl-C reaches it); the helper SIGKILLs its children still
   running when the test side goes away;
 - the helper reaps its children and reports each one's true exit status (``-9`` for SIGKILL, as
   ``Popen.returncode``); the test side's :class:`Launched` has ``pid``, ``poll``, ``wait``,
-  ``returncode``, ``send_signal``, ``kill``, ``terminate`` and ``stdout``/``stderr`` pipes.
+  ``returncode``, ``communicate``, ``send_signal``, ``kill``, ``terminate`` and ``stdout``/``stderr`` pipes.
 
 Tests that check how the command starts (its imports, ``--version``, the script) keep ``subprocess``;
 each campaign file keeps a test that starts ``deltatail`` the ordinary way. The protocol: JSON over a
@@ -57,6 +59,12 @@ PRELOAD = (
     "deltatail.sinks.kafka.sink",
     "deltatail.sinks.kafka.producers",
     "deltatail.tailer.formats.lance",
+    "deltatail.tailer.formats.iceberg",
+    "pyiceberg.manifest",  # what tailer/iceberg/metadata.py imports when it first reads a table
+    "pyiceberg.table.metadata",
+    "pyiceberg.avro.file",
+    "pyiceberg.schema",
+    "pyiceberg.io.pyarrow",
     "pyarrow.parquet",
     "kafka",
     "confluent_kafka",
@@ -216,6 +224,8 @@ class Launched:
         self.returncode: int | None = None
         self.stdout: IO[bytes] | None = None
         self.stderr: IO[bytes] | None = None
+        self._readers: list[threading.Thread] = []
+        self._read: list[bytes | None] = [None, None]
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -228,6 +238,29 @@ class Launched:
         if self.returncode is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[bytes | None, bytes | None]:
+        """Read the ``stdout``/``stderr`` pipes to their end and wait for the child, as ``Popen.communicate``
+        (no input: the child's stdin is not a pipe of this side). Returns ``(out, err)``, ``None`` for a
+        stream that is not a pipe; raises ``subprocess.TimeoutExpired`` if the child runs past ``timeout``
+        (a later call goes on reading where the first left off)."""
+        if not self._readers:
+            for i, stream in enumerate((self.stdout, self.stderr)):
+                if stream is not None:
+                    reader = threading.Thread(target=self._drain, args=(i, stream), daemon=True)
+                    reader.start()
+                    self._readers.append(reader)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.wait(timeout)
+        for reader in self._readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():  # a grandchild holds the pipe open
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self._read[0], self._read[1]
+
+    def _drain(self, i: int, stream: IO[bytes]) -> None:
+        with stream:
+            self._read[i] = stream.read()
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:  # the helper reaps it: until it reported, the pid is still this child's
@@ -296,7 +329,7 @@ class Launcher:
             if how == PIPE:
                 r, w = os.pipe()
                 ends.append(r if i == 0 else w)
-                mine[i] = os.fdopen(w if i == 0 else r, "wb" if i == 0 else "rb", buffering=0)
+                mine[i] = os.fdopen(w if i == 0 else r, "wb" if i == 0 else "rb")  # buffered, as Popen's (bufsize -1)
             elif how == DEVNULL:
                 ends.append(os.open(os.devnull, os.O_RDWR))
             elif how is None:
@@ -375,6 +408,23 @@ def launcher() -> Launcher:
 def popen(args: Sequence[str], **kwargs: Any) -> Launched:
     """``launcher().popen``: ``deltatail`` started by this process's launcher."""
     return launcher().popen(args, **kwargs)
+
+
+def run(
+    args: Sequence[str], *, env: Mapping[str, str], cwd: str | Path, timeout: float, text: bool = False
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run(args, capture_output=True, ...)`` for a ``deltatail`` command line, forked by this
+    process's launcher: the child's exit code and its whole stdout and stderr (decoded if ``text``)."""
+    proc = popen(args, env=env, cwd=cwd, stdout=PIPE, stderr=PIPE)
+    try:
+        out, err = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert out is not None and err is not None and proc.returncode is not None
+    if text:
+        return subprocess.CompletedProcess(list(args), proc.returncode, out.decode(), err.decode())
+    return subprocess.CompletedProcess(list(args), proc.returncode, out, err)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -32,11 +33,12 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def both(args: list[str], cwd: Path, **extra: str) -> tuple[tuple[int, bytes, bytes], tuple[int, bytes, bytes]]:
-    """``(exit code, stdout, stderr)`` of ``deltatail args`` through the launcher, then through ``subprocess``."""
+    """``(exit code, stdout, stderr)`` of ``deltatail args`` through the launcher (``communicate``), then through
+    ``subprocess``."""
     proc = launcher.popen([SCRIPT, *args], env=env(**extra), cwd=cwd, stdout=launcher.PIPE, stderr=launcher.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    out, err = proc.stdout.read(), proc.stderr.read()
-    forked = (proc.wait(WAIT), out, err)
+    out, err = proc.communicate(WAIT)
+    assert out is not None and err is not None and proc.returncode is not None
+    forked = (proc.returncode, out, err)
     done = subprocess.run([SCRIPT, *args], env=env(**extra), cwd=cwd, capture_output=True, timeout=WAIT)
     return forked, (done.returncode, done.stdout, done.stderr)
 
@@ -62,6 +64,8 @@ def test_exit_codes_and_output_are_the_scripts(tmp_path: Path) -> None:
         assert forked == spawned
     assert both(["--version"], tmp_path)[0][:2] == (0, b"deltatail 0.1.0\n")
     assert both(["run"], tmp_path)[0][0] == 2
+    done = launcher.run([SCRIPT, "--version"], env=env(), cwd=tmp_path, timeout=WAIT, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "deltatail 0.1.0\n", "")
 
 
 def test_environment_and_working_directory_are_the_requests(table: Path, tmp_path: Path) -> None:
@@ -127,6 +131,48 @@ def test_a_timeout_raises_as_popen_does(tmp_path: Path) -> None:
     proc.kill()
     assert proc.wait(WAIT) == -signal.SIGKILL
     assert launcher.popen(args, env=env(), cwd=tmp_path, stderr=launcher.DEVNULL).wait(WAIT) == 1
+
+
+def test_communicate_times_out_as_popen_does_then_reads_the_rest(table: Path, tmp_path: Path) -> None:
+    """``communicate(timeout)`` on a running child raises ``TimeoutExpired``; a later call returns all its output."""
+    out = tmp_path / "out.jsonl"
+    args = [SCRIPT, "run", str(table), "--state-dir", str(tmp_path / "state"), "--sink", f"jsonl:{out}"]
+    proc = launcher.popen(args, env=env(), cwd=tmp_path, stdout=launcher.PIPE, stderr=launcher.PIPE)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.communicate(0.05)
+    deadline = time.monotonic() + WAIT
+    while not (tmp_path / "state" / "cursor.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.terminate()
+    stdout, stderr = proc.communicate(WAIT)
+    assert proc.returncode == 0 and stdout == b""
+    assert stderr is not None and b"stopped" in stderr, stderr
+
+
+def ignored(pid: int) -> int:
+    """The mask of signals process ``pid`` ignores (``SigIgn`` of ``/proc/PID/status``)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+
+
+def test_the_signals_a_fresh_interpreter_ignores_stay_ignored(table: Path, tmp_path: Path) -> None:
+    """The child ignores the signals a ``deltatail`` started by ``subprocess`` ignores (SIGPIPE and SIGXFSZ:
+    the interpreter's own start-up; a write past ``RLIMIT_FSIZE`` fails with EFBIG instead of killing it)."""
+    masks = []
+    for i in range(2):
+        state = tmp_path / f"state{i}"
+        args = [SCRIPT, "run", str(table), "--state-dir", str(state), "--sink", f"jsonl:{tmp_path / f'{i}.jsonl'}"]
+        start: Callable[..., launcher.Launched | subprocess.Popen[bytes]] = (launcher.popen, subprocess.Popen)[i]
+        proc = start(args, env=env(), cwd=tmp_path, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + WAIT
+        while not (state / "cursor.json").exists() and time.monotonic() < deadline:  # in main: started up
+            time.sleep(0.01)
+        masks.append(ignored(proc.pid))
+        proc.terminate()
+        assert proc.wait(WAIT) == 0
+    assert masks[0] == masks[1]
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        assert masks[0] & (1 << (sig - 1)), (sig, hex(masks[0]))
 
 
 def test_the_helper_forks_with_one_thread() -> None:

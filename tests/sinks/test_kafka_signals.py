@@ -21,6 +21,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: launcher.py (tests/ is not a package)
+import launcher
+
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
 
@@ -48,16 +51,22 @@ def cdf(path: Path) -> Counter[tuple[Any, ...]]:
     return Counter((r["id"], r["v"], r["_change_type"], r["_commit_version"]) for r in got)
 
 
-def wait_for(proc: subprocess.Popen[bytes], done: Any, deadline: float) -> None:
+Started = subprocess.Popen[bytes] | launcher.Launched
+
+
+def wait_for(proc: Started, done: Any, deadline: float) -> None:
     while not done():
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
 
 
-def serve(config: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=ROOT, stderr=subprocess.PIPE
-    )
+def serve(config: Path, *, forked: bool = False) -> Started:
+    """``deltatail serve``, started by ``subprocess`` or ``forked`` by the test launcher (tests/launcher.py:
+    the same ``main`` without the interpreter's start)."""
+    args = [sys.executable, "-m", "deltatail", "serve", "--config", str(config)]
+    if forked:
+        return launcher.popen(args, cwd=ROOT, env=os.environ, stderr=subprocess.PIPE)
+    return subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE)
 
 
 def write_config(tmp_path: Path, bootstrap: str, topic: str, tables: list[Path], defaults: str = "") -> Path:
@@ -73,10 +82,10 @@ def write_config(tmp_path: Path, bootstrap: str, topic: str, tables: list[Path],
     return config
 
 
-def stop(proc: subprocess.Popen[bytes]) -> str:
+def stop(proc: Started) -> str:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err.decode()[-3000:]
+    assert err is not None and proc.returncode == 0, (err or b"").decode()[-3000:]
     return err.decode()
 
 
@@ -106,7 +115,7 @@ def test_a_signal_message_snapshots_the_table_it_names_once(tmp_path: Path, kafk
             (b"deltatail", json.dumps(snapshot).encode(), [], 0),
         ],
     )
-    proc = serve(config)
+    proc = serve(config, forked=True)
     deadline = time.monotonic() + 180
     try:
         wait_for(proc, lambda: len(lines(out / "a.jsonl")) >= 14 and len(lines(out / "b.jsonl")) >= 10, deadline)
@@ -118,7 +127,7 @@ def test_a_signal_message_snapshots_the_table_it_names_once(tmp_path: Path, kafk
     assert "message kafka-0-1 passed over" in err
     assert snapshot_rows(out / "a.jsonl") == [(i, f"a{i}", 0) for i in range(4)]
     assert snapshot_rows(out / "b.jsonl") == []  # the other service's message named b
-    proc = serve(config)  # the signal topic is read again from the saved offset: nothing asked twice
+    proc = serve(config, forked=True)  # the signal topic is read again from the saved offset: nothing asked twice
     try:
         for name in ("a", "b"):
             write_deltalake(str(lake / name), rows(range(12, 13)), mode="append")
@@ -132,13 +141,14 @@ def test_a_signal_message_snapshots_the_table_it_names_once(tmp_path: Path, kafk
 
 
 def run_into(table: Path, state: Path, uri: str, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``deltatail run --until-caught-up`` into ``uri``, forked by the test launcher."""
     env = {k: v for k, v in os.environ.items() if k != "DELTATAIL_CRASH_AT"}
     if crash_at is not None:
         env["DELTATAIL_CRASH_AT"] = crash_at
-    return subprocess.run(
+    return launcher.run(
         [sys.executable, "-m", "deltatail", "run", str(table), "--state-dir", str(state), "--sink", uri,
          "--until-caught-up", "--reader-processes", "0"],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+        cwd=ROOT, text=True, env=env, timeout=300,
     )  # fmt: skip
 
 
@@ -149,9 +159,9 @@ def test_a_keyed_snapshot_into_debezium_interleaves_once_across_a_kill(tmp_path:
     topic = kafka_broker.new_topic(partitions=1)
     uri = kafka_broker.uri(topic, format="debezium", key="id", exactly_once=True)
     assert run_into(table, state, uri).returncode == 0
-    asked = subprocess.run(
+    asked = launcher.run(
         [sys.executable, "-m", "deltatail", "signal", str(state), "snapshot", "--chunk-rows", "4"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, text=True, env=os.environ, timeout=300,
     )  # fmt: skip
     assert asked.returncode == 0, asked.stderr
     DeltaTable(str(table)).delete("id >= 10 AND id < 13")  # version 1: after the first chunk, before the others

@@ -34,6 +34,9 @@ from deltatail.state.cursor import Position
 from deltatail.state.errors import ConfigError
 from deltatail.state.feed import ChangeBatch, CommitEvent, TableInfo
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: launcher.py (tests/ is not a package)
+from launcher import popen
+
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
 
@@ -63,19 +66,23 @@ def rows_per_version(root: Path) -> dict[int, int]:
     return dict(Counter(table.column("_commit_version").to_pylist()))
 
 
-def run(table: Path, state: Path, uri: str, crash: str | None, rng: random.Random) -> int:
+def run(table: Path, state: Path, uri: str, crash: str | None, rng: random.Random, *, forked: bool = True) -> int:
+    """One ``deltatail run --until-caught-up``, ended by ``crash`` (a crash point, or ``kill:<s>``: SIGKILL at a
+    random instant); ``forked`` by the test launcher (tests/launcher.py: the same ``main`` without the
+    interpreter's start), else started by ``subprocess`` (the campaign's last, clean run)."""
     script = Path(sys.executable).parent / "deltatail"
     args = [str(script), "run", str(table), "--state-dir", str(state), "--sink", uri, "--until-caught-up"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
     if crash and not crash.startswith("kill"):
         env["DELTATAIL_CRASH_AT"] = crash
-    proc = subprocess.Popen([*args, "--checkpoint-commits", "1"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
+    start = popen if forked else subprocess.Popen
+    proc = start([*args, "--checkpoint-commits", "1"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
     if crash and crash.startswith("kill"):
         time.sleep(rng.uniform(0.3, float(crash.partition(":")[2])))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode in (0, -signal.SIGKILL), err.decode()[-2000:]
+    assert proc.returncode in (0, -signal.SIGKILL) and err is not None, (err or b"").decode()[-2000:]
     return proc.returncode
 
 
@@ -91,7 +98,7 @@ def test_begin_and_end_of_every_commit_exactly_once_across_kills(kafka_broker: A
     crashes = ["after_write:2", "after_flush:1", "after_write:1", "kill:1.5", "after_save:2", "after_write:3", "kill:2"]
     killed = [run(tmp_path / "t", tmp_path / "state", uri, crash, rng) for crash in crashes]
     assert killed.count(-signal.SIGKILL) >= 4
-    assert run(tmp_path / "t", tmp_path / "state", uri, None, rng) == 0
+    assert run(tmp_path / "t", tmp_path / "state", uri, None, rng, forked=False) == 0
 
     boundaries = [(orjson.loads(r.key), orjson.loads(r.value)) for r in kafka_broker.consume(tx_topic)]
     table_id = boundaries[0][1]["id"].rpartition(":")[0]

@@ -1,7 +1,8 @@
 """A ``deltatail serve`` child process for fault tests: started from a TOML text, scraped, limited with prlimit.
 
-The child ignores SIGXFSZ (set before exec, kept across it), so a write past ``RLIMIT_FSIZE`` fails with
-``EFBIG`` instead of killing it. Its logs are JSON lines (one status event per line) in ``log``.
+The child ignores SIGXFSZ (set before exec, kept across it; a child forked by the test launcher,
+tests/launcher.py, ignores it as every interpreter does from its start), so a write past ``RLIMIT_FSIZE``
+fails with ``EFBIG`` instead of killing it. Its logs are JSON lines (one status event per line) in ``log``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: launcher.py (tests/ is not a package)
+from launcher import Launched, popen
+
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
 
@@ -37,24 +41,26 @@ def _ignore_sigxfsz() -> None:
 class ServeChild:
     """One ``deltatail serve --config FILE`` process (see the module docstring)."""
 
-    def __init__(self, config: Path, log: Path, *, piped: bool = False) -> None:
+    def __init__(self, config: Path, log: Path, *, piped: bool = False, forked: bool = False) -> None:
         self.config = config
         self.log = log
         #: stderr through a pipe copied to ``log`` by a thread: not a file of the child (RLIMIT_FSIZE).
         self.piped = piped
-        self.proc: subprocess.Popen[bytes] | None = None
+        #: started by the test launcher (the same ``main`` without the interpreter's start), not ``subprocess``.
+        self.forked = forked
+        self.proc: subprocess.Popen[bytes] | Launched | None = None
         self.port = 0
 
     def start(self, timeout: float = 60.0) -> ServeChild:
         before = self.log.stat().st_size if self.log.exists() else 0
+        args = [sys.executable, "-m", "deltatail", "serve", "--config", str(self.config)]
+        env = {**os.environ, "DELTATAIL_LOG_FORMAT": "json"}
         with self.log.open("ab") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "deltatail", "serve", "--config", str(self.config)],
-                cwd=ROOT,
-                stderr=subprocess.PIPE if self.piped else err,
-                env={**os.environ, "DELTATAIL_LOG_FORMAT": "json"},
-                preexec_fn=_ignore_sigxfsz,
-            )
+            stderr = subprocess.PIPE if self.piped else err
+            if self.forked:
+                self.proc = popen(args, cwd=ROOT, stderr=stderr, env=env)
+            else:
+                self.proc = subprocess.Popen(args, cwd=ROOT, stderr=stderr, env=env, preexec_fn=_ignore_sigxfsz)
         if self.piped:
             threading.Thread(target=self._copy, args=(self.proc,), daemon=True).start()
         deadline = time.monotonic() + timeout
@@ -68,7 +74,7 @@ class ServeChild:
             time.sleep(0.05)
         raise AssertionError("serve did not start: " + self.log.read_text()[-3000:])
 
-    def _copy(self, proc: subprocess.Popen[bytes]) -> None:
+    def _copy(self, proc: subprocess.Popen[bytes] | Launched) -> None:
         assert proc.stderr is not None
         with self.log.open("ab") as out:
             for line in proc.stderr:

@@ -40,6 +40,7 @@ from deltalake import DeltaTable, write_deltalake
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import strike
+from launcher import Launched, popen
 
 from deltatail.state.alerts import parse_alert_rules
 from deltatail.state.cursor import Position
@@ -96,32 +97,46 @@ def write(path: Path, first: int, n: int, pause: float = 0.0) -> None:
     subprocess.run([sys.executable, "-c", WRITER, str(path), str(first), str(n), str(pause)], check=True, timeout=120)
 
 
+def write_here(path: Path, i: int) -> None:
+    """Version ``i``, as :data:`WRITER` writes it, by this process: for a commit made while no auditor runs
+    (another interpreter would only add its start)."""
+    if i % 5 == 4:
+        DeltaTable(str(path)).delete(f"id = {i - 2}")
+    else:
+        write_deltalake(str(path), pa.table({"id": [i], "v": [str(i)]}, schema=SCHEMA), mode="append")
+
+
 def deletes(last: int) -> list[int]:
     return [v for v in range(1, last + 1) if v % 5 == 4]
 
 
-def audit(table: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*DELTATAIL, "audit", str(table), *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **(env or {})},
-    )
+Started = subprocess.Popen[bytes] | Launched
 
 
-def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+def audit(table: Path, *args: str, env: dict[str, str] | None = None, forked: bool = False) -> Started:
+    """``deltatail audit TABLE ARGS`` started by ``subprocess``, or ``forked`` by the test launcher
+    (tests/launcher.py: the same ``main`` without the interpreter's start, for the crash campaign)."""
+    argv, environ = [*DELTATAIL, "audit", str(table), *args], {**os.environ, **(env or {})}
+    if forked:
+        return popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ)
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ)
+
+
+def finish(proc: Started) -> tuple[int, str]:
     _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode is not None and err is not None
     return proc.returncode, err.decode()
 
 
-def range_output(table: Path) -> bytes:
+def range_output(table: Path, *, forked: bool = False) -> bytes:
     """What ``deltatail audit TABLE`` prints (JSON lines) for the whole table."""
-    result = subprocess.run([*DELTATAIL, "audit", str(table)], cwd=ROOT, capture_output=True, timeout=WAIT, check=True)
-    return result.stdout
+    proc = audit(table, forked=forked)
+    out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0 and out is not None, err
+    return out
 
 
-def wait_for_lines(path: Path, n: int, proc: subprocess.Popen[bytes]) -> None:
+def wait_for_lines(path: Path, n: int, proc: Started) -> None:
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
         if path.exists() and path.read_bytes().count(b"\n") >= n:
@@ -196,7 +211,7 @@ class Campaign:
             *("--output", str(self.log), "--alert-output", str(self.alerts), "--config", str(self.config)),
         ]
         size = self.size()
-        proc = audit(self.table, *args, env=env)
+        proc = audit(self.table, *args, env=env, forked=True)
         strike(proc, spec, rng, lambda: self.size() != size, wait=WAIT, tick=0.01)  # once this run wrote
         code, err = finish(proc)
         # a SIGTERM that lands while the interpreter shuts down, after the run ended, ends it by the signal
@@ -211,7 +226,8 @@ class Campaign:
 def test_killed_at_every_point_and_restarted(tmp_path: Path, suffix: str) -> None:
     table = tmp_path / "t"
     create(table)
-    write(table, 1, 14)
+    for i in range(1, 15):
+        write_here(table, i)
     config = tmp_path / "c.toml"
     config.write_text(RULES)
     c = Campaign(table, tmp_path / "state", tmp_path / f"audit{suffix}", tmp_path / "alerts.jsonl", config)
@@ -221,13 +237,13 @@ def test_killed_at_every_point_and_restarted(tmp_path: Path, suffix: str) -> Non
     version = 14
     for spec in specs:
         c.run(spec, rng)
-        write(table, version + 1, 1)  # the table moves on between runs
+        write_here(table, version + 1)  # the table moves on between runs
         version += 1
     assert c.run("clean", rng) == 0
     assert sum(code == -signal.SIGKILL for _, code in c.codes) >= 6, c.codes
     events = [e.to_json() for e in read_audit_log(str(c.log))]
     assert [e["version"] for e in events] == list(range(version + 1))  # each version once, in order
-    assert b"".join(orjson.dumps(e) + b"\n" for e in events) == range_output(table)
+    assert b"".join(orjson.dumps(e) + b"\n" for e in events) == range_output(table, forked=True)
     raised = [json.loads(line) for line in c.alerts.read_text().splitlines()]
     assert [a["version"] for a in raised] == deletes(version)
 

@@ -35,6 +35,7 @@ from pyiceberg.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: crash.py (tests/ is not a package)
 from crash import strike
+from launcher import Launched, popen
 
 from deltatail.state.errors import InvalidLogError, StateError, VersionGapError
 from deltatail.tailer.audit.log import JsonlAuditLog, read_audit_log
@@ -56,21 +57,23 @@ WRITER = """
 import sys
 import pyarrow as pa
 from pyiceberg.catalog.sql import SqlCatalog
-root, first, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-cat = SqlCatalog("test", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
-t = cat.load_table("db.t")
-for i in range(first, first + n):
-    if i == 5:
-        with t.transaction() as tx:
-            tx.set_properties(owner="ops")
-    if i == 9:
-        with t.update_spec() as spec:
-            spec.add_identity("grp")
-    if i % 4 == 3:
-        t.delete(f"id == {i - 2}")
-    else:
-        rows = pa.table({"id": [i], "name": [f"n{i}"], "grp": [i % 3]}, schema=t.schema().as_arrow())
-        t.append(rows, snapshot_properties={"engine-name": "writer", "engine-version": "1.0"})
+def steps(root, first, n):
+    cat = SqlCatalog("test", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
+    t = cat.load_table("db.t")
+    for i in range(first, first + n):
+        if i == 5:
+            with t.transaction() as tx:
+                tx.set_properties(owner="ops")
+        if i == 9:
+            with t.update_spec() as spec:
+                spec.add_identity("grp")
+        if i % 4 == 3:
+            t.delete(f"id == {i - 2}")
+        else:
+            rows = pa.table({"id": [i], "name": [f"n{i}"], "grp": [i % 3]}, schema=t.schema().as_arrow())
+            t.append(rows, snapshot_properties={"engine-name": "writer", "engine-version": "1.0"})
+if __name__ == "__main__":
+    steps(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
 """
 
 
@@ -85,6 +88,14 @@ def write(root: Path, first: int, n: int) -> None:
     subprocess.run([sys.executable, "-c", WRITER, str(root), str(first), str(n)], check=True, timeout=WAIT)
 
 
+def write_here(root: Path, first: int, n: int) -> None:
+    """The same steps as :func:`write`, :data:`WRITER`'s own code run by this process: for commits made
+    while no auditor runs (another interpreter would only add its start and pyiceberg's imports)."""
+    writer: dict[str, Any] = {"__name__": "writer"}
+    exec(WRITER, writer)
+    writer["steps"](str(root), first, n)
+
+
 def location(root: Path) -> str:
     return table_dir(catalog_table(root))
 
@@ -96,28 +107,33 @@ def catalog_table(root: Path) -> Table:
     return cat.load_table("db.t")
 
 
-def audit(table: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [*DELTATAIL, "audit", table, *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **(env or {})},
-    )
+Started = subprocess.Popen[bytes] | Launched
 
 
-def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+def audit(table: str, *args: str, env: dict[str, str] | None = None, forked: bool = False) -> Started:
+    """``deltatail audit TABLE ARGS`` started by ``subprocess``, or ``forked`` by the test launcher
+    (tests/launcher.py: the same ``main`` without the interpreter's start, for the crash campaign)."""
+    argv, environ = [*DELTATAIL, "audit", table, *args], {**os.environ, **(env or {})}
+    if forked:
+        return popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ)
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ)
+
+
+def finish(proc: Started) -> tuple[int, str]:
     _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode is not None and err is not None
     return proc.returncode, err.decode()
 
 
-def range_output(table: str) -> bytes:
+def range_output(table: str, *, forked: bool = False) -> bytes:
     """What ``deltatail audit TABLE`` prints (JSON lines) for the whole table."""
-    result = subprocess.run([*DELTATAIL, "audit", table], cwd=ROOT, capture_output=True, timeout=WAIT, check=True)
-    return result.stdout
+    proc = audit(table, forked=forked)
+    out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0 and out is not None, err
+    return out
 
 
-def wait_for_lines(path: Path, n: int, proc: subprocess.Popen[bytes]) -> None:
+def wait_for_lines(path: Path, n: int, proc: Started) -> None:
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
         if path.exists() and path.read_bytes().count(b"\n") >= n:
@@ -159,7 +175,7 @@ def test_follow_a_writer_in_another_process_then_resume(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     code, err = finish(proc)
     assert code == 0 and "Traceback" not in err, err
-    write(root, 13, 3)  # while it is stopped
+    write_here(root, 13, 3)  # while it is stopped
     code, err = finish(audit(table, *args, "--until-caught-up"))
     assert code == 0, err
     events = [e.to_json() for e in read_audit_log(str(log))]
@@ -183,7 +199,7 @@ def test_follow_a_writer_in_another_process_then_resume(tmp_path: Path) -> None:
 def test_killed_at_every_point_and_restarted(tmp_path: Path) -> None:
     root, state, log, alerts, config = (tmp_path / n for n in ("cat", "state", "a.jsonl", "alerts.jsonl", "c.toml"))
     create(root)
-    write(root, 1, 8)
+    write_here(root, 1, 8)
     table = location(root)
     config.write_text(RULES)
     rng = random.Random(32)
@@ -196,19 +212,19 @@ def test_killed_at_every_point_and_restarted(tmp_path: Path) -> None:
     for spec in ["after_write:3", "after_flush:1", "after_save:2", "after_write:1", "kill:0.5", "after_flush:2"]:
         env = {"DELTATAIL_CRASH_AT": spec} if spec.startswith("after_") else {}
         grew = grown(log)
-        proc = audit(table, *args, env=env)
+        proc = audit(table, *args, env=env, forked=True)
         strike(proc, spec, rng, grew, wait=WAIT, tick=0.01)
         code, err = finish(proc)
         assert code in (0, -signal.SIGKILL) and "Traceback" not in err, err
         codes.append((spec, code))
-        write(root, step, 1)  # the table moves on between runs
+        write_here(root, step, 1)  # the table moves on between runs
         step += 1
-    code, err = finish(audit(table, *args))
+    code, err = finish(audit(table, *args, forked=True))
     assert code == 0, err
     assert sum(c == -signal.SIGKILL for _, c in codes) >= 4, codes
     events = [e.to_json() for e in read_audit_log(str(log))]
     assert [e["version"] for e in events] == list(range(1, step + 1))  # each snapshot once, in order
-    assert b"".join(orjson.dumps(e) + b"\n" for e in events) == range_output(table)
+    assert b"".join(orjson.dumps(e) + b"\n" for e in events) == range_output(table, forked=True)
     raised = [json.loads(line) for line in alerts.read_text().splitlines()]
     assert [a["version"] for a in raised] == [i + 1 for i in deleted_steps(step - 1)]
 

@@ -24,6 +24,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: launcher.py (tests/ is not a package)
+import launcher
+
 from deltatail.tailer.follow import signals
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,13 +35,16 @@ CHUNK = 6
 Row = dict[str, Any]
 
 
-def deltatail(*args: str, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
+def deltatail(*args: str, crash_at: str | None = None, forked: bool = True) -> subprocess.CompletedProcess[str]:
+    """``deltatail ARGS`` run to its end, ``forked`` by the test launcher (tests/launcher.py: the same ``main``
+    without the interpreter's start) or started by ``subprocess``, as the writer test below starts all of it."""
     env = {k: v for k, v in os.environ.items() if k != "DELTATAIL_CRASH_AT"}
     if crash_at is not None:
         env["DELTATAIL_CRASH_AT"] = crash_at
-    return subprocess.run(
-        [sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300
-    )
+    argv = [sys.executable, "-m", "deltatail", *args]
+    if forked:
+        return launcher.run(argv, cwd=ROOT, env=env, timeout=300, text=True)
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
 
 
 def follow(table: Path, state: Path, out: Path, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -219,7 +225,7 @@ def test_a_keyed_snapshot_asked_while_a_writer_updates_and_deletes_folds_to_the_
             assert time.monotonic() < deadline and run.poll() is None
             time.sleep(0.05)
         go.touch()  # the writer starts; the request is asked for while it writes
-        asked = deltatail("signal", str(state), "snapshot", "--id", "w", "--chunk-rows", "3")
+        asked = deltatail("signal", str(state), "snapshot", "--id", "w", "--chunk-rows", "3", forked=False)
         assert asked.returncode == 0, asked.stderr
         assert writer.wait(timeout=120) == 0
         newest = DeltaTable(str(table)).version()  # a delete that matches nothing commits nothing

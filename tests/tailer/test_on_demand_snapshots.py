@@ -25,6 +25,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: launcher.py (tests/ is not a package)
+import launcher
+
 from deltatail.tailer.follow import signals
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,13 +36,13 @@ Row = tuple[Any, ...]
 
 
 def deltatail(*args: str, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``deltatail ARGS`` run to its end, forked by the test launcher (tests/launcher.py: the same ``main``
+    without the interpreter's start); the running tailer and service below are started by ``subprocess``."""
     env = dict(os.environ)
     env.pop("DELTATAIL_CRASH_AT", None)
     if crash_at is not None:
         env["DELTATAIL_CRASH_AT"] = crash_at
-    return subprocess.run(
-        [sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300
-    )
+    return launcher.run([sys.executable, "-m", "deltatail", *args], cwd=ROOT, env=env, timeout=300, text=True)
 
 
 def rows(ids: range, tag: str = "a") -> pa.Table:

@@ -27,6 +27,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: launcher.py (tests/ is not a package)
+from launcher import Launched, popen
+
 ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
 TABLES = 50
@@ -60,10 +63,17 @@ def rows(t: int, r: int) -> pa.Table:
     return pa.table({"id": pa.array([r * 10 + i for i in range(3)], pa.int64()), "t": [t] * 3})
 
 
-def start(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start(config: Path, log: Path, *, forked: bool = False) -> tuple[subprocess.Popen[bytes] | Launched, int]:
+    """``deltatail serve`` started by ``subprocess``, or ``forked`` by the test launcher (tests/launcher.py:
+    the same ``main`` without the interpreter's start); returns it and its HTTP port once it listens."""
     before = log.stat().st_size if log.exists() else 0
-    err = log.open("ab")
-    proc = subprocess.Popen([sys.executable, "-m", "deltatail", "serve", "--config", str(config)], cwd=ROOT, stderr=err)
+    args = [sys.executable, "-m", "deltatail", "serve", "--config", str(config)]
+    with log.open("ab") as err:
+        proc = (
+            popen(args, cwd=ROOT, env=os.environ, stderr=err)
+            if forked
+            else subprocess.Popen(args, cwd=ROOT, stderr=err)
+        )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         found = re.findall(rb"metrics and health on http://127\.0\.0\.1:(\d+)/", log.read_bytes()[before:])
@@ -139,13 +149,13 @@ def test_fifty_tables_one_broken_killed_and_restarted(tmp_path: Path) -> None:
     )
     out.mkdir()
     log = tmp_path / "serve.log"
-    proc, port = start(config, log)
+    proc, port = start(config, log, forked=True)  # forked by the launcher; the test below starts it anew
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(lake), str(TABLES), str(LATE), "6"])
     try:
         time.sleep(2.0)
         proc.send_signal(signal.SIGKILL)  # mid-run: a restart must lose and repeat nothing
         proc.wait()
-        proc, port = start(config, log)
+        proc, port = start(config, log, forked=True)
         assert writer.wait(timeout=300) == 0
         break_table(lake / BROKEN)
         deadline = time.monotonic() + 120

@@ -4,7 +4,9 @@ Each test runs the service in a child process and makes the fault real: file-des
 limits lowered on the running child (``prlimit``), a file where a table's state directory must be
 created, the state root replaced by a file, an S3 table behind a proxy answering 500. While a fault
 lasts, ``/readyz``, ``/metrics`` and the status lines must say the table is not delivering; once it is
-removed, every sink must equal deltalake's ``load_cdf`` (no row lost, none twice).
+removed, every sink must equal deltalake's ``load_cdf`` (no row lost, none twice). The service is forked
+by the test launcher (tests/launcher.py: the same ``main`` without the interpreter's start), except in the
+state-directory test, which starts it the ordinary way.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def test_too_many_open_files_makes_tables_unavailable_then_they_resume(tmp_path:
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     for i, path in enumerate((a, b)):
         write_deltalake(path, rows(i * 100), configuration=CDF)
-    child = ServeChild(config(tmp_path, {"a": a, "b": b}), tmp_path / "serve.log")
+    child = ServeChild(config(tmp_path, {"a": a, "b": b}), tmp_path / "serve.log", forked=True)
     child.start()
     out = tmp_path / "out"
     try:
@@ -142,7 +144,7 @@ def test_a_full_sink_file_makes_its_table_unavailable_and_the_others_go_on(tmp_p
     big, small = str(tmp_path / "big"), str(tmp_path / "small")
     write_deltalake(big, rows(0, 3000), configuration=CDF)
     write_deltalake(small, rows(10_000), configuration=CDF)
-    child = ServeChild(config(tmp_path, {"big": big, "small": small}), tmp_path / "serve.log")
+    child = ServeChild(config(tmp_path, {"big": big, "small": small}), tmp_path / "serve.log", forked=True)
     child.start()
     out = tmp_path / "out"
     try:
@@ -203,7 +205,7 @@ def test_an_unusable_state_root_fails_healthz_and_exits_non_zero(tmp_path: Path)
     a = str(tmp_path / "a")
     write_deltalake(a, rows(0), configuration=CDF)
     file = config(tmp_path, {"a": a}, extra="fatal_seconds = 2")
-    child = ServeChild(file, tmp_path / "serve.log")
+    child = ServeChild(file, tmp_path / "serve.log", forked=True)
     child.start()
     out, state = tmp_path / "out", tmp_path / "state"
     try:
@@ -307,7 +309,7 @@ def test_a_store_failing_at_start_up_makes_its_table_unavailable_not_the_service
         file.read_text()
         + f'[[tables]]\nname = "orders"\npath = "{uri}"\n{fmt}max_poll_interval = 0.5\n[tables.storage]\n{storage}'
     )
-    child = ServeChild(file, tmp_path / "serve.log")
+    child = ServeChild(file, tmp_path / "serve.log", forked=True)
     out = tmp_path / "out"
     try:
         child.start()
@@ -342,7 +344,7 @@ def test_requests_to_each_object_store_table_show_in_the_metrics(moto: Server, t
     file = config(tmp_path, {})
     for name, uri in uris.items():
         file.write_text(file.read_text() + f'[[tables]]\nname = "{name}"\npath = "{uri}"\n[tables.storage]\n{storage}')
-    child = ServeChild(file, tmp_path / "serve.log")
+    child = ServeChild(file, tmp_path / "serve.log", forked=True)
 
     def requests_metric() -> dict[str, int]:
         text = child.get("/metrics")[1].decode()
@@ -495,7 +497,7 @@ def test_campaign_faults_while_a_writer_commits_never_lie_and_lose_nothing(moto:
         + f'[[tables]]\nname = "s3t"\npath = "{s3_uri}"\nformat = "delta"\nmax_poll_interval = 0.5\n'
         + f"[tables.storage]\n{storage}"
     )
-    child = ServeChild(file, tmp_path / "serve.log", piped=True)
+    child = ServeChild(file, tmp_path / "serve.log", piped=True, forked=True)
     child.start()
     scraper = Scraper(child)
     scraping = threading.Thread(target=scraper.run, daemon=True)
@@ -609,7 +611,7 @@ def test_a_step_that_does_not_return_is_reported_unavailable_until_it_does(moto:
         + f'[[tables]]\nname = "slow"\npath = "{uri}"\nformat = "delta"\nmax_poll_interval = 0.5\n'
         + f"[tables.storage]\n{storage}"
     )
-    child = ServeChild(file, tmp_path / "serve.log")
+    child = ServeChild(file, tmp_path / "serve.log", forked=True)
     out = tmp_path / "out" / "slow.jsonl"
     try:
         child.start()
