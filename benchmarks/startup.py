@@ -5,7 +5,8 @@ smoke run. Each case is a fresh child process, timed from outside: wall time, us
 (``resource.getrusage(RUSAGE_CHILDREN)`` of a helper process that runs exactly one child, so the peak is
 that child's). Cases run interleaved, ``--runs`` times each; the medians are printed.
 
-Cases: ``import deltatail``; ``deltatail --version``; ``deltatail run --until-caught-up`` of a small
+Cases: ``import deltatail``; ``from deltatail import ChangeFeed`` (the Python API's change feed);
+``deltatail --version``; ``deltatail run --until-caught-up`` of a small
 table (3 versions, 300 rows, change data feed on) into a JSON lines file, from a fresh state
 directory; ``deltatail status`` of that state directory; and the peer: ``python -c`` building
 ``deltalake.DeltaTable(path)`` and reading ``load_cdf(starting_version=0).read_all()`` of the same table.
@@ -70,6 +71,7 @@ def _cases(table: Path, work: Path) -> dict[str, list[str]]:
     state = work / "state"
     return {
         "import deltatail": [sys.executable, "-c", "import deltatail"],
+        "from deltatail import ChangeFeed": [sys.executable, "-c", "from deltatail import ChangeFeed"],
         "deltatail --version": [script, "--version"],
         "deltatail run --until-caught-up": [
             script,
@@ -88,7 +90,7 @@ def _cases(table: Path, work: Path) -> dict[str, list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7, help="runs of each case (default 7)")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each case (default 5)")
     parser.add_argument("--quick", action="store_true", help="3 runs of each case")
     args = parser.parse_args()
     runs = 3 if args.quick else args.runs
