@@ -156,6 +156,16 @@ def test_run_on_a_delta_table_imports_no_other_format_audit_serve_or_rich(tmp_pa
     assert [m for m in loaded if m.startswith(("deltatail.tailer.iceberg.", "deltatail.tailer.lance."))] == []
     rows = [line for line in out.read_text().splitlines() if line]
     assert len(rows) == 3  # written by deltalake above: three inserted rows
+    # the cursor commands read the state directory and the log: no sink, audit model, object store or parser either
+    for command in (["status", str(tmp_path / "state")], ["signal", str(tmp_path / "state"), "status"]):
+        shown = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True)
+        assert shown.returncode == 0, shown.stderr
+        *lines, modules = shown.stdout.splitlines()
+        assert str(table) in "\n".join(lines)
+        loaded = set(modules.split())
+        assert "deltatail.tailer.cli.cursor" in loaded
+        not_needed = _NOT_FOR_A_DELTA_RUN | {"importlib.metadata", "email", "deltatail.sinks"}
+        assert not loaded & not_needed, (command, sorted(loaded & not_needed))
 
 
 def _loaded_after(code: str, *argv: str) -> set[str]:
