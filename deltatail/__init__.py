@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from deltatail.tailer.version import installed_version
+from deltatail._version import __version__
 
 if TYPE_CHECKING:  # what mypy and editors see; at run time __getattr__ below imports each on first use
     from deltatail.state.cursor import Position
@@ -50,8 +50,6 @@ if TYPE_CHECKING:  # what mypy and editors see; at run time __getattr__ below im
     from deltatail.tailer.log.delta_log import DeltaLog
     from deltatail.tailer.read.feed import ChangeFeed
     from deltatail.tailer.sink import Sink
-
-__version__ = installed_version()
 
 _ERRORS = "deltatail.state.errors"
 #: Each public name, and the module it lives in (imported when the name is first used).

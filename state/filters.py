@@ -47,7 +47,6 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from deltatail.state.commit import Commit
 from deltatail.state.cursor import Position
@@ -59,7 +58,7 @@ class _OnFirstUse(types.ModuleType):
     """A module imported when one of its names is first read: sqlglot, for the first predicate compiled.
 
     A command without a filter (most) does not pay for importing the SQL parser, a fifth of the
-    command line's start-up.
+    command line's start-up, nor ``pyarrow.compute`` (~0.1 s), whose kernels only a filter applies.
     """
 
     def __getattr__(self, name: str) -> Any:
@@ -67,10 +66,12 @@ class _OnFirstUse(types.ModuleType):
 
 
 if TYPE_CHECKING:
+    import pyarrow.compute as pc
     import sqlglot
     import sqlglot.errors
     from sqlglot import expressions as sx
 else:
+    pc = _OnFirstUse("pyarrow.compute")
     sqlglot = _OnFirstUse("sqlglot")
     sx = _OnFirstUse("sqlglot.expressions")
 

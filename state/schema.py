@@ -20,11 +20,23 @@ import orjson
 import pyarrow as pa
 
 from deltatail.state.errors import InvalidLogError
-from deltatail.state.variant import VARIANT_STORAGE_TYPE
 
 PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
 FIELD_ID_KEY = "delta.columnMapping.id"
 PARQUET_FIELD_ID = b"PARQUET:field_id"
+
+#: Field metadata that marks a struct as a variant: on its ``metadata`` child, as PySpark's Arrow conversion
+#: marks ``VariantType`` (``pyspark.sql.pandas.types.is_variant``), so Spark reads such a column back as a variant.
+VARIANT_MARKER = {b"variant": b"true"}
+
+#: The Arrow type of an unshredded variant: what :func:`state.variant.unshred` returns, and what deltatail
+#: emits. A plain struct of two binaries (Arrow type equality ignores the marker on ``metadata``;
+#: :func:`state.variant.is_variant_type` looks for it). Defined here, not in :mod:`state.variant`, so that a
+#: schema is read without importing the variant codecs (and ``pyarrow.compute``): they load with the first
+#: variant column.
+VARIANT_STORAGE_TYPE = pa.struct(
+    [pa.field("metadata", pa.binary(), False, VARIANT_MARKER), pa.field("value", pa.binary(), False)]
+)
 
 _DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
 

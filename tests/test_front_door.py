@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from setuptools.config.expand import read_attr
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+#: The version the wheel's metadata gets: setuptools reads the attribute pyproject.toml names, as a build does.
+VERSION = read_attr(PROJECT["tool"]["setuptools"]["dynamic"]["version"]["attr"], root_dir=ROOT)
 
 
 def test_the_command_says_its_version() -> None:
     done = subprocess.run([sys.executable, "-m", "deltatail", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == f"deltatail {VERSION}", done
+
+
+def test_the_version_is_written_once_and_agrees_everywhere() -> None:
+    # pyproject.toml takes it from deltatail/_version.py; the installed metadata, __version__ and --version agree.
+    assert "version" not in PROJECT["project"] and "version" in PROJECT["project"]["dynamic"]
+    assert PROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "deltatail._version.__version__"}
+    assert VERSION == "0.1.0"  # the text of deltatail/_version.py
+    assert importlib.metadata.version("deltatail") == VERSION  # written by `pip install` from pyproject.toml
+    import deltatail
+
+    assert deltatail.__version__ == VERSION
+    script = subprocess.run([str(_SCRIPT), "--version"], capture_output=True, text=True)
+    full = subprocess.run([sys.executable, "-m", "deltatail", "-v", "--version"], capture_output=True, text=True)
+    assert script.stdout == full.stdout == f"deltatail {VERSION}\n", (script, full)
 
 
 def test_python_dash_m_deltatail_runs_the_command() -> None:
@@ -106,6 +124,15 @@ _NOT_FOR_A_DELTA_RUN = {
     "deltatail.tailer.cli.audit",
     "deltatail.tailer.cli.serve",
     "deltatail.tailer.cli.demo",
+    # the object-store client, the audit model and its webhooks, the SQL parser, the version's metadata
+    "obstore",
+    "asyncio",
+    "sqlglot",
+    "urllib.request",
+    "deltatail.tailer.storage.objectstore",
+    "deltatail.state.audit",
+    "deltatail.tailer.audit.feed",
+    "deltatail.tailer.audit.alerts",
 }
 
 
@@ -129,3 +156,72 @@ def test_run_on_a_delta_table_imports_no_other_format_audit_serve_or_rich(tmp_pa
     assert [m for m in loaded if m.startswith(("deltatail.tailer.iceberg.", "deltatail.tailer.lance."))] == []
     rows = [line for line in out.read_text().splitlines() if line]
     assert len(rows) == 3  # written by deltalake above: three inserted rows
+    # the cursor commands read the state directory and the log: no sink, audit model, object store or parser either
+    for command in (["status", str(tmp_path / "state")], ["signal", str(tmp_path / "state"), "status"]):
+        shown = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True)
+        assert shown.returncode == 0, shown.stderr
+        *lines, modules = shown.stdout.splitlines()
+        assert str(table) in "\n".join(lines)
+        loaded = set(modules.split())
+        assert "deltatail.tailer.cli.cursor" in loaded
+        not_needed = _NOT_FOR_A_DELTA_RUN | {"importlib.metadata", "email", "deltatail.sinks"}
+        assert not loaded & not_needed, (command, sorted(loaded & not_needed))
+
+
+def _loaded_after(code: str, *argv: str) -> set[str]:
+    """Every module a child process has imported once ``code`` ran (it may use ``sys.argv``)."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import sys; {code}; print(*sorted(sys.modules))", *argv],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.splitlines()[-1].split())
+
+
+#: What the Python API's change feed leaves to the first use that needs it (pyarrow.compute: a filter, a deletion
+#: vector, a type cast; the variant codecs: a variant column; obstore: an object-store URI; the audit model).
+_NOT_FOR_THE_FEED = {
+    "pyarrow.compute",
+    "obstore",
+    "asyncio",
+    "sqlglot",
+    "email",
+    "importlib.metadata",
+    "deltatail.state.audit",
+    "deltatail.state.variant",
+    "deltatail.tailer.storage.objectstore",
+    "deltatail.tailer.audit.feed",
+}
+
+
+def test_import_deltatail_reads_no_distribution_metadata() -> None:
+    loaded = _loaded_after("import deltatail; deltatail.__version__")
+    assert "deltatail._version" in loaded
+    assert not loaded & {"importlib.metadata", "email"}, sorted(loaded & {"importlib.metadata", "email"})
+
+
+def test_the_change_feed_imports_no_compute_kernels_object_store_or_audit(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    table = tmp_path / "t"
+    write_deltalake(str(table), pa.table({"id": [1, 2, 3]}))
+    write_deltalake(str(table), pa.table({"id": [4]}), mode="append")
+    loaded = _loaded_after("from deltatail import ChangeFeed")
+    assert "deltatail.tailer.read.feed" in loaded
+    assert not loaded & _NOT_FOR_THE_FEED, sorted(loaded & _NOT_FOR_THE_FEED)
+    # reading a plain local table's changes needs none of them either
+    read = (
+        "from deltatail import ChangeFeed; "
+        "print(sorted(r for b in ChangeFeed(sys.argv[1]).batches(0, 1) for r in b.rows.column('id').to_pylist()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", f"import sys; {read}; print(*sorted(sys.modules))", str(table)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    rows, modules = done.stdout.splitlines()
+    assert rows == "[1, 2, 3, 4]"  # written by deltalake above
+    assert not set(modules.split()) & _NOT_FOR_THE_FEED, sorted(set(modules.split()) & _NOT_FOR_THE_FEED)

@@ -7,17 +7,18 @@ Three modules along the three jobs:
 - :mod:`state.variant.json_text`: a value as Spark's ``to_json`` writes it (:func:`variant_to_json`);
 - :mod:`state.variant.shredding`: variant columns as pyarrow reads them from Parquet, shredded
   (``VariantShredding.md``) or not, turned into the unshredded :data:`VARIANT_STORAGE_TYPE`
-  (:func:`unshred`), checked (:func:`check_values`) and converted to JSON (:func:`variant_json_array`).
+  (:func:`unshred`; the type is defined with the schema's types in :mod:`state.schema`, so that
+  reading a schema loads none of this package), checked (:func:`check_values`) and converted to
+  JSON (:func:`variant_json_array`).
 
 The names below are the package's public API; import them from here. Names with a leading
 underscore in the modules are the package's internals, shared between its modules only.
 """
 
+from deltatail.state.schema import VARIANT_MARKER, VARIANT_STORAGE_TYPE
 from deltatail.state.variant.decode import MAX_DEPTH, TimestampNanos, metadata_keys, variant_to_python
 from deltatail.state.variant.json_text import java_double_text, json_string, variant_to_json
 from deltatail.state.variant.shredding import (
-    VARIANT_MARKER,
-    VARIANT_STORAGE_TYPE,
     check_values,
     is_variant_group,
     is_variant_type,

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deltatail.state.errors import DataFileError
+from deltatail.state.schema import VARIANT_STORAGE_TYPE
 from deltatail.state.variant.decode import (
     _ARRAY,
     _BINARY,
@@ -66,18 +67,6 @@ from deltatail.state.variant.json_text import (
     _to_json,
     variant_to_json,
 )
-
-#: Field metadata that marks a struct as a variant: on its ``metadata`` child, as PySpark's Arrow conversion
-#: marks ``VariantType`` (``pyspark.sql.pandas.types.is_variant``), so Spark reads such a column back as a variant.
-VARIANT_MARKER = {b"variant": b"true"}
-
-#: The Arrow type of an unshredded variant: what :func:`unshred` returns, and what deltatail emits. A plain
-#: struct of two binaries (Arrow type equality ignores the marker on ``metadata``; :func:`is_variant_type`
-#: looks for it).
-VARIANT_STORAGE_TYPE = pa.struct(
-    [pa.field("metadata", pa.binary(), False, VARIANT_MARKER), pa.field("value", pa.binary(), False)]
-)
-
 
 # -- encoding (for reconstructing shredded values) ---------------------------------------------------
 

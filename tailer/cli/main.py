@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
+from deltatail._version import __version__
 from deltatail.state.errors import ConfigError, DeltaTailError, StorageError
 from deltatail.tailer.cli import audit_parser, logs
 from deltatail.tailer.cli.configure import DEFAULT_SINK, READ_DEFAULTS, RUN_DEFAULTS, tailer_config
@@ -41,7 +42,6 @@ from deltatail.tailer.follow.tailer import table_name
 from deltatail.tailer.formats.base import DATA_LOSS, KEY, NET_CHANGES, ChangeRequest
 from deltatail.tailer.read.feed import ChangeOptions
 from deltatail.tailer.table import TableRef
-from deltatail.tailer.version import installed_version
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = logs.JsonErrorParser(
         prog="deltatail", description="Follow a Delta table's log as a change feed."
     )
-    parser.add_argument("--version", action="version", version=f"deltatail {installed_version()}")
+    parser.add_argument("--version", action="version", version=f"deltatail {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
     parser.add_argument(
         "--log-format", choices=("text", "json"), default=None, help="stderr logs as text (default) or JSON lines"

@@ -20,16 +20,18 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deltatail.state.errors import ConfigError
 from deltatail.state.filters import ChangeFilter
-from deltatail.tailer.audit.alerts import AuditSettings
 from deltatail.tailer.cli.settings import audit_config, merge, names
 from deltatail.tailer.follow.tailer import TailerConfig
 from deltatail.tailer.parse import parse_timestamp_ms
 from deltatail.tailer.read.feed import ChangeOptions
 from deltatail.tailer.storage.options import parse_option_pairs
+
+if TYPE_CHECKING:  # loaded by audit_command_settings (settings.audit_config), for `deltatail audit` only
+    from deltatail.tailer.audit.alerts import AuditSettings
 
 #: The sink of ``deltatail run`` when none is given: JSON lines on stdout.
 DEFAULT_SINK = "jsonl:-"

@@ -20,13 +20,15 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deltatail.state.errors import ConfigError
 from deltatail.state.paths import check_external_root
-from deltatail.tailer.audit.alerts import AuditSettings, load_audit_settings
 from deltatail.tailer.parse import parse_bool
 from deltatail.tailer.storage.options import parse_option_pairs, resolve_references
+
+if TYPE_CHECKING:  # the audit model and its webhooks load with `deltatail audit` only (audit_config below)
+    from deltatail.tailer.audit.alerts import AuditSettings
 
 
 class Number:
@@ -420,6 +422,8 @@ def audit_config(flags: Mapping[str, Any], env: Mapping[str, str] | None = None)
         ConfigError: if the file is unusable, or ``[audit]`` holds an unknown key or an invalid
             rule or webhook (the message names the rule and the key).
     """
+    from deltatail.tailer.audit.alerts import AuditSettings, load_audit_settings
+
     env = os.environ if env is None else env
     config_path = flags.get("config") or env.get("DELTATAIL_CONFIG")
     return load_audit_settings(config_path, env=env) if config_path else AuditSettings()

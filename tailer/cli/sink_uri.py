@@ -13,10 +13,13 @@ composes the two.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
+from typing import TYPE_CHECKING
 
 from deltatail.state.errors import ConfigError
 from deltatail.tailer.sink import Sink
+
+if TYPE_CHECKING:  # imported when the first sink is opened: a command without a sink (status...) skips it
+    import importlib.metadata
 
 #: The entry-point group sinks register under, by URI scheme.
 ENTRY_POINTS = "deltatail.sinks"
@@ -60,4 +63,6 @@ def _scheme(uri: str) -> str:
 @functools.cache
 def _openers() -> dict[str, importlib.metadata.EntryPoint]:
     """The registered sink makers by scheme (read once per process)."""
+    import importlib.metadata  # with the email package: ~50 ms of start-up
+
     return {entry.name: entry for entry in importlib.metadata.entry_points(group=ENTRY_POINTS)}

@@ -33,10 +33,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from deltatail.state.audit import AuditEvent
 from deltatail.state.cursor import Position
 from deltatail.state.errors import (
     DeltaTailError,
@@ -51,7 +51,6 @@ from deltatail.state.feed import CommitEvent, TableInfo
 from deltatail.state.planning import VersionPlan, plan_snapshot
 from deltatail.state.retention import retention
 from deltatail.state.snapshot import Snapshot
-from deltatail.tailer.audit.feed import AuditTracker
 from deltatail.tailer.follow.change_loop import ChangeLoop
 from deltatail.tailer.follow.checkpointer import Checkpointer
 from deltatail.tailer.follow.config import TailerConfig
@@ -67,6 +66,9 @@ from deltatail.tailer.read.feed import ChangeFeed
 from deltatail.tailer.sink import Sink
 from deltatail.tailer.storage import FileInfo
 from deltatail.tailer.table import table_storage
+
+if TYPE_CHECKING:  # audit events are built only for a sink that wants them (_audit_builder)
+    from deltatail.state.audit import AuditEvent
 
 __all__ = ["TAILER_HINTS", "Tailer", "TailerConfig", "table_name"]
 
@@ -180,6 +182,8 @@ class Tailer(ChangeLoop):
         """Builds each commit's audit event for a sink that wants them; ``None`` (nothing built) otherwise."""
         if not self.sink.wants_audit_events:
             return None
+        from deltatail.tailer.audit.feed import AuditTracker  # the audit model loads only for a sink that wants it
+
         return AuditTracker(self.log.table, self.log.storage, external_roots=self.config.options.external_roots).build
 
     def _checkpointer(self) -> Checkpointer:

@@ -45,16 +45,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
 from deltatail.state.errors import ConfigError
 from deltatail.state.feed import ChangeBatch, TableInfo
-from deltatail.tailer.audit.alerts import AlertNotifier
-from deltatail.tailer.audit.feed import AuditSource
-from deltatail.tailer.audit.log import AuditOutput
-from deltatail.tailer.follow.audit import AuditFollowConfig, AuditLoop
 from deltatail.tailer.follow.change_loop import ChangeLoop
 from deltatail.tailer.follow.stats import TableStats
 from deltatail.tailer.follow.tailer import TailerConfig
@@ -62,6 +58,12 @@ from deltatail.tailer.read.feed import ChangeOptions
 from deltatail.tailer.sink import Sink
 from deltatail.tailer.storage import Storage
 from deltatail.tailer.table import TableRef
+
+if TYPE_CHECKING:  # the audit command's types: its modules load with `deltatail audit` only
+    from deltatail.tailer.audit.alerts import AlertNotifier
+    from deltatail.tailer.audit.feed import AuditSource
+    from deltatail.tailer.audit.log import AuditOutput
+    from deltatail.tailer.follow.audit import AuditFollowConfig, AuditLoop
 
 #: Settings a format may refuse (:meth:`TableFormat.refused`), by their canonical names.
 NET_CHANGES = "net_changes"

@@ -12,13 +12,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deltatail.state.feed import TableInfo, change_schema
-from deltatail.tailer.audit.alerts import AlertNotifier
-from deltatail.tailer.audit.feed import AuditFeed, AuditSource
-from deltatail.tailer.audit.log import AuditOutput
-from deltatail.tailer.follow.audit import AuditFollowConfig, AuditFollower
 from deltatail.tailer.follow.signalled import SignalledTailer
 from deltatail.tailer.follow.stats import TableStats
 from deltatail.tailer.follow.tailer import Tailer, TailerConfig, table_name
@@ -30,6 +26,12 @@ from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
 from deltatail.tailer.sink import Sink
 from deltatail.tailer.storage import Storage
 from deltatail.tailer.table import TableRef
+
+if TYPE_CHECKING:  # the audit command's types: its modules load with `deltatail audit` only
+    from deltatail.tailer.audit.alerts import AlertNotifier
+    from deltatail.tailer.audit.feed import AuditSource
+    from deltatail.tailer.audit.log import AuditOutput
+    from deltatail.tailer.follow.audit import AuditFollowConfig, AuditFollower
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,8 @@ class DeltaFormat:
 
     def audit_feed(self, table: TableRef) -> AuditSource:
         """The :class:`~tailer.audit.feed.AuditFeed` of the table's log."""
+        from deltatail.tailer.audit.feed import AuditFeed
+
         return AuditFeed(table.uri, table.storage, external_roots=table.external_roots)
 
     def audit_follower(
@@ -136,6 +140,8 @@ class DeltaFormat:
         notifier: AlertNotifier | None,
     ) -> AuditFollower:
         """An :class:`~tailer.follow.audit.AuditFollower` of the table's log."""
+        from deltatail.tailer.follow.audit import AuditFollower
+
         return AuditFollower(config, outputs, notifier, storage=table.storage)
 
 

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deltatail.state.actions import (
@@ -132,6 +131,8 @@ def read_parquet_checkpoint_file(storage: Storage, path: str, into: CheckpointSt
             field does not have the protocol's type.
         InvalidLogError: if an action in it is malformed; the error names the file.
     """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     try:
         source = storage.open_input(path)
     except MissingFileError as e:
@@ -229,6 +230,8 @@ def _field(struct: pa.StructArray, name: str) -> pa.Array | None:
 
 def _ints(struct: pa.StructArray, name: str) -> list[int]:
     """An integer field as a list, absent values as ``-1`` (the file tables' marker)."""
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     child = _field(struct, name)
     if child is None:
         return [-1] * len(struct)
@@ -244,6 +247,8 @@ def _optional_ints(struct: pa.StructArray, name: str) -> list[int | None] | None
 
 def _partition_ids(struct: pa.StructArray, pool: PartitionValuesPool, *, is_add: bool) -> list[int]:
     """Intern each row's ``partitionValues`` map, decoding each distinct map only once."""
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     child = _field(struct, "partitionValues")
     n = len(struct)
     if child is None:
@@ -269,6 +274,8 @@ def _partition_ids(struct: pa.StructArray, pool: PartitionValuesPool, *, is_add:
 
 def _load_file_rows(struct: pa.StructArray, table: FileTable, *, is_add: bool) -> None:
     """Move the non-null rows of an ``add`` or ``remove`` struct column into ``table``."""
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     path_index = struct.type.get_field_index("path")
     if path_index < 0:
         return

@@ -38,8 +38,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from deltatail.state.audit import AuditEvent
 from deltatail.state.changes import commit_timestamp
 from deltatail.state.commit import Commit
 from deltatail.state.errors import DeltaTailError, InvalidLogError, MissingFileError, StateError, VersionGapError
@@ -47,6 +47,9 @@ from deltatail.state.planning import VersionPlan, plan_commit
 from deltatail.state.snapshot import Snapshot
 from deltatail.tailer.log.delta_log import DeltaLog, LogListing
 from deltatail.tailer.storage import FileInfo
+
+if TYPE_CHECKING:  # the audit model is imported by those who build audit events (tailer/audit/), not here
+    from deltatail.state.audit import AuditEvent
 
 #: Seconds between listings of the log that look for a gap when no next commit exists.
 GAP_CHECK_SECONDS = 10.0
@@ -82,7 +85,7 @@ def _with_hint(message: str, hint: str) -> str:
 
 #: Builds a commit's audit event from the commit, the snapshot just before it, its commit file and the
 #: previous version's ``_commit_timestamp`` (see :class:`tailer.audit.feed.AuditTracker`).
-AuditBuilder = Callable[[Commit, Snapshot, FileInfo, "int | None"], AuditEvent]
+AuditBuilder = Callable[[Commit, Snapshot, FileInfo, "int | None"], "AuditEvent"]
 
 
 @dataclass(frozen=True, slots=True)

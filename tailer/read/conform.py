@@ -15,11 +15,9 @@ naming the column, row and (added by the reader) the table, version and file.
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from deltatail.state.errors import InvalidLogError
 from deltatail.state.schema import ArrayType, DataType, MapType, StructType, contains_variant, is_variant, to_arrow_type
-from deltatail.state.variant import check_values, is_variant_group, unshred
 from deltatail.tailer.read.column_plan import match_field
 
 
@@ -43,6 +41,9 @@ def conform(array: pa.Array, dtype: DataType, mode: str, name: str) -> pa.Array:
 
 
 def _conform_variant(array: pa.Array, name: str) -> pa.Array:
+    # The variant codecs load with the first variant column (most tables have none).
+    from deltatail.state.variant import check_values, is_variant_group, unshred
+
     storage = array.storage if isinstance(array, pa.ExtensionArray) else array
     if not is_variant_group(storage.type):
         raise InvalidLogError(
@@ -135,6 +136,8 @@ def cast(array: pa.Array, target: pa.DataType, name: str) -> pa.Array:
     if array.type == target:
         return array
     lossy = pa.types.is_timestamp(array.type) and pa.types.is_timestamp(target)
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     try:
         return pc.cast(array, target, safe=not lossy)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:

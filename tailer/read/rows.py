@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Required, TypedDict, Unpack
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
@@ -368,6 +367,8 @@ def _filter(batch: pa.RecordBatch, row_filter: RowFilter, start: int) -> pa.Reco
     if len(chosen) == batch.num_rows:
         return batch
     positions = pa.Array.from_buffers(pa.uint64(), len(chosen), [None, pa.py_buffer(chosen.to_array())])
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     return batch.take(pc.subtract(positions, pa.scalar(start, pa.uint64())))
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from deltatail.state.errors import ConfigError
 from deltatail.tailer.read.net_changes import in_pass, row_keys
@@ -82,6 +81,8 @@ def in_pair_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: in
     a CRC of each row's key as JSON, in Python: several times slower). Either way equal keys meet
     in one pass, and the pass of a row depends only on its key and the key columns' types.
     """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     columns = [batch.column(k) for k in key_columns]
     if not all(pa.types.is_integer(c.type) or pa.types.is_temporal(c.type) for c in columns):
         return in_pass(batch, key_columns, passes, which)
@@ -159,6 +160,8 @@ def _joined_order(rows: pa.Table, key_columns: tuple[str, ...]) -> tuple[pa.Arra
     With at most one pre- and one post-image per key, the rule of the module docstring pairs exactly
     the images of equal keys. Returns the order (row numbers) and, per position in it, whether a pair starts there.
     """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     kinds, keys = rows.column("_change_type"), list(key_columns)
     row = pa.array(range(rows.num_rows), pa.int64())
     sides = []

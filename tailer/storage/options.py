@@ -30,16 +30,15 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import urlsplit
 
-import obstore.exceptions as oe
-from obstore.store import AzureStore, GCSStore, S3Store
-
 from deltatail.state.errors import ConfigError
 from deltatail.tailer.storage.uris import Cloud, ObjectUri, root_of
 
 if TYPE_CHECKING:
-    from obstore.store import BackoffConfig, RetryConfig
+    from obstore.store import AzureStore, BackoffConfig, GCSStore, RetryConfig, S3Store
 
-Store: TypeAlias = S3Store | AzureStore | GCSStore
+#: An obstore client (obstore itself is imported when the first one is built: a command on a local table,
+#: which parses storage options too, does not load it).
+Store: TypeAlias = "S3Store | AzureStore | GCSStore"
 
 _CLOUD_PREFIX: dict[Cloud, str] = {"s3": "aws_", "azure": "azure_", "gcs": "google_"}
 
@@ -274,6 +273,9 @@ def build_store(u: ObjectUri, options: Mapping[str, str]) -> Store:
             endpoint that is not an ``http(s)://`` URL with a host, a value the client cannot parse, or an
             ``aws_profile`` that is not configured (or without boto3 installed).
     """
+    import obstore.exceptions as oe
+    from obstore.store import AzureStore, GCSStore, S3Store
+
     config = store_config(u.cloud, options)
     _check_urls(config, u)
     retry = retry_config(options)
