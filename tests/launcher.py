@@ -66,6 +66,12 @@ PRELOAD = (
     "pyiceberg.schema",
     "pyiceberg.io.pyarrow",
     "pyarrow.parquet",
+    # Loaded on first use by the product (start-up): the children of a campaign all use them.
+    "pyarrow.compute",
+    "importlib.metadata",  # the sink entry points
+    "deltatail.state.variant",
+    "deltatail.state.audit",
+    "deltatail.tailer.storage.objectstore",
     "kafka",
     "confluent_kafka",
     "lance",
