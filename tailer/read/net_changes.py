@@ -30,17 +30,18 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from deltatail.state.changes import FileTask
 from deltatail.state.errors import ConfigError
 
 _CHANGE = ("_change_type", "_commit_version", "_commit_timestamp")
+_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME
 
 
 def row_keys(table: pa.Table, columns: list[str]) -> list[bytes]:
@@ -50,14 +51,92 @@ def row_keys(table: pa.Table, columns: list[str]) -> list[bytes]:
     its whole output buffer (about 4 KiB for a short row), which for a commit's million keys is gigabytes.
     """
     values = [table.column(c).to_pylist() for c in columns]
-    return [
-        bytes(memoryview(orjson.dumps(row, default=_encode, option=orjson.OPT_PASSTHROUGH_DATETIME)))
-        for row in zip(*values, strict=True)
-    ]
+    return [bytes(memoryview(orjson.dumps(row, default=_encode, option=_OPTIONS))) for row in zip(*values, strict=True)]
 
 
 def _encode(value: Any) -> Any:
     return repr(value)
+
+
+# -- equality classes in Arrow ------------------------------------------------------------------------
+#
+# Two rows are "identical" (rule 1) or "of the same key" (rule 2) when :func:`row_keys` gives them the
+# same bytes: JSON per value, with ``repr`` for what JSON has no type for. Per column that is equality
+# of values, except for floats, where JSON writes NaN and the infinities as ``null`` (all four equal)
+# and keeps ``-0.0`` apart from ``0.0``. The functions below give each row an integer code per column
+# with exactly that equality, computed in Arrow; a type Arrow cannot hash (struct, list, map, ...)
+# keeps the JSON of each value as its code's source.
+
+_Column = pa.ChunkedArray | pa.Array
+
+
+def _plain(column: _Column) -> _Column:
+    """``column`` with values equal exactly when their JSON is: floats as their bits, non-finite as null."""
+    if pa.types.is_dictionary(column.type):
+        column = pc.cast(column, column.type.value_type)
+    if pa.types.is_float32(column.type) or pa.types.is_float64(column.type):
+        finite = pc.if_else(pc.is_finite(column), column, pa.scalar(None, column.type))
+        bits = pa.int32() if pa.types.is_float32(column.type) else pa.int64()
+        chunks = finite.chunks if isinstance(finite, pa.ChunkedArray) else [finite]
+        return pa.chunked_array([c.view(bits) for c in chunks], bits)
+    return column
+
+
+def _json_values(column: _Column) -> pa.Array:
+    """Each value of ``column`` as :func:`row_keys` writes it (for types Arrow cannot hash)."""
+    return pa.array(
+        [bytes(memoryview(orjson.dumps(v, default=_encode, option=_OPTIONS))) for v in column.to_pylist()],
+        pa.binary(),
+    )
+
+
+def _codes(column: _Column) -> tuple[pa.ChunkedArray, int]:
+    """Integer codes of ``column``'s values (null one code of its own), and how many codes there are."""
+    plain = _plain(column)
+    try:
+        encoded = pc.dictionary_encode(plain, null_encoding="encode")
+    except pa.ArrowNotImplementedError:
+        encoded = pc.dictionary_encode(_json_values(plain), null_encoding="encode")
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    size = len(chunks[0].dictionary) if chunks else 0
+    return pa.chunked_array([pc.cast(c.indices, pa.int64()) for c in chunks], pa.int64()), size
+
+
+def group_ids(table: pa.Table, columns: Sequence[str]) -> pa.ChunkedArray:
+    """A code per row of ``table``, equal for two rows exactly when :func:`row_keys` over ``columns`` is."""
+    ids: pa.ChunkedArray | None = None
+    for name in columns:
+        codes, size = _codes(table.column(name))
+        if ids is None:
+            ids = codes
+            continue
+        combined = pc.add(pc.multiply(ids, pa.scalar(size, pa.int64())), codes)
+        ids, _ = _codes(combined)
+    if ids is None:
+        return pa.chunked_array([pa.repeat(pa.scalar(0, pa.int64()), table.num_rows)], pa.int64())
+    return ids
+
+
+def _count_by(ids: _Column, groups: int, weights: _Column) -> pa.Array:
+    """The sum of ``weights`` per id ``0 .. groups - 1`` (ids are dense: each occurs at least once)."""
+    sums = (
+        pa.table({"id": ids, "w": pc.cast(weights, pa.int64())})
+        .group_by("id", use_threads=False)
+        .aggregate([("w", "sum")])
+    )
+    return sums.sort_by("id").column("w_sum").combine_chunks()
+
+
+def _occurrence(ids: _Column) -> pa.Array:
+    """For each row, how many rows before it have the same id (0 for the first of an id)."""
+    first = pc.rank(ids, sort_keys="ascending", tiebreaker="first")
+    least = pc.rank(ids, sort_keys="ascending", tiebreaker="min")
+    return pc.cast(pc.subtract(first, least), pa.int64())
+
+
+def _arange(n: int) -> pa.Array:
+    ones = pa.repeat(pa.scalar(1, pa.int64()), n)
+    return pc.subtract(pc.cumulative_sum(ones), pa.scalar(1, pa.int64()))
 
 
 #: Bytes of a commit's files (as the log gives their sizes) netted in one pass.
@@ -78,14 +157,66 @@ def net_passes(tasks: Sequence[FileTask]) -> int:
 def in_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, which: int) -> pa.RecordBatch:
     """The rows of ``batch`` that pass ``which`` of ``passes`` nets: by a hash of the key columns (or the row).
 
+    The hash (:func:`key_hash`) is a pure function of the key's values, so a row's pass, and with it
+    its netted position, is the same on every read.
+
     Raises:
         ConfigError: if a key column is not a column of the batch.
     """
     table = pa.Table.from_batches([batch])
     _check_keys(table, key_columns)
     columns = list(key_columns) or [c for c in table.column_names if c not in _CHANGE]
-    keep = [zlib.crc32(key) % passes == which for key in row_keys(table, columns)]
-    return batch.filter(pa.array(keep, pa.bool_()))
+    h = key_hash(table, columns)
+    divisor = pa.scalar(passes, pa.uint64())
+    rest = pc.subtract(h, pc.multiply(pc.divide(h, divisor), divisor))
+    return batch.filter(pc.equal(rest, pa.scalar(which, pa.uint64())).combine_chunks())
+
+
+_GOLDEN = pa.scalar(0x9E3779B97F4A7C15, pa.uint64())
+_SHIFT = pa.scalar(29, pa.uint64())
+
+
+def key_hash(table: pa.Table, columns: Sequence[str]) -> pa.ChunkedArray:
+    """A 64-bit hash per row of ``columns``, equal for rows :func:`row_keys` makes equal.
+
+    Each column contributes 64 bits of its value (:func:`_value_bits`), mixed multiplicatively
+    (a Fibonacci hash with a xor-shift), so the result depends on the values alone, not on the batch.
+    """
+    h = pa.chunked_array([pa.repeat(pa.scalar(0, pa.uint64()), table.num_rows)], pa.uint64())
+    for name in columns:
+        h = pc.multiply(pc.bit_wise_xor(h, _value_bits(table.column(name))), _GOLDEN)
+        h = pc.bit_wise_xor(h, pc.shift_right(h, _SHIFT))
+    return h
+
+
+def _value_bits(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """64 bits per value, the same for values :func:`row_keys` makes equal.
+
+    Integers, booleans, dates, times, timestamps and durations are their integer value, floats their
+    bits (NaN and the infinities as null, as JSON has them); nulls are 0. Other values (strings,
+    binaries, decimals, nested values) are a CRC-32 of their JSON, computed once per distinct value.
+    """
+    plain = _plain(column)
+    if pa.types.is_temporal(plain.type) and plain.type.bit_width in (32, 64):
+        width = pa.int32() if plain.type.bit_width == 32 else pa.int64()
+        chunks = plain.chunks if isinstance(plain, pa.ChunkedArray) else [plain]
+        plain = pa.chunked_array([c.view(width) for c in chunks], width)
+    kind = plain.type
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        wide = plain if pa.types.is_uint64(kind) else pc.cast(plain, pa.int64())
+        return pc.cast(wide, pa.uint64(), safe=False).fill_null(0)
+    try:
+        encoded = pc.dictionary_encode(plain, null_encoding="encode")
+    except pa.ArrowNotImplementedError:
+        encoded = pc.dictionary_encode(_json_values(plain), null_encoding="encode")
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    if not chunks:
+        return pa.chunked_array([], pa.uint64())
+    crcs = pa.array(
+        [zlib.crc32(orjson.dumps(v, default=_encode, option=_OPTIONS)) for v in chunks[0].dictionary.to_pylist()],
+        pa.uint64(),
+    )
+    return pa.chunked_array([crcs.take(c.indices) for c in chunks], pa.uint64())
 
 
 def _check_keys(table: pa.Table, key_columns: tuple[str, ...]) -> None:
@@ -97,46 +228,68 @@ def _check_keys(table: pa.Table, key_columns: tuple[str, ...]) -> None:
 def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
     """Apply the net-change rules of the module docstring to one commit's change rows.
 
+    Computed column-wise in Arrow: rows get a group code over the table columns (:func:`group_ids`);
+    a ``delete`` cancels when fewer deletes of its group come before it than the group has inserts,
+    and an ``insert`` likewise (the first ``min(deletes, inserts)`` of each side, in input order).
+
     Raises:
         ConfigError: if a key column is not a column of the table.
     """
     _check_keys(table, key_columns)
-    data_columns = [c for c in table.column_names if c not in _CHANGE]
-    kinds = table.column("_change_type").to_pylist()
-    full = row_keys(table, data_columns)
-    deletes = Counter(full[i] for i, k in enumerate(kinds) if k == "delete")
-    inserts = Counter(full[i] for i, k in enumerate(kinds) if k == "insert")
-    cancel = deletes & inserts
-    keep: list[int] = []
-    budget_d, budget_i = Counter(cancel), Counter(cancel)
-    for i, kind in enumerate(kinds):
-        budget = budget_d if kind == "delete" else budget_i if kind == "insert" else None
-        if budget is not None and budget[full[i]] > 0:
-            budget[full[i]] -= 1
-            continue
-        keep.append(i)
+    if table.num_rows == 0:
+        return table
+    kinds = table.column("_change_type")
+    is_del = pc.fill_null(pc.equal(kinds, "delete"), False)
+    is_ins = pc.fill_null(pc.equal(kinds, "insert"), False)
+    keep = pc.invert(_cancelled(group_ids(table, [c for c in table.column_names if c not in _CHANGE]), is_del, is_ins))
     if not key_columns:
-        return table.take(pa.array(keep, pa.int64()))
-    return _pair_updates(table, keep, kinds, list(key_columns))
+        return table.filter(keep)
+    return _pair_updates(table, keep, is_del, is_ins, group_ids(table, key_columns))
 
 
-def _pair_updates(table: pa.Table, keep: list[int], kinds: list[str], key_columns: list[str]) -> pa.Table:
-    keys = row_keys(table, key_columns)
-    by_key: dict[bytes, dict[str, list[int]]] = defaultdict(lambda: {"delete": [], "insert": []})
-    for i in keep:
-        if kinds[i] in ("delete", "insert"):
-            by_key[keys[i]][kinds[i]].append(i)
-    pairs: list[tuple[int, int]] = []
-    paired: set[int] = set()
-    for groups in by_key.values():
-        if len(groups["delete"]) == 1 and len(groups["insert"]) == 1:
-            pairs.append((groups["delete"][0], groups["insert"][0]))
-            paired.update((groups["delete"][0], groups["insert"][0]))
-    pairs.sort()
-    order = [i for pair in pairs for i in pair]
-    order += [i for i in keep if i not in paired and kinds[i] != "insert"]
-    order += [i for i in keep if i not in paired and kinds[i] == "insert"]
-    result = table.take(pa.array(order, pa.int64()))
-    types = ["update_preimage", "update_postimage"] * len(pairs) + [kinds[i] for i in order[2 * len(pairs) :]]
-    index = result.column_names.index("_change_type")
-    return result.set_column(index, "_change_type", pa.array(types, pa.string()))
+def _cancelled(groups: pa.ChunkedArray, is_del: pa.ChunkedArray, is_ins: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Rule 1: whether each row is a delete or insert that an identical row of the other kind cancels."""
+    size = pc.max(groups).as_py() + 1
+    deletes = _count_by(groups, size, is_del).take(groups)
+    inserts = _count_by(groups, size, is_ins).take(groups)
+    side = pc.add(pc.multiply(groups, pa.scalar(2, pa.int64())), pc.cast(is_ins, pa.int64()))
+    rank = _occurrence(side)
+    return pc.or_(pc.and_(is_del, pc.less(rank, inserts)), pc.and_(is_ins, pc.less(rank, deletes)))
+
+
+def _pair_updates(
+    table: pa.Table, keep: pa.ChunkedArray, is_del: pa.ChunkedArray, is_ins: pa.ChunkedArray, keys: pa.ChunkedArray
+) -> pa.Table:
+    """Rule 2 on the rows ``keep`` marks, then the output order of the module docstring."""
+    size = pc.max(keys).as_py() + 1
+    kept_del, kept_ins = pc.and_(keep, is_del), pc.and_(keep, is_ins)
+    once = pc.and_(
+        pc.equal(_count_by(keys, size, kept_del).take(keys), 1),
+        pc.equal(_count_by(keys, size, kept_ins).take(keys), 1),
+    )
+    paired = pc.and_(once, pc.or_(kept_del, kept_ins))
+    index = _arange(table.num_rows)
+    zero = pa.scalar(0, pa.int64())
+    both = pa.table(
+        {
+            "key": keys.filter(paired),
+            "d": pc.if_else(is_del, index, zero).filter(paired),
+            "i": pc.if_else(is_ins, index, zero).filter(paired),
+        }
+    )
+    pairs = both.group_by("key", use_threads=False).aggregate([("d", "sum"), ("i", "sum")]).sort_by("d_sum")
+    n = pairs.num_rows
+    ends = pa.concat_arrays([pairs.column("d_sum").combine_chunks(), pairs.column("i_sum").combine_chunks()])
+    slot = _arange(2 * n)
+    odd = pc.bit_wise_and(slot, pa.scalar(1, pa.int64()))
+    interleaved = ends.take(pc.add(pc.shift_right(slot, pa.scalar(1, pa.int64())), pc.multiply(odd, n)))
+    alone = pc.and_(keep, pc.invert(paired))
+    rest_del = index.filter(pc.and_(alone, pc.invert(is_ins)).combine_chunks())
+    rest_ins = index.filter(pc.and_(alone, is_ins).combine_chunks())
+    order = pa.concat_arrays([interleaved, rest_del, rest_ins])
+    result = table.take(order)
+    images = pa.array(["update_preimage", "update_postimage"], pa.string()).take(odd)
+    rest_kinds = pc.cast(table.column("_change_type").take(pa.concat_arrays([rest_del, rest_ins])), pa.string())
+    types = pa.chunked_array([images, *rest_kinds.chunks], pa.string())
+    at = result.column_names.index("_change_type")
+    return result.set_column(at, "_change_type", types)
