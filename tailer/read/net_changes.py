@@ -139,6 +139,12 @@ def _arange(n: int) -> pa.Array:
     return pc.subtract(pc.cumulative_sum(ones), pa.scalar(1, pa.int64()))
 
 
+#: The order a netted commit's rows come in when it is netted in several passes (part of a cursor saved
+#: inside such a commit, ``row_order`` in ``cursor.json``): 1, a CRC-32 of each row's JSON key picked
+#: its pass (deltatail before 2026-11-28); 2, :func:`key_hash`. A cursor of another order inside a
+#: commit netted in passes is refused (:meth:`tailer.read.feed.ChangeFeed.resume_order`).
+ROW_ORDER = 2
+
 #: Bytes of a commit's files (as the log gives their sizes) netted in one pass.
 NET_PASS_BYTES = 8 << 20
 #: The most passes over one commit (a bound on the file sizes a log may claim).
