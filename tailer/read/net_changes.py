@@ -12,8 +12,15 @@ did not change. Net changes removes that noise within one commit:
    once among the deletes and once among the inserts (otherwise the pairing
    would be a guess, and the rows stay as they are).
 
-Output order: update pairs (pre-image then post-image), then remaining
-deletes, then remaining inserts, each in input order.
+Output order: with key columns, update pairs (pre-image then post-image, in
+the order of their deletes), then remaining deletes, then remaining inserts,
+each in input order; without, the remaining rows in input order.
+
+Equality is that of each value's JSON (:func:`row_keys`): values equal, except
+that NaN, the infinities and null are one value and ``-0.0`` is not ``0.0``.
+It is computed column-wise in Arrow (:func:`group_ids`: an integer code per
+row), not with a Python object per row; only types Arrow cannot hash (struct,
+list, map) are encoded per value in Python.
 
 Memory: rule 1 needs every row of a commit with the same values side by side,
 and rule 2 every row of a key, so a commit is netted in key-hash partitioned
@@ -31,7 +38,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 import pyarrow as pa
@@ -67,7 +74,7 @@ def _encode(value: Any) -> Any:
 # with exactly that equality, computed in Arrow; a type Arrow cannot hash (struct, list, map, ...)
 # keeps the JSON of each value as its code's source.
 
-_Column = pa.ChunkedArray | pa.Array
+_Column: TypeAlias = pa.ChunkedArray | pa.Array
 
 
 def _plain(column: _Column) -> _Column:
@@ -117,8 +124,8 @@ def group_ids(table: pa.Table, columns: Sequence[str]) -> pa.ChunkedArray:
     return ids
 
 
-def _count_by(ids: _Column, groups: int, weights: _Column) -> pa.Array:
-    """The sum of ``weights`` per id ``0 .. groups - 1`` (ids are dense: each occurs at least once)."""
+def _count_by(ids: _Column, weights: _Column) -> pa.Array:
+    """The sum of ``weights`` per id, indexed by id (ids are dense: ``0 .. n - 1``, each occurring)."""
     sums = (
         pa.table({"id": ids, "w": pc.cast(weights, pa.int64())})
         .group_by("id", use_threads=False)
@@ -142,7 +149,7 @@ def _arange(n: int) -> pa.Array:
 #: The order a netted commit's rows come in when it is netted in several passes (part of a cursor saved
 #: inside such a commit, ``row_order`` in ``cursor.json``): 1, a CRC-32 of each row's JSON key picked
 #: its pass (deltatail before 2026-11-28); 2, :func:`key_hash`. A cursor of another order inside a
-#: commit netted in passes is refused (:meth:`tailer.read.feed.ChangeFeed.resume_order`).
+#: commit netted in passes is refused (:meth:`tailer.read.feed.ChangeFeed.check_row_order`).
 ROW_ORDER = 2
 
 #: Bytes of a commit's files (as the log gives their sizes) netted in one pass.
@@ -256,8 +263,8 @@ def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
 def _cancelled(groups: pa.ChunkedArray, is_del: pa.ChunkedArray, is_ins: pa.ChunkedArray) -> pa.ChunkedArray:
     """Rule 1: whether each row is a delete or insert that an identical row of the other kind cancels."""
     size = pc.max(groups).as_py() + 1
-    deletes = _count_by(groups, size, is_del).take(groups)
-    inserts = _count_by(groups, size, is_ins).take(groups)
+    deletes = _count_by(groups, is_del).take(groups)
+    inserts = _count_by(groups, is_ins).take(groups)
     side = pc.add(pc.multiply(groups, pa.scalar(2, pa.int64())), pc.cast(is_ins, pa.int64()))
     rank = _occurrence(side)
     return pc.or_(pc.and_(is_del, pc.less(rank, inserts)), pc.and_(is_ins, pc.less(rank, deletes)))
@@ -270,8 +277,8 @@ def _pair_updates(
     size = pc.max(keys).as_py() + 1
     kept_del, kept_ins = pc.and_(keep, is_del), pc.and_(keep, is_ins)
     once = pc.and_(
-        pc.equal(_count_by(keys, size, kept_del).take(keys), 1),
-        pc.equal(_count_by(keys, size, kept_ins).take(keys), 1),
+        pc.equal(_count_by(keys, kept_del).take(keys), 1),
+        pc.equal(_count_by(keys, kept_ins).take(keys), 1),
     )
     paired = pc.and_(once, pc.or_(kept_del, kept_ins))
     index = _arange(table.num_rows)
