@@ -40,6 +40,8 @@ import zlib
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -109,41 +111,69 @@ def _codes(column: _Column) -> tuple[pa.ChunkedArray, int]:
     return pa.chunked_array([pc.cast(c.indices, pa.int64()) for c in chunks], pa.int64()), size
 
 
+def _offsets(column: _Column, rows: int) -> tuple[pa.ChunkedArray, int] | None:
+    """An integer column without nulls whose values span at most ``4 * rows``: its values less the least."""
+    if not pa.types.is_integer(column.type) or pa.types.is_uint64(column.type) or column.null_count or not len(column):
+        return None
+    bounds = pc.min_max(column)
+    low, high = int(bounds["min"].as_py()), int(bounds["max"].as_py())
+    if high - low + 1 > 4 * max(rows, 1):
+        return None
+    span = high - low + 1
+    codes = pc.subtract(pc.cast(column, pa.int64()), pa.scalar(low, pa.int64()))
+    return pa.chunked_array([codes], pa.int64()) if isinstance(codes, pa.Array) else codes, span
+
+
+#: The most codes a combination of columns may have before it is re-encoded densely.
+_SPAN = 1 << 40
+
+
 def group_ids(table: pa.Table, columns: Sequence[str]) -> pa.ChunkedArray:
-    """A code per row of ``table``, equal for two rows exactly when :func:`row_keys` over ``columns`` is."""
+    """A code per row of ``table``, equal for two rows exactly when :func:`row_keys` over ``columns`` is.
+
+    Codes are below ``4 * rows`` (dense after a re-encoding). An integer column of a narrow range is
+    its own code (its values less the least: no hashing); columns are combined as mixed-radix numbers,
+    re-encoded densely whenever the combination would pass :data:`_SPAN` codes.
+    """
     ids: pa.ChunkedArray | None = None
+    span = 1
+    rows = table.num_rows
     for name in columns:
-        codes, size = _codes(table.column(name))
+        codes, size = _offsets(table.column(name), rows) or _codes(table.column(name))
         if ids is None:
-            ids = codes
+            ids, span = codes, size
             continue
-        combined = pc.add(pc.multiply(ids, pa.scalar(size, pa.int64())), codes)
-        ids, _ = _codes(combined)
+        if span * max(size, 1) > _SPAN:
+            ids, span = _codes(ids)
+        ids, span = pc.add(pc.multiply(ids, pa.scalar(max(size, 1), pa.int64())), codes), span * max(size, 1)
     if ids is None:
-        return pa.chunked_array([pa.repeat(pa.scalar(0, pa.int64()), table.num_rows)], pa.int64())
+        return pa.chunked_array([pa.repeat(pa.scalar(0, pa.int64()), rows)], pa.int64())
+    if span > 4 * max(rows, 1):
+        ids, span = _codes(ids)
     return ids
 
 
-def _count_by(ids: _Column, weights: _Column) -> pa.Array:
-    """The sum of ``weights`` per id, indexed by id (ids are dense: ``0 .. n - 1``, each occurring)."""
-    sums = (
-        pa.table({"id": ids, "w": pc.cast(weights, pa.int64())})
-        .group_by("id", use_threads=False)
-        .aggregate([("w", "sum")])
-    )
-    return sums.sort_by("id").column("w_sum").combine_chunks()
+def _ints(column: _Column) -> npt.NDArray[np.int64]:
+    """An int64 column without nulls as a numpy array."""
+    return np.asarray(column.to_numpy(), dtype=np.int64)
 
 
-def _occurrence(ids: _Column) -> pa.Array:
+def _flags(column: _Column) -> npt.NDArray[np.bool_]:
+    """A boolean column without nulls as a numpy array."""
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _occurrence(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """For each row, how many rows before it have the same id (0 for the first of an id)."""
-    first = pc.rank(ids, sort_keys="ascending", tiebreaker="first")
-    least = pc.rank(ids, sort_keys="ascending", tiebreaker="min")
-    return pc.cast(pc.subtract(first, least), pa.int64())
-
-
-def _arange(n: int) -> pa.Array:
-    ones = pa.repeat(pa.scalar(1, pa.int64()), n)
-    return pc.subtract(pc.cumulative_sum(ones), pa.scalar(1, pa.int64()))
+    order = np.argsort(ids, kind="stable")
+    ranked = ids[order]
+    position = np.arange(len(ids), dtype=np.int64)
+    starts = np.ones(len(ids), dtype=np.bool_)
+    starts[1:] = ranked[1:] != ranked[:-1]
+    first = np.maximum.accumulate(np.where(starts, position, 0))
+    out = np.empty(len(ids), dtype=np.int64)
+    out[order] = position - first
+    return out
 
 
 #: The order a netted commit's rows come in when it is netted in several passes (part of a cursor saved
@@ -241,7 +271,7 @@ def _check_keys(table: pa.Table, key_columns: tuple[str, ...]) -> None:
 def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
     """Apply the net-change rules of the module docstring to one commit's change rows.
 
-    Computed column-wise in Arrow: rows get a group code over the table columns (:func:`group_ids`);
+    Computed per column, not per row: rows get a group code over the table columns (:func:`group_ids`);
     a ``delete`` cancels when fewer deletes of its group come before it than the group has inserts,
     and an ``insert`` likewise (the first ``min(deletes, inserts)`` of each side, in input order).
 
@@ -252,57 +282,47 @@ def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
     if table.num_rows == 0:
         return table
     kinds = table.column("_change_type")
-    is_del = pc.fill_null(pc.equal(kinds, "delete"), False)
-    is_ins = pc.fill_null(pc.equal(kinds, "insert"), False)
-    keep = pc.invert(_cancelled(group_ids(table, [c for c in table.column_names if c not in _CHANGE]), is_del, is_ins))
+    is_del = _flags(pc.fill_null(pc.equal(kinds, "delete"), False))
+    is_ins = _flags(pc.fill_null(pc.equal(kinds, "insert"), False))
+    groups = _ints(group_ids(table, [c for c in table.column_names if c not in _CHANGE]))
+    keep = ~_cancelled(groups, is_del, is_ins)
     if not key_columns:
-        return table.filter(keep)
-    return _pair_updates(table, keep, is_del, is_ins, group_ids(table, key_columns))
+        return table.filter(pa.array(keep))
+    return _pair_updates(table, keep, is_del, is_ins, _ints(group_ids(table, key_columns)))
 
 
-def _cancelled(groups: pa.ChunkedArray, is_del: pa.ChunkedArray, is_ins: pa.ChunkedArray) -> pa.ChunkedArray:
+def _cancelled(
+    groups: npt.NDArray[np.int64], is_del: npt.NDArray[np.bool_], is_ins: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.bool_]:
     """Rule 1: whether each row is a delete or insert that an identical row of the other kind cancels."""
-    size = pc.max(groups).as_py() + 1
-    deletes = _count_by(groups, is_del).take(groups)
-    inserts = _count_by(groups, is_ins).take(groups)
-    side = pc.add(pc.multiply(groups, pa.scalar(2, pa.int64())), pc.cast(is_ins, pa.int64()))
-    rank = _occurrence(side)
-    return pc.or_(pc.and_(is_del, pc.less(rank, inserts)), pc.and_(is_ins, pc.less(rank, deletes)))
+    deletes = np.bincount(groups, weights=is_del).astype(np.int64)[groups]
+    inserts = np.bincount(groups, weights=is_ins).astype(np.int64)[groups]
+    rank = _occurrence(groups * 2 + is_ins)
+    cancelled: npt.NDArray[np.bool_] = (is_del & (rank < inserts)) | (is_ins & (rank < deletes))
+    return cancelled
 
 
 def _pair_updates(
-    table: pa.Table, keep: pa.ChunkedArray, is_del: pa.ChunkedArray, is_ins: pa.ChunkedArray, keys: pa.ChunkedArray
+    table: pa.Table,
+    keep: npt.NDArray[np.bool_],
+    is_del: npt.NDArray[np.bool_],
+    is_ins: npt.NDArray[np.bool_],
+    keys: npt.NDArray[np.int64],
 ) -> pa.Table:
     """Rule 2 on the rows ``keep`` marks, then the output order of the module docstring."""
-    size = pc.max(keys).as_py() + 1
-    kept_del, kept_ins = pc.and_(keep, is_del), pc.and_(keep, is_ins)
-    once = pc.and_(
-        pc.equal(_count_by(keys, kept_del).take(keys), 1),
-        pc.equal(_count_by(keys, kept_ins).take(keys), 1),
-    )
-    paired = pc.and_(once, pc.or_(kept_del, kept_ins))
-    index = _arange(table.num_rows)
-    zero = pa.scalar(0, pa.int64())
-    both = pa.table(
-        {
-            "key": keys.filter(paired),
-            "d": pc.if_else(is_del, index, zero).filter(paired),
-            "i": pc.if_else(is_ins, index, zero).filter(paired),
-        }
-    )
-    pairs = both.group_by("key", use_threads=False).aggregate([("d", "sum"), ("i", "sum")]).sort_by("d_sum")
-    n = pairs.num_rows
-    ends = pa.concat_arrays([pairs.column("d_sum").combine_chunks(), pairs.column("i_sum").combine_chunks()])
-    slot = _arange(2 * n)
-    odd = pc.bit_wise_and(slot, pa.scalar(1, pa.int64()))
-    interleaved = ends.take(pc.add(pc.shift_right(slot, pa.scalar(1, pa.int64())), pc.multiply(odd, n)))
-    alone = pc.and_(keep, pc.invert(paired))
-    rest_del = index.filter(pc.and_(alone, pc.invert(is_ins)).combine_chunks())
-    rest_ins = index.filter(pc.and_(alone, is_ins).combine_chunks())
-    order = pa.concat_arrays([interleaved, rest_del, rest_ins])
-    result = table.take(order)
-    images = pa.array(["update_preimage", "update_postimage"], pa.string()).take(odd)
-    rest_kinds = pc.cast(table.column("_change_type").take(pa.concat_arrays([rest_del, rest_ins])), pa.string())
+    kept_del, kept_ins = keep & is_del, keep & is_ins
+    once = (np.bincount(keys, weights=kept_del)[keys] == 1) & (np.bincount(keys, weights=kept_ins)[keys] == 1)
+    index = np.arange(table.num_rows, dtype=np.int64)
+    insert_of_key = np.zeros(int(keys.max()) + 1, dtype=np.int64)
+    insert_of_key[keys[once & kept_ins]] = index[once & kept_ins]
+    deletes = index[once & kept_del]  # in input order: the pairs' order
+    order = np.empty(2 * len(deletes), dtype=np.int64)
+    order[0::2], order[1::2] = deletes, insert_of_key[keys[deletes]]
+    alone = keep & ~(once & (kept_del | kept_ins))
+    rest = np.concatenate([index[alone & ~is_ins], index[alone & is_ins]])
+    result = table.take(pa.array(np.concatenate([order, rest])))
+    images = pa.array(["update_preimage", "update_postimage"] * len(deletes), pa.string())
+    rest_kinds = pc.cast(table.column("_change_type").take(pa.array(rest)), pa.string())
     types = pa.chunked_array([images, *rest_kinds.chunks], pa.string())
     at = result.column_names.index("_change_type")
     return result.set_column(at, "_change_type", types)
