@@ -36,6 +36,7 @@ from deltatail.state.files import FileTable
 from deltatail.state.signals import SnapshotRequest
 from deltatail.state.snapshot import Snapshot
 from deltatail.tailer.log.checkpoint import CheckpointState, read_parquet_checkpoint_file
+from deltatail.tailer.read.net_changes import ROW_ORDER
 from deltatail.tailer.runtime.files import atomic_write, fsync_dir, remove_quietly
 from deltatail.tailer.storage import LocalStorage
 
@@ -59,6 +60,9 @@ class SavedState:
     rows_end: Position | None = None
     #: The on-demand snapshot the cursor is inside (:mod:`state.signals`), saved with it in one write.
     signal: SnapshotRequest | None = None
+    #: The order of the rows of a commit netted in passes the cursor counts in
+    #: (:data:`~tailer.read.net_changes.ROW_ORDER`; 1 for a cursor saved by an older deltatail).
+    row_order: int = ROW_ORDER
 
 
 def _problem(e: OSError) -> str:
@@ -195,6 +199,7 @@ class StateStore:
                 previous_timestamp_ms=body.get("previous_timestamp_ms"),
                 rows_end=None if body.get("rows_end") is None else Position.from_json(body["rows_end"]),
                 signal=None if body.get("signal") is None else SnapshotRequest.from_json(body["signal"]),
+                row_order=int(body.get("row_order", 1)),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, StateError) as e:
             damaged = not isinstance(e, StateError)  # a file that reads but is wrong; a read that fails may pass
@@ -219,6 +224,7 @@ class StateStore:
             "snapshot_version": saved.snapshot_version,
             "snapshot_file": saved.snapshot_file,
             "previous_timestamp_ms": saved.previous_timestamp_ms,
+            "row_order": ROW_ORDER,
         }
         if saved.rows_end is not None:
             body["rows_end"] = saved.rows_end.to_json()

@@ -151,6 +151,8 @@ class Tailer(ChangeLoop):
         self.stats.newest_version = max(self.stats.newest_version, self.stats.delivered_version)
         self.feed.check_filter()  # fail fast on a column the table does not have
         self._open_sink(TableInfo(self.log.table, self._table_id, table_name(self.log.table)))
+        if saved is not None:
+            self.feed.check_row_order(self._resume or self._cursor, saved.row_order)
         if saved is None and (self._cursor.snapshot or self._cursor.version > 0):
             # Fix the start now: a restart resumes the same snapshot, or a cursor inside the first commit
             # (saved with a snapshot before it, see Checkpointer.take) has a snapshot to resume from.

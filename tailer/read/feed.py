@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from deltatail.state.changes import FileTask
 from deltatail.state.cursor import Position, version_range
-from deltatail.state.errors import SchemaChangeError, VersionGapError
+from deltatail.state.errors import SchemaChangeError, StateError, VersionGapError
 from deltatail.state.feed import ChangeBatch, change_schema
 from deltatail.state.filters import ChangeFilter
 from deltatail.state.planning import ReadContext, VersionPlan, plan_snapshot
@@ -33,7 +33,7 @@ from deltatail.tailer.log.delta_log import DeltaLog
 from deltatail.tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from deltatail.tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
 from deltatail.tailer.read.conform import nulls
-from deltatail.tailer.read.net_changes import in_pass, net_changes, net_passes
+from deltatail.tailer.read.net_changes import ROW_ORDER, in_pass, net_changes, net_passes
 from deltatail.tailer.read.pruning import prune
 from deltatail.tailer.read.read_ahead import ReadAheadReader
 from deltatail.tailer.read.reader_pool import ReaderPool, shared_pool
@@ -312,6 +312,35 @@ class ChangeFeed:
         if change_filter is None or self._nets(plan) or self._pairs(plan):
             return plan
         return prune(plan, change_filter)
+
+    def check_row_order(self, position: Position, row_order: int) -> None:
+        """Check that a cursor counting rows in ``row_order`` resumes at the same row here.
+
+        Only the rows of a commit read in several key-hash passes (:mod:`tailer.read.net_changes`)
+        moved between row orders: under net changes each pass's rows, and in pairs of update
+        images by a key that is not an integer, date or timestamp (:func:`~tailer.read.update_pairs.in_pair_pass`).
+
+        Raises:
+            StateError: if ``position`` is inside such a commit and ``row_order`` is not :data:`ROW_ORDER`:
+                resuming would deliver some of its rows twice and skip others.
+        """
+        if row_order == ROW_ORDER or position.snapshot or position.index == 0:
+            return
+        plan = next(self.plans(position.version, position.version))
+        keys = change_schema(plan.context.schema())
+        hashed = [keys.field(k).type for k in self.options.pair_key if k in keys.names]
+        arrow = all(pa.types.is_integer(t) or pa.types.is_temporal(t) for t in hashed)
+        moved = self._nets(plan) or (self._pairs(plan) and not arrow)
+        if moved and net_passes(plan.tasks) > 1:
+            raise StateError(
+                f"the cursor {position} was saved by an older deltatail inside version {position.version}, whose "
+                f"rows this deltatail orders differently ({net_passes(plan.tasks)} key-hash passes); finish the "
+                "version with the deltatail that saved the cursor, or start a new state directory with "
+                f"--starting-version {position.version} (its rows delivered again) or {position.version + 1}",
+                permanent=True,
+                table=self.table,
+                version=position.version,
+            )
 
     def check_filter(self) -> None:
         """Check the filter's columns against the table's latest schema (a no-op without columns or predicate).

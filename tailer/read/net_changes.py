@@ -12,8 +12,15 @@ did not change. Net changes removes that noise within one commit:
    once among the deletes and once among the inserts (otherwise the pairing
    would be a guess, and the rows stay as they are).
 
-Output order: update pairs (pre-image then post-image), then remaining
-deletes, then remaining inserts, each in input order.
+Output order: with key columns, update pairs (pre-image then post-image, in
+the order of their deletes), then remaining deletes, then remaining inserts,
+each in input order; without, the remaining rows in input order.
+
+Equality is that of each value's JSON (:func:`row_keys`): values equal, except
+that NaN, the infinities and null are one value and ``-0.0`` is not ``0.0``.
+It is computed column-wise in Arrow (:func:`group_ids`: an integer code per
+row), not with a Python object per row; only types Arrow cannot hash (struct,
+list, map) are encoded per value in Python.
 
 Memory: rule 1 needs every row of a commit with the same values side by side,
 and rule 2 every row of a key, so a commit is netted in key-hash partitioned
@@ -30,17 +37,20 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from deltatail.state.changes import FileTask
 from deltatail.state.errors import ConfigError
 
 _CHANGE = ("_change_type", "_commit_version", "_commit_timestamp")
+_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME
 
 
 def row_keys(table: pa.Table, columns: list[str]) -> list[bytes]:
@@ -50,15 +60,127 @@ def row_keys(table: pa.Table, columns: list[str]) -> list[bytes]:
     its whole output buffer (about 4 KiB for a short row), which for a commit's million keys is gigabytes.
     """
     values = [table.column(c).to_pylist() for c in columns]
-    return [
-        bytes(memoryview(orjson.dumps(row, default=_encode, option=orjson.OPT_PASSTHROUGH_DATETIME)))
-        for row in zip(*values, strict=True)
-    ]
+    return [bytes(memoryview(orjson.dumps(row, default=_encode, option=_OPTIONS))) for row in zip(*values, strict=True)]
 
 
 def _encode(value: Any) -> Any:
     return repr(value)
 
+
+# -- equality classes in Arrow ------------------------------------------------------------------------
+#
+# Two rows are "identical" (rule 1) or "of the same key" (rule 2) when :func:`row_keys` gives them the
+# same bytes: JSON per value, with ``repr`` for what JSON has no type for. Per column that is equality
+# of values, except for floats, where JSON writes NaN and the infinities as ``null`` (all four equal)
+# and keeps ``-0.0`` apart from ``0.0``. The functions below give each row an integer code per column
+# with exactly that equality, computed in Arrow; a type Arrow cannot hash (struct, list, map, ...)
+# keeps the JSON of each value as its code's source.
+
+_Column: TypeAlias = pa.ChunkedArray | pa.Array
+
+
+def _plain(column: _Column) -> _Column:
+    """``column`` with values equal exactly when their JSON is: floats as their bits, non-finite as null."""
+    if pa.types.is_dictionary(column.type):
+        column = pc.cast(column, column.type.value_type)
+    if pa.types.is_float32(column.type) or pa.types.is_float64(column.type):
+        finite = pc.if_else(pc.is_finite(column), column, pa.scalar(None, column.type))
+        bits = pa.int32() if pa.types.is_float32(column.type) else pa.int64()
+        chunks = finite.chunks if isinstance(finite, pa.ChunkedArray) else [finite]
+        return pa.chunked_array([c.view(bits) for c in chunks], bits)
+    return column
+
+
+def _json_values(column: _Column) -> pa.Array:
+    """Each value of ``column`` as :func:`row_keys` writes it (for types Arrow cannot hash)."""
+    return pa.array(
+        [bytes(memoryview(orjson.dumps(v, default=_encode, option=_OPTIONS))) for v in column.to_pylist()],
+        pa.binary(),
+    )
+
+
+def _codes(column: _Column) -> tuple[pa.ChunkedArray, int]:
+    """Integer codes of ``column``'s values (null one code of its own), and how many codes there are."""
+    plain = _plain(column)
+    try:
+        encoded = pc.dictionary_encode(plain, null_encoding="encode")
+    except pa.ArrowNotImplementedError:
+        encoded = pc.dictionary_encode(_json_values(plain), null_encoding="encode")
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    size = len(chunks[0].dictionary) if chunks else 0
+    return pa.chunked_array([pc.cast(c.indices, pa.int64()) for c in chunks], pa.int64()), size
+
+
+def _offsets(column: _Column, rows: int) -> tuple[pa.ChunkedArray, int] | None:
+    """An integer column without nulls whose values span at most ``4 * rows``: its values less the least."""
+    if not pa.types.is_integer(column.type) or pa.types.is_uint64(column.type) or column.null_count or not len(column):
+        return None
+    bounds = pc.min_max(column)
+    low, high = int(bounds["min"].as_py()), int(bounds["max"].as_py())
+    if high - low + 1 > 4 * max(rows, 1):
+        return None
+    span = high - low + 1
+    codes = pc.subtract(pc.cast(column, pa.int64()), pa.scalar(low, pa.int64()))
+    return pa.chunked_array([codes], pa.int64()) if isinstance(codes, pa.Array) else codes, span
+
+
+#: The most codes a combination of columns may have before it is re-encoded densely.
+_SPAN = 1 << 40
+
+
+def group_ids(table: pa.Table, columns: Sequence[str]) -> pa.ChunkedArray:
+    """A code per row of ``table``, equal for two rows exactly when :func:`row_keys` over ``columns`` is.
+
+    Codes are below ``4 * rows`` (dense after a re-encoding). An integer column of a narrow range is
+    its own code (its values less the least: no hashing); columns are combined as mixed-radix numbers,
+    re-encoded densely whenever the combination would pass :data:`_SPAN` codes.
+    """
+    ids: pa.ChunkedArray | None = None
+    span = 1
+    rows = table.num_rows
+    for name in columns:
+        codes, size = _offsets(table.column(name), rows) or _codes(table.column(name))
+        if ids is None:
+            ids, span = codes, size
+            continue
+        if span * max(size, 1) > _SPAN:
+            ids, span = _codes(ids)
+        ids, span = pc.add(pc.multiply(ids, pa.scalar(max(size, 1), pa.int64())), codes), span * max(size, 1)
+    if ids is None:
+        return pa.chunked_array([pa.repeat(pa.scalar(0, pa.int64()), rows)], pa.int64())
+    if span > 4 * max(rows, 1):
+        ids, span = _codes(ids)
+    return ids
+
+
+def _ints(column: _Column) -> npt.NDArray[np.int64]:
+    """An int64 column without nulls as a numpy array."""
+    return np.asarray(column.to_numpy(), dtype=np.int64)
+
+
+def _flags(column: _Column) -> npt.NDArray[np.bool_]:
+    """A boolean column without nulls as a numpy array."""
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _occurrence(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """For each row, how many rows before it have the same id (0 for the first of an id)."""
+    order = np.argsort(ids, kind="stable")
+    ranked = ids[order]
+    position = np.arange(len(ids), dtype=np.int64)
+    starts = np.ones(len(ids), dtype=np.bool_)
+    starts[1:] = ranked[1:] != ranked[:-1]
+    first = np.maximum.accumulate(np.where(starts, position, 0))
+    out = np.empty(len(ids), dtype=np.int64)
+    out[order] = position - first
+    return out
+
+
+#: The order a netted commit's rows come in when it is netted in several passes (part of a cursor saved
+#: inside such a commit, ``row_order`` in ``cursor.json``): 1, a CRC-32 of each row's JSON key picked
+#: its pass (deltatail before 2026-11-28); 2, :func:`key_hash`. A cursor of another order inside a
+#: commit netted in passes is refused (:meth:`tailer.read.feed.ChangeFeed.check_row_order`).
+ROW_ORDER = 2
 
 #: Bytes of a commit's files (as the log gives their sizes) netted in one pass.
 NET_PASS_BYTES = 8 << 20
@@ -78,14 +200,66 @@ def net_passes(tasks: Sequence[FileTask]) -> int:
 def in_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, which: int) -> pa.RecordBatch:
     """The rows of ``batch`` that pass ``which`` of ``passes`` nets: by a hash of the key columns (or the row).
 
+    The hash (:func:`key_hash`) is a pure function of the key's values, so a row's pass, and with it
+    its netted position, is the same on every read.
+
     Raises:
         ConfigError: if a key column is not a column of the batch.
     """
     table = pa.Table.from_batches([batch])
     _check_keys(table, key_columns)
     columns = list(key_columns) or [c for c in table.column_names if c not in _CHANGE]
-    keep = [zlib.crc32(key) % passes == which for key in row_keys(table, columns)]
-    return batch.filter(pa.array(keep, pa.bool_()))
+    h = key_hash(table, columns)
+    divisor = pa.scalar(passes, pa.uint64())
+    rest = pc.subtract(h, pc.multiply(pc.divide(h, divisor), divisor))
+    return batch.filter(pc.equal(rest, pa.scalar(which, pa.uint64())).combine_chunks())
+
+
+_GOLDEN = pa.scalar(0x9E3779B97F4A7C15, pa.uint64())
+_SHIFT = pa.scalar(29, pa.uint64())
+
+
+def key_hash(table: pa.Table, columns: Sequence[str]) -> pa.ChunkedArray:
+    """A 64-bit hash per row of ``columns``, equal for rows :func:`row_keys` makes equal.
+
+    Each column contributes 64 bits of its value (:func:`_value_bits`), mixed multiplicatively
+    (a Fibonacci hash with a xor-shift), so the result depends on the values alone, not on the batch.
+    """
+    h = pa.chunked_array([pa.repeat(pa.scalar(0, pa.uint64()), table.num_rows)], pa.uint64())
+    for name in columns:
+        h = pc.multiply(pc.bit_wise_xor(h, _value_bits(table.column(name))), _GOLDEN)
+        h = pc.bit_wise_xor(h, pc.shift_right(h, _SHIFT))
+    return h
+
+
+def _value_bits(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """64 bits per value, the same for values :func:`row_keys` makes equal.
+
+    Integers, booleans, dates, times, timestamps and durations are their integer value, floats their
+    bits (NaN and the infinities as null, as JSON has them); nulls are 0. Other values (strings,
+    binaries, decimals, nested values) are a CRC-32 of their JSON, computed once per distinct value.
+    """
+    plain = _plain(column)
+    if pa.types.is_temporal(plain.type) and plain.type.bit_width in (32, 64):
+        width = pa.int32() if plain.type.bit_width == 32 else pa.int64()
+        chunks = plain.chunks if isinstance(plain, pa.ChunkedArray) else [plain]
+        plain = pa.chunked_array([c.view(width) for c in chunks], width)
+    kind = plain.type
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        wide = plain if pa.types.is_uint64(kind) else pc.cast(plain, pa.int64())
+        return pc.cast(wide, pa.uint64(), safe=False).fill_null(0)
+    try:
+        encoded = pc.dictionary_encode(plain, null_encoding="encode")
+    except pa.ArrowNotImplementedError:
+        encoded = pc.dictionary_encode(_json_values(plain), null_encoding="encode")
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    if not chunks:
+        return pa.chunked_array([], pa.uint64())
+    crcs = pa.array(
+        [zlib.crc32(orjson.dumps(v, default=_encode, option=_OPTIONS)) for v in chunks[0].dictionary.to_pylist()],
+        pa.uint64(),
+    )
+    return pa.chunked_array([crcs.take(c.indices) for c in chunks], pa.uint64())
 
 
 def _check_keys(table: pa.Table, key_columns: tuple[str, ...]) -> None:
@@ -97,46 +271,58 @@ def _check_keys(table: pa.Table, key_columns: tuple[str, ...]) -> None:
 def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
     """Apply the net-change rules of the module docstring to one commit's change rows.
 
+    Computed per column, not per row: rows get a group code over the table columns (:func:`group_ids`);
+    a ``delete`` cancels when fewer deletes of its group come before it than the group has inserts,
+    and an ``insert`` likewise (the first ``min(deletes, inserts)`` of each side, in input order).
+
     Raises:
         ConfigError: if a key column is not a column of the table.
     """
     _check_keys(table, key_columns)
-    data_columns = [c for c in table.column_names if c not in _CHANGE]
-    kinds = table.column("_change_type").to_pylist()
-    full = row_keys(table, data_columns)
-    deletes = Counter(full[i] for i, k in enumerate(kinds) if k == "delete")
-    inserts = Counter(full[i] for i, k in enumerate(kinds) if k == "insert")
-    cancel = deletes & inserts
-    keep: list[int] = []
-    budget_d, budget_i = Counter(cancel), Counter(cancel)
-    for i, kind in enumerate(kinds):
-        budget = budget_d if kind == "delete" else budget_i if kind == "insert" else None
-        if budget is not None and budget[full[i]] > 0:
-            budget[full[i]] -= 1
-            continue
-        keep.append(i)
+    if table.num_rows == 0:
+        return table
+    kinds = table.column("_change_type")
+    is_del = _flags(pc.fill_null(pc.equal(kinds, "delete"), False))
+    is_ins = _flags(pc.fill_null(pc.equal(kinds, "insert"), False))
+    groups = _ints(group_ids(table, [c for c in table.column_names if c not in _CHANGE]))
+    keep = ~_cancelled(groups, is_del, is_ins)
     if not key_columns:
-        return table.take(pa.array(keep, pa.int64()))
-    return _pair_updates(table, keep, kinds, list(key_columns))
+        return table.filter(pa.array(keep))
+    return _pair_updates(table, keep, is_del, is_ins, _ints(group_ids(table, key_columns)))
 
 
-def _pair_updates(table: pa.Table, keep: list[int], kinds: list[str], key_columns: list[str]) -> pa.Table:
-    keys = row_keys(table, key_columns)
-    by_key: dict[bytes, dict[str, list[int]]] = defaultdict(lambda: {"delete": [], "insert": []})
-    for i in keep:
-        if kinds[i] in ("delete", "insert"):
-            by_key[keys[i]][kinds[i]].append(i)
-    pairs: list[tuple[int, int]] = []
-    paired: set[int] = set()
-    for groups in by_key.values():
-        if len(groups["delete"]) == 1 and len(groups["insert"]) == 1:
-            pairs.append((groups["delete"][0], groups["insert"][0]))
-            paired.update((groups["delete"][0], groups["insert"][0]))
-    pairs.sort()
-    order = [i for pair in pairs for i in pair]
-    order += [i for i in keep if i not in paired and kinds[i] != "insert"]
-    order += [i for i in keep if i not in paired and kinds[i] == "insert"]
-    result = table.take(pa.array(order, pa.int64()))
-    types = ["update_preimage", "update_postimage"] * len(pairs) + [kinds[i] for i in order[2 * len(pairs) :]]
-    index = result.column_names.index("_change_type")
-    return result.set_column(index, "_change_type", pa.array(types, pa.string()))
+def _cancelled(
+    groups: npt.NDArray[np.int64], is_del: npt.NDArray[np.bool_], is_ins: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.bool_]:
+    """Rule 1: whether each row is a delete or insert that an identical row of the other kind cancels."""
+    deletes = np.bincount(groups, weights=is_del).astype(np.int64)[groups]
+    inserts = np.bincount(groups, weights=is_ins).astype(np.int64)[groups]
+    rank = _occurrence(groups * 2 + is_ins)
+    cancelled: npt.NDArray[np.bool_] = (is_del & (rank < inserts)) | (is_ins & (rank < deletes))
+    return cancelled
+
+
+def _pair_updates(
+    table: pa.Table,
+    keep: npt.NDArray[np.bool_],
+    is_del: npt.NDArray[np.bool_],
+    is_ins: npt.NDArray[np.bool_],
+    keys: npt.NDArray[np.int64],
+) -> pa.Table:
+    """Rule 2 on the rows ``keep`` marks, then the output order of the module docstring."""
+    kept_del, kept_ins = keep & is_del, keep & is_ins
+    once = (np.bincount(keys, weights=kept_del)[keys] == 1) & (np.bincount(keys, weights=kept_ins)[keys] == 1)
+    index = np.arange(table.num_rows, dtype=np.int64)
+    insert_of_key = np.zeros(int(keys.max()) + 1, dtype=np.int64)
+    insert_of_key[keys[once & kept_ins]] = index[once & kept_ins]
+    deletes = index[once & kept_del]  # in input order: the pairs' order
+    order = np.empty(2 * len(deletes), dtype=np.int64)
+    order[0::2], order[1::2] = deletes, insert_of_key[keys[deletes]]
+    alone = keep & ~(once & (kept_del | kept_ins))
+    rest = np.concatenate([index[alone & ~is_ins], index[alone & is_ins]])
+    result = table.take(pa.array(np.concatenate([order, rest])))
+    images = pa.array(["update_preimage", "update_postimage"] * len(deletes), pa.string())
+    rest_kinds = pc.cast(table.column("_change_type").take(pa.array(rest)), pa.string())
+    types = pa.chunked_array([images, *rest_kinds.chunks], pa.string())
+    at = result.column_names.index("_change_type")
+    return result.set_column(at, "_change_type", types)

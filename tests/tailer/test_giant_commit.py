@@ -10,9 +10,11 @@ here from pyarrow reads of the data files.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from cdf_helpers import append_commit, write_dv_file
 from deltalake import DeltaTable, write_deltalake
 
 from deltatail.state.cursor import Position
+from deltatail.state.errors import StateError
 from deltatail.state.feed import ChangeBatch, TableInfo
 from deltatail.tailer.follow.config import TailerConfig
 from deltatail.tailer.follow.state_store import StateStore
@@ -320,3 +323,79 @@ def test_a_deletion_vector_commit_touching_many_files_is_delivered_exactly_in_bo
     data_opens = [i for i, (kind, path) in enumerate(events) if kind == "open" and str(path).endswith(".parquet")]
     assert len(data_opens) == DV_FILES
     assert next(i for i, (kind, n) in enumerate(events) if kind == "flush" and n) < data_opens[-1]
+
+
+class StoppingSink(RecordingSink):
+    """A :class:`RecordingSink` that asks ``tailer`` to stop at its first flush holding rows."""
+
+    tailer: Tailer | None = None
+
+    def flush(self) -> None:
+        if self.unflushed and self.tailer is not None:
+            self.tailer.stop()
+        super().flush()
+
+
+def _as_older_deltatail(state: Path) -> None:
+    """Rewrite ``cursor.json`` as deltatail saved it before ``row_order`` existed (the field absent)."""
+    raw = orjson.loads((state / "cursor.json").read_bytes())
+    del raw["state"]["row_order"]
+    raw["crc32"] = zlib.crc32(orjson.dumps(raw["state"], option=orjson.OPT_SORT_KEYS))
+    (state / "cursor.json").write_bytes(orjson.dumps(raw))
+
+
+def _net_tailer(root: Path, version: int, state: Path, sink: Sink) -> Tailer:
+    options = ChangeOptions(net_changes=True, key_columns=("id",), batch_size=300, read_ahead=0, reader_processes=0)
+    config = TailerConfig(
+        str(root), str(state), starting_version=version, until_caught_up=True, flush_rows=1_000, options=options
+    )
+    return Tailer(config, sink, feed=ChangeFeed(str(root), options=options))
+
+
+def test_an_older_cursor_inside_a_commit_netted_in_one_pass_resumes_there(
+    tmp_path: Path, rewrite: tuple[Path, int]
+) -> None:
+    """One pass: no hash picks rows, so the netted order is the one older deltatails gave too."""
+    root, version = rewrite
+    state = tmp_path / "state"
+    first = StoppingSink([])
+    first.tailer = _net_tailer(root, version, state, first)
+    first.tailer.run()
+    _as_older_deltatail(state)
+    saved = StateStore(str(state)).load()
+    assert saved is not None and saved.row_order == 1 and 0 < saved.cursor.index < 4_200
+    rest = RecordingSink([])
+    _net_tailer(root, version, state, rest).run()
+    assert Counter(_key(r) for r in first.rows + rest.rows) == _snapshot_diff(root, version, keyed=True)
+    assert len(first.rows) + len(rest.rows) == 4_200
+
+
+def test_a_cursor_inside_a_commit_netted_in_passes_resumes_there_unless_an_older_deltatail_saved_it(
+    tmp_path: Path, rewrite: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, version = rewrite
+    plan = next(ChangeFeed(str(root)).plans(version, version))
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", -(-sum(t.size or 0 for t in plan.tasks) // 4))
+    state = tmp_path / "state"
+
+    def tailer(sink: Sink) -> Tailer:
+        return _net_tailer(root, version, state, sink)
+
+    first = StoppingSink([])
+    first.tailer = tailer(first)
+    first.tailer.run()
+    saved = StateStore(str(state)).load()
+    assert saved is not None and saved.cursor.version == version and 0 < saved.cursor.index < 4_200
+    assert saved.row_order == net_changes_module.ROW_ORDER
+    shutil.copytree(state, tmp_path / "older")
+
+    rest = RecordingSink([])
+    tailer(rest).run()
+    assert len(first.rows) == saved.cursor.index
+    assert Counter(_key(r) for r in first.rows + rest.rows) == _snapshot_diff(root, version, keyed=True)
+
+    shutil.rmtree(state)
+    shutil.copytree(tmp_path / "older", state)
+    _as_older_deltatail(state)
+    with pytest.raises(StateError, match=rf"saved by an older deltatail inside version {version}.*4 key-hash passes"):
+        tailer(RecordingSink([])).run()
