@@ -44,7 +44,6 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from deltatail.state.changes import FileTask
 from deltatail.state.errors import ConfigError
@@ -81,6 +80,8 @@ _Column: TypeAlias = pa.ChunkedArray | pa.Array
 
 def _plain(column: _Column) -> _Column:
     """``column`` with values equal exactly when their JSON is: floats as their bits, non-finite as null."""
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     if pa.types.is_dictionary(column.type):
         column = pc.cast(column, column.type.value_type)
     if pa.types.is_float32(column.type) or pa.types.is_float64(column.type):
@@ -101,6 +102,8 @@ def _json_values(column: _Column) -> pa.Array:
 
 def _codes(column: _Column) -> tuple[pa.ChunkedArray, int]:
     """Integer codes of ``column``'s values (null one code of its own), and how many codes there are."""
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     plain = _plain(column)
     try:
         encoded = pc.dictionary_encode(plain, null_encoding="encode")
@@ -113,6 +116,8 @@ def _codes(column: _Column) -> tuple[pa.ChunkedArray, int]:
 
 def _offsets(column: _Column, rows: int) -> tuple[pa.ChunkedArray, int] | None:
     """An integer column without nulls whose values span at most ``4 * rows``: its values less the least."""
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     if not pa.types.is_integer(column.type) or pa.types.is_uint64(column.type) or column.null_count or not len(column):
         return None
     bounds = pc.min_max(column)
@@ -135,6 +140,8 @@ def group_ids(table: pa.Table, columns: Sequence[str]) -> pa.ChunkedArray:
     its own code (its values less the least: no hashing); columns are combined as mixed-radix numbers,
     re-encoded densely whenever the combination would pass :data:`_SPAN` codes.
     """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     ids: pa.ChunkedArray | None = None
     span = 1
     rows = table.num_rows
@@ -206,6 +213,8 @@ def in_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, wh
     Raises:
         ConfigError: if a key column is not a column of the batch.
     """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     table = pa.Table.from_batches([batch])
     _check_keys(table, key_columns)
     columns = list(key_columns) or [c for c in table.column_names if c not in _CHANGE]
@@ -225,6 +234,8 @@ def key_hash(table: pa.Table, columns: Sequence[str]) -> pa.ChunkedArray:
     Each column contributes 64 bits of its value (:func:`_value_bits`), mixed multiplicatively
     (a Fibonacci hash with a xor-shift), so the result depends on the values alone, not on the batch.
     """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     h = pa.chunked_array([pa.repeat(pa.scalar(0, pa.uint64()), table.num_rows)], pa.uint64())
     for name in columns:
         h = pc.multiply(pc.bit_wise_xor(h, _value_bits(table.column(name))), _GOLDEN)
@@ -239,6 +250,8 @@ def _value_bits(column: pa.ChunkedArray) -> pa.ChunkedArray:
     bits (NaN and the infinities as null, as JSON has them); nulls are 0. Other values (strings,
     binaries, decimals, nested values) are a CRC-32 of their JSON, computed once per distinct value.
     """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     plain = _plain(column)
     if pa.types.is_temporal(plain.type) and plain.type.bit_width in (32, 64):
         width = pa.int32() if plain.type.bit_width == 32 else pa.int64()
@@ -278,6 +291,8 @@ def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
     Raises:
         ConfigError: if a key column is not a column of the table.
     """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     _check_keys(table, key_columns)
     if table.num_rows == 0:
         return table
@@ -310,6 +325,8 @@ def _pair_updates(
     keys: npt.NDArray[np.int64],
 ) -> pa.Table:
     """Rule 2 on the rows ``keep`` marks, then the output order of the module docstring."""
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
     kept_del, kept_ins = keep & is_del, keep & is_ins
     once = (np.bincount(keys, weights=kept_del)[keys] == 1) & (np.bincount(keys, weights=kept_ins)[keys] == 1)
     index = np.arange(table.num_rows, dtype=np.int64)
