@@ -4,8 +4,8 @@ Each table is written by ``deltalake``; the hostile commit is appended to ``_del
 Where a hostile path names a FIFO or a special file, the command line runs in a child process with
 a time limit (:func:`in_child`): a FIFO outside the table blocks whoever opens it for reading, from
 any thread, so a refusal that returns proves the FIFO was never opened. The other commands run
-through the entry point in this process (:func:`deltatail`, ``damage.run_cli``, as the console
-script calls it): the child would only import the command line again.
+through the entry point in this process (``damage.run_inline``, as the console script calls
+it): the child would only import the command line again.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -27,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cdf_helpers import append_commit, corpus_table
-from damage import run_cli
+from damage import run_inline as deltatail
 from deltalake import write_deltalake
 from lance.fragment import DataFile, FragmentMetadata
 
@@ -49,33 +47,6 @@ def in_child(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=LIMIT, check=False
     )
-
-
-@dataclass(frozen=True)
-class Ran:
-    """What :func:`deltatail` returns: a command's exit code and output, as a child's would read."""
-
-    returncode: int | None
-    stdout: str
-    stderr: str
-
-
-def deltatail(*args: str) -> Ran:
-    """``deltatail ARGS`` through the entry point in this process; an escaping exception is in stderr.
-
-    What ``run`` sets for its process (signal handlers, the thread switch interval, Arrow's memory
-    pool) is put back afterwards, for the tests that run next in this one.
-    """
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    switch, pool = sys.getswitchinterval(), pa.default_memory_pool()
-    try:
-        done = run_cli(list(args))
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-        sys.setswitchinterval(switch)
-        pa.set_memory_pool(pool)
-    return Ran(done.code, done.stdout.decode(), done.stderr + (done.escaped or ""))
 
 
 def _rows(ids: list[int], name: str) -> pa.Table:
