@@ -43,15 +43,18 @@ import pytest
 #: load average 2 to 4), converted to this scale by the sweep's ratio (277 s idle then = 800 here): the
 #: damaged-table sweep reuses one table copy per test (277 s -> 178 s), ``test_run.py`` waits for rows or
 #: per-commit cursors instead of the 5 s checkpoint timer (its three tests 34 s -> 9 s; the file about
-#: 55 s -> 30 s); the notification hubs' close no longer waits out a 20-second long poll.
+#: 55 s -> 30 s); the notification hubs' close no longer waits out a 20-second long poll. Three more on
+#: 2026-11-28 (``-n 0`` at a load average of 7 to 11, so scaled by each file's after/before ratio): the unsafe-path
+#: and CLI-UX commands that meet no FIFO run in-process (84 s -> 30 s; 118 s -> 27 s, from its idle 36 s), and
+#: the object-store tables read each local copy once for its three stores (225 s -> 185 s, from its idle 82 s).
 SECONDS: dict[str, float] = {
     "tests/sinks/test_kafka_tailer.py": 770,
     "tests/sinks/test_spark.py": 743,
     "tests/sinks/test_spark_lance.py": 567,
     "tests/tailer/test_damaged_tables.py": 515,
     "tests/tailer/test_reader_pool.py": 480,
-    "tests/tailer/test_unsafe_paths.py": 417,
-    "tests/tailer/stores/test_objectstore_tables.py": 380,
+    "tests/tailer/stores/test_objectstore_tables.py": 148,
+    "tests/tailer/test_unsafe_paths.py": 149,
     "tests/tailer/test_run_crash.py": 240,
     "tests/state/test_action_validation.py": 258,
     "tests/sinks/test_kafka_avro.py": 241,
@@ -64,6 +67,7 @@ SECONDS: dict[str, float] = {
     "tests/tailer/test_conformance.py": 94,
     "tests/tailer/test_serve_config.py": 93,
     "tests/tailer/test_rows.py": 71,
+    "tests/tailer/test_cli_ux.py": 18,
     "tests/tailer/test_lance_run.py": 50,
     "tests/sinks/test_kafka.py": 69,
     "tests/tailer/stores/test_objectstore_storage.py": 64,
