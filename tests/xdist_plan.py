@@ -43,13 +43,12 @@ import pytest
 #: load average 2 to 4), converted to this scale by the sweep's ratio (277 s idle then = 800 here): the
 #: damaged-table sweep reuses one table copy per test (277 s -> 178 s), ``test_run.py`` waits for rows or
 #: per-commit cursors instead of the 5 s checkpoint timer (its three tests 34 s -> 9 s; the file about
-#: 55 s -> 30 s); the notification hubs' close no longer waits out a 20-second long poll. Eight more on
-#: 2026-11-28 (``-n 0`` at a load average of 7 to 11, so scaled by each file's after/before ratio): commands
+#: 55 s -> 30 s); the notification hubs' close no longer waits out a 20-second long poll. Nine more on
+#: 2026-11-28 (``-n 0`` at a load average of 4 to 11, so scaled by each file's after/before ratio): commands
 #: that meet no FIFO and are not about the process run in-process: unsafe paths 84 s -> 30 s, CLI UX
-#: 118 s -> 27 s (from its idle 36 s), audit CLI 68 s -> 19 s, cursor control 47 s -> 9 s,
-#: the CLI file 51 s -> 9 s, lag and status 33 s -> 12 s, data loss
-#: 67 s -> 13 s; the object-store
-#: tables read each local copy once for its three stores (225 s -> 185 s, from its idle 82 s).
+#: 118 s -> 27 s (from its idle 36 s), audit CLI 68 s -> 19 s, cursor control 47 s -> 9 s, the CLI file
+#: 51 s -> 9 s, lag and status 33 s -> 12 s, data loss 67 s -> 13 s, sink holdings 20 s -> 6 s; the
+#: object-store tables read each local copy once for its three stores (225 s -> 185 s, from its idle 82 s).
 SECONDS: dict[str, float] = {
     "tests/sinks/test_kafka_tailer.py": 770,
     "tests/sinks/test_spark.py": 743,
@@ -75,6 +74,7 @@ SECONDS: dict[str, float] = {
     "tests/tailer/test_cli.py": 10,
     "tests/tailer/test_lag_and_status.py": 12,
     "tests/tailer/test_data_loss.py": 13,
+    "tests/tailer/test_sink_holdings.py": 6,
     "tests/tailer/test_lance_run.py": 50,
     "tests/sinks/test_kafka.py": 69,
     "tests/tailer/stores/test_objectstore_storage.py": 64,

@@ -66,8 +66,9 @@ def _alarm(signum: int, frame: FrameType | None) -> None:
     raise _Hang
 
 
-def run_cli(argv: list[str], env: dict[str, str] | None = None) -> Outcome:
-    """``deltatail ARGV`` in this process, as the console script runs it, with ``env`` added to the environment.
+def run_cli(argv: list[str], env: dict[str, str] | None = None, *, clear: bool = False) -> Outcome:
+    """``deltatail ARGV`` in this process, as the console script runs it, with ``env`` added to the environment
+    (with ``clear``, ``env`` is the whole environment while it runs).
 
     What a command sets for its process (``run``: SIGINT and SIGTERM handlers, the thread switch
     interval, Arrow's memory pool; logging's handlers) is put back afterwards.
@@ -82,7 +83,7 @@ def run_cli(argv: list[str], env: dict[str, str] | None = None) -> Outcome:
     signal.alarm(TIME_LIMIT)
     build_parser, cli_main.build_parser = cli_main.build_parser, _PARSER
     try:
-        with redirect_stdout(out), redirect_stderr(err), mock.patch.dict(os.environ, env or {}):
+        with redirect_stdout(out), redirect_stderr(err), mock.patch.dict(os.environ, env or {}, clear=clear):
             try:
                 code: int | None = main(argv)
                 escaped = None
@@ -117,9 +118,9 @@ class Ran:
     stderr: str
 
 
-def run_inline(*args: str, env: dict[str, str] | None = None) -> Ran:
+def run_inline(*args: str, env: dict[str, str] | None = None, clear: bool = False) -> Ran:
     """:func:`run_cli` read as ``subprocess.run(..., text=True)`` reads a child; an escaped exception is in stderr."""
-    done = run_cli(list(args), env)
+    done = run_cli(list(args), env, clear=clear)
     return Ran(done.code, done.stdout.decode(), done.stderr + (done.escaped or ""))
 
 
