@@ -31,6 +31,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -65,17 +66,24 @@ def _alarm(signum: int, frame: FrameType | None) -> None:
     raise _Hang
 
 
-def run_cli(argv: list[str]) -> Outcome:
-    """``deltatail ARGV`` in this process, as the console script runs it."""
+def run_cli(argv: list[str], env: dict[str, str] | None = None, *, clear: bool = False) -> Outcome:
+    """``deltatail ARGV`` in this process, as the console script runs it, with ``env`` added to the environment
+    (with ``clear``, ``env`` is the whole environment while it runs).
+
+    What a command sets for its process (``run``: SIGINT and SIGTERM handlers, the thread switch
+    interval, Arrow's memory pool; logging's handlers) is put back afterwards.
+    """
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
     err = io.StringIO()
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level  # main() points logging at the captured stderr
+    stops = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    switch, pool = sys.getswitchinterval(), pa.default_memory_pool()
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(TIME_LIMIT)
     build_parser, cli_main.build_parser = cli_main.build_parser, _PARSER
     try:
-        with redirect_stdout(out), redirect_stderr(err):
+        with redirect_stdout(out), redirect_stderr(err), mock.patch.dict(os.environ, env or {}, clear=clear):
             try:
                 code: int | None = main(argv)
                 escaped = None
@@ -88,6 +96,10 @@ def run_cli(argv: list[str]) -> Outcome:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+        for signum, handler in stops.items():
+            signal.signal(signum, handler)
+        sys.setswitchinterval(switch)
+        pa.set_memory_pool(pool)
         cli_main.build_parser = build_parser
         root.handlers[:] = handlers
         root.setLevel(level)
@@ -95,6 +107,21 @@ def run_cli(argv: list[str]) -> Outcome:
     raw = out.buffer
     assert isinstance(raw, io.BytesIO)
     return Outcome(code, raw.getvalue(), err.getvalue(), escaped)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A command's exit code and output as a child process's would read (:func:`run_inline`)."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+def run_inline(*args: str, env: dict[str, str] | None = None, clear: bool = False) -> Ran:
+    """:func:`run_cli` read as ``subprocess.run(..., text=True)`` reads a child; an escaped exception is in stderr."""
+    done = run_cli(list(args), env, clear=clear)
+    return Ran(done.code, done.stdout.decode(), done.stderr + (done.escaped or ""))
 
 
 # -- damages --------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""``deltatail audit TABLE`` over a range, run as a user would (a subprocess), and the logs it appends to.
+"""``deltatail audit TABLE`` over a range, and the logs it appends to.
 
-Usage errors run through the command line's entry point in this process (as the console script
-calls it; ``damage.run_cli``): argparse and the settings exit 2 before anything is read, so a
-process of their own, which imports the whole stack, proves nothing more.
+The commands run through the command line's entry point in this process, as the console script
+calls it (``damage.run_cli``, ``damage.run_inline``: exit code, stdout and stderr captured; stdout is
+not a terminal, as a pipe is not): a process of their own, which imports the whole stack again,
+proves nothing more about the audit. One audit runs as a user runs it, in a child process
+(``test_json_lines_are_the_events``).
 
 The table is the ops table of ``audit_tables.py`` (versions 0..9, one operation each, users recorded
 by deltalake's commit properties). Expected values are what the test told deltalake to do; the JSON
@@ -24,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from audit_tables import write_ops_table
-from damage import run_cli
+from damage import Ran, run_cli, run_inline
 from deltalake import write_deltalake
 
 from deltatail.state.alerts import parse_alert_rules
@@ -60,17 +62,18 @@ property_change = ["delta.enableChangeDataFeed"]
 """
 
 
-def run(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [*DELTATAIL, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
+def run(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Ran:
+    """``deltatail ARGS`` in this process (``damage.run_inline``); with ``check``, it must succeed."""
+    result = run_inline(*args, env=env)
     if check:
         assert result.returncode == 0, result.stderr
+    return result
+
+
+def in_child(*args: str) -> subprocess.CompletedProcess[str]:
+    """``deltatail ARGS`` as a user runs it, in a child process; it must succeed."""
+    result = subprocess.run([*DELTATAIL, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
     return result
 
 
@@ -88,7 +91,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_json_lines_are_the_events(ops: Path) -> None:
-    out = run("audit", str(ops)).stdout  # not a terminal: JSON lines
+    out = in_child("audit", str(ops)).stdout  # not a terminal: JSON lines
     lines = [json.loads(line) for line in out.splitlines()]
     assert [d["version"] for d in lines] == list(range(10))
     assert [d["operation"] for d in lines] == [

@@ -1,4 +1,10 @@
-"""The deltatail command line, run as a user would: snapshot, changes, demo, and its exit codes."""
+"""The deltatail command line: snapshot, changes, demo, and its exit codes.
+
+The commands run through the command line's entry point in this process, as the console script calls
+it (``damage.run_inline``: exit code, stdout and stderr captured); the demo (a writer process and a
+tailer) and a run logging in JSON (every line the process writes) run as a user runs them, in a child
+process (:func:`_in_child`).
+"""
 
 from __future__ import annotations
 
@@ -10,16 +16,23 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from damage import Ran, run_inline
 from deltalake import DeltaTable, write_deltalake
 
 DELTATAIL = [sys.executable, "-m", "deltatail"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([*DELTATAIL, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def _run(*args: str, check: bool = True) -> Ran:
+    result = run_inline(*args)
     if check:
         assert result.returncode == 0, result.stderr
+    return result
+
+
+def _in_child(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([*DELTATAIL, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr
     return result
 
 
@@ -135,7 +148,7 @@ def test_usage_errors_exit_two(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_streams_the_writers_changes() -> None:
-    result = _run("demo", "--commits", "4", "--interval", "0.2", timeout=180)
+    result = _in_child("demo", "--commits", "4", "--interval", "0.2", timeout=180)
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     versions = {r["_commit_version"] for r in rows}
     assert min(versions) == 0
@@ -181,7 +194,7 @@ def test_json_logs_are_one_object_per_line_with_status_fields(tmp_path: Path, ca
     from deltatail.tailer.runtime.status import status
 
     _table(tmp_path / "t")
-    result = _run(
+    result = _in_child(
         "--log-format", "json", "run", str(tmp_path / "t"), "--state-dir", str(tmp_path / "s"),
         "--sink", f"jsonl:{tmp_path / 'o.jsonl'}", "--until-caught-up",
     )  # fmt: skip

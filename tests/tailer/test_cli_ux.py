@@ -1,7 +1,11 @@
 """What a new user meets on the command line: exit codes, JSON logs to the last line, positions as users write
 them, ``audit --fail-on`` and ``audit --html`` without its extra.
 
-Every command runs as a user runs it (a subprocess); tables are written by deltalake.
+Commands run through the command line's entry point in this process, as the console script calls it
+(``damage.run_inline``: exit code, stdout and stderr captured); what is about the process itself runs
+as a user runs it, in a child process (:func:`in_child`): a run logging as it goes in JSON (every line
+the child writes, native libraries' too), a terminal, Python's start-up (an extra missing from the
+path), uncaught exceptions. Tables are written by deltalake.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from audit_tables import write_ops_table
+from damage import run_inline as cli
 from deltalake import write_deltalake
 
 from deltatail.state.cursor import Position
@@ -37,7 +42,7 @@ property_change = ["delta.enableChangeDataFeed"]
 """
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def in_child(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "deltatail", *args],
         cwd=ROOT,
@@ -137,9 +142,9 @@ def test_json_mode_prints_every_line_as_json_the_fatal_error_too(table: Path, tm
     # a run that logs as it goes and then fails: all of it JSON
     state, out = tmp_path / "state", tmp_path / "out.jsonl"
     run = ["--log-format", "json", "run", str(table), "--state-dir", str(state), "--sink", f"jsonl:{out}"]
-    assert cli(*run, "--until-caught-up").returncode == 0
+    assert in_child(*run, "--until-caught-up").returncode == 0
     write_deltalake(table, pa.table({"id": pa.array([5], pa.int64())}), mode="append")
-    failed = cli(*run, "--until-caught-up", "--sink", "jsnl:/tmp/x")
+    failed = in_child(*run, "--until-caught-up", "--sink", "jsnl:/tmp/x")
     assert failed.returncode == 2
     records = json_lines(failed.stderr)
     assert records[-1]["event"] == "fatal"
@@ -220,11 +225,11 @@ def test_audit_html_without_its_extra_fails_before_reading(ops: Path, tmp_path: 
     (fake / "vl_convert" / "__init__.py").write_text('raise ImportError("vl_convert is not installed here")\n')
     env = {"PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")])}
     log, html = tmp_path / "log.jsonl", tmp_path / "r.html"
-    done = cli("audit", str(ops), "--output", str(log), "--html", str(html), env=env)
+    done = in_child("audit", str(ops), "--output", str(log), "--html", str(html), env=env)
     assert done.returncode == 2 and "vl-convert-python" in done.stderr, done.stderr
     assert not log.exists() and not html.exists()  # nothing was audited or written first
     # not even a table that is not there is looked at
-    gone = cli("audit", str(tmp_path / "nothing"), "--html", str(html), env=env)
+    gone = in_child("audit", str(tmp_path / "nothing"), "--html", str(html), env=env)
     assert gone.returncode == 2 and "vl-convert-python" in gone.stderr and "_delta_log" not in gone.stderr
 
 

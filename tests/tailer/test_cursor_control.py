@@ -1,26 +1,23 @@
-"""deltatail status, seek and reset: on a run's state directory, with the checks of a start."""
+"""deltatail status, seek and reset: on a run's state directory, with the checks of a start.
+
+The commands run through the command line's entry point in this process, as the console script calls
+it (``damage.run_inline``: exit code, stdout and stderr captured).
+"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from damage import run_inline as deltatail
 from deltalake import DeltaTable, write_deltalake
 
 from deltatail.state.cursor import Position
 from deltatail.state.errors import ConfigError, StateError, VersionNotFoundError
 from deltatail.tailer.follow.control import describe, reset, seek
 from deltatail.tailer.follow.state_store import StateStore
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def deltatail(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, text=True)
 
 
 def make(tmp_path: Path, versions: int = 4) -> Path:

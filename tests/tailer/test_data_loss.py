@@ -25,6 +25,7 @@ from pathlib import Path
 import lance
 import pyarrow as pa
 import pytest
+from damage import Ran, run_inline
 from deltalake import DeltaTable, write_deltalake
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,22 +110,24 @@ def account(truth: Truth, out: Path, versions: range, partial: frozenset[int] = 
 
 def run(
     root: Path, state: Path, out: Path, *extra: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
+) -> subprocess.CompletedProcess[str] | Ran:
+    """``deltatail run ... --until-caught-up`` through the entry point in this process (``damage.run_inline``);
+    with ``env`` (a crash point: the process is killed) in a child process."""
     args = ["run", str(root), "--state-dir", str(state), "--sink", f"jsonl:{out}", "--until-caught-up"]
     start = [] if "--initial-snapshot" in extra else ["--starting-version", "0"]
+    if env is None:
+        return run_inline(*args, *start, "--no-watch", *extra)
     return subprocess.run(
         [sys.executable, "-m", "deltatail", *args, *start, "--no-watch", *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env=None if env is None else {**os.environ, **env},
+        env={**os.environ, **env},
     )
 
 
 def status(state: Path) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-m", "deltatail", "status", str(state), "--json"], cwd=ROOT, capture_output=True, text=True
-    )
+    done = run_inline("status", str(state), "--json")
     assert done.returncode == 0, done.stderr
     [doc] = json.loads(done.stdout)
     assert isinstance(doc, dict)

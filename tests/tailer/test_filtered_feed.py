@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from damage import Ran, run_inline
 from deltalake import DeltaTable, write_deltalake
 
 from deltatail.state.errors import ConfigError, InvalidLogError
@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: corpus.p
 from corpus import corpus_table
 
 CDF = {"delta.enableChangeDataFeed": "true"}
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def rows(ids: range, region: str) -> pa.Table:
@@ -90,8 +89,9 @@ def test_an_unknown_column_is_refused_before_anything_is_read(tmp_path: Path) ->
         feed.check_filter()
 
 
-def deltatail(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deltatail", *args], cwd=ROOT, capture_output=True, text=True)
+def deltatail(*args: str) -> Ran:
+    """``deltatail ARGS`` through the command line's entry point in this process (``damage.run_inline``)."""
+    return run_inline(*args)
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """A file sink reports the holdings of its own table only, and rows lost from it are not passed over.
 
 Tables are written by deltalake in ``tmp_path``; the tailer runs in-process (``Tailer``) or as
-``deltatail run`` in a subprocess; sinks are real files and directories.
+``deltatail run`` through the command line's entry point (``damage.run_inline``, in this process);
+sinks are real files and directories.
 
 - Two tables, one sink (``jsonl:F`` or ``parquet:DIR``): the second table is refused with a
   ``SinkError`` naming both tables and the sink, and nothing of it is written (before: "sink
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from damage import Ran, run_inline
 from deltalake import DeltaTable, write_deltalake
 
 from deltatail.sinks.embedded import JsonLinesSink, ParquetDirSink
@@ -34,9 +34,7 @@ from deltatail.tailer.follow.stats import TableStats
 from deltatail.tailer.follow.tailer import Tailer, TailerConfig
 from deltatail.tailer.sink import Sink
 
-ROOT = Path(__file__).resolve().parents[2]
 CDF = {"delta.enableChangeDataFeed": "true"}
-WAIT = 120.0
 
 
 def data(ids: range | list[int]) -> pa.Table:
@@ -67,11 +65,11 @@ def parquet_ids(directory: Path) -> list[int]:
     return [i for f in files for i in pq.read_table(f).column("id").to_pylist()]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str) -> Ran:
+    """``deltatail ARGS`` through the entry point in this process (``damage.run_inline``), in an environment
+    without ``DELTATAIL_`` settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELTATAIL_")}
-    return subprocess.run(
-        [sys.executable, "-m", "deltatail", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=WAIT
-    )
+    return run_inline(*args, env=env, clear=True)
 
 
 # ---------------------------------------------------------------- two tables, one sink

@@ -1,8 +1,11 @@
 """Paths outside the table are refused before anything is opened, unless under a listed external root.
 
 Each table is written by ``deltalake``; the hostile commit is appended to ``_delta_log`` by hand.
-The command line runs in a child process with a time limit: a FIFO outside the table blocks
-whoever opens it for reading, so a refusal that returns proves the FIFO was never opened.
+Where a hostile path names a FIFO or a special file, the command line runs in a child process with
+a time limit (:func:`in_child`): a FIFO outside the table blocks whoever opens it for reading, from
+any thread, so a refusal that returns proves the FIFO was never opened. The other commands run
+through the entry point in this process (``damage.run_inline``, as the console script calls
+it): the child would only import the command line again.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from cdf_helpers import append_commit, corpus_table
+from damage import run_inline as deltatail
 from deltalake import write_deltalake
 from lance.fragment import DataFile, FragmentMetadata
 
@@ -37,15 +41,11 @@ MARKER = "MARKER-outside-the-table"
 LIMIT = 120
 
 
-def deltatail(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def in_child(*args: str) -> subprocess.CompletedProcess[str]:
+    """``deltatail ARGS`` in a child process, killed after :data:`LIMIT` seconds (a test failure)."""
     code = "import sys; from deltatail.tailer.cli.main import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        timeout=LIMIT,
-        cwd=cwd,
-        check=False,
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=LIMIT, check=False
     )
 
 
@@ -125,7 +125,7 @@ def test_special_files_are_never_opened(lake: tuple[Path, Path], target: str) ->
     table, outside = lake
     path = str(outside / "fifo.parquet") if target == "fifo" else target
     append_commit(table, [_add(path, 100)])
-    out = deltatail("changes", str(table))  # would block on the FIFO if it were opened
+    out = in_child("changes", str(table))  # would block on the FIFO if it were opened
     assert out.returncode == 1
     assert "refused before reading" in out.stderr and path in out.stderr
 
@@ -133,7 +133,7 @@ def test_special_files_are_never_opened(lake: tuple[Path, Path], target: str) ->
 def test_a_relative_path_to_a_fifo_is_never_opened(lake: tuple[Path, Path]) -> None:
     table, _ = lake
     append_commit(table, [_add("../../outside/fifo.parquet", 100)])
-    out = deltatail("changes", str(table))
+    out = in_child("changes", str(table))
     assert out.returncode == 1 and "climbs out of the table root" in out.stderr
 
 
@@ -152,7 +152,7 @@ def test_a_deletion_vector_outside_the_table_is_never_opened(lake: tuple[Path, P
     size = data_file.stat().st_size
     remove = {"remove": {"path": data_file.name, "deletionTimestamp": 1_700_000_000_000, "dataChange": True}}
     version = append_commit(table, [protocol, remove, _add(data_file.name, size, deletionVector=dv)])
-    out = deltatail("changes", str(table), "--starting-version", str(version))
+    out = in_child("changes", str(table), "--starting-version", str(version))
     assert out.returncode == 1, out.stderr
     assert "refused before reading" in out.stderr and str(outside / "fifo.parquet") in out.stderr
     assert f"version {version}" in out.stderr

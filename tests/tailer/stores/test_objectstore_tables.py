@@ -20,12 +20,14 @@ Two kinds of tables:
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,23 +119,42 @@ def read_rows(table: str, storage: ObjectStoreStorage | None, first: int, last: 
     return out
 
 
+@dataclass(frozen=True)
+class LocalReading:
+    """What deltatail reads of a corpus table's local copy: the oracle of its three stores' tests."""
+
+    first: int
+    last: int
+    versions: tuple[int | None, ...]  # None: the latest
+    snapshots: tuple[dict[str, Any] | str, ...]  # at each of ``versions``
+    rows: dict[str, Any]  # read_rows(first, last)
+
+
+@functools.cache
+def local_reading(table: str) -> LocalReading:
+    """The local copy read once for the three stores (the corpus is read-only: an equal reading each time)."""
+    local = str(corpus_table(table))
+    entry = manifest_entries()[table]
+    first, last = int(entry["min_version"]), int(entry["max_version"])
+    versions = (None, *sorted({first, *[v for v in entry["checkpoint_versions"] if v >= first], last}))
+    snapshots = tuple(snapshot_doc(local, version, []) for version in versions)
+    return LocalReading(first, last, versions, snapshots, read_rows(local, None, first, last))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("table", sorted(CORPUS_SUBSET))
 def test_corpus_table_reads_the_same_from_the_store(cloud: Cloud, table: str) -> None:
-    local = corpus_table(table)
-    entry = manifest_entries()[table]
-    first, last = int(entry["min_version"]), int(entry["max_version"])
-    uri = cloud.upload_dir(local, table)
+    here = local_reading(table)
+    first, last = here.first, here.last
+    uri = cloud.upload_dir(corpus_table(table), table)
     storage = ObjectStoreStorage(cloud.options)
 
-    versions = sorted({first, *[v for v in entry["checkpoint_versions"] if v >= first], last})
-    for version in [None, *versions]:
-        here = snapshot_doc(str(local), version, [])
+    for version, local_doc in zip(here.versions, here.snapshots, strict=True):
         there = snapshot_doc(uri, version, storage_flags(cloud.options))
-        assert isinstance(here, dict), f"the local copy fails at version {version}: {here}"
-        assert there == here, f"snapshot at version {version} differs"
+        assert isinstance(local_doc, dict), f"the local copy fails at version {version}: {local_doc}"
+        assert there == local_doc, f"snapshot at version {version} differs"
 
-    remote, local_rows = read_rows(uri, storage, first, last), read_rows(str(local), None, first, last)
+    remote, local_rows = read_rows(uri, storage, first, last), here.rows
     for part in ("changes", "live"):
         assert isinstance(local_rows[part], pa.Table), f"the local copy fails: {local_rows[part]}"
         assert isinstance(remote[part], pa.Table), f"{part} from the store fail: {remote[part]}"
@@ -255,20 +276,30 @@ def proxy_for() -> Iterator[Callable[[Server], CountingProxy]]:
         p.stop()
 
 
+@pytest.fixture(scope="module")
+def long_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """28 versions of one row each written by deltalake, a checkpoint at 24 (for both stores)."""
+    root = tmp_path_factory.mktemp("long-table") / "long"
+    df = pa.table({"id": pa.array([1], pa.int64())})
+    write_deltalake(root, df)
+    for _ in range(24):
+        write_deltalake(root, df, mode="append")
+    DeltaTable(root).create_checkpoint()
+    for _ in range(3):
+        write_deltalake(root, df, mode="append")
+    return root
+
+
 @pytest.mark.slow
 def test_loading_the_latest_snapshot_lists_from_the_checkpoint(
-    writable_cloud: Cloud, proxy_for: Callable[[Server], CountingProxy]
+    writable_cloud: Cloud, long_table: Path, proxy_for: Callable[[Server], CountingProxy]
 ) -> None:
-    """28 versions, a checkpoint at 24: one listing, from version 24 on (6 objects), never the whole log."""
+    """28 versions, a checkpoint at 24: one listing, from version 24 on (6 objects), never the whole log.
+
+    The table is written by deltalake once, locally, and uploaded (the objects deltalake writes into a
+    store, without its 28 rounds of conditional puts to the server)."""
     cloud = writable_cloud
-    uri = cloud.uri("long")
-    df = pa.table({"id": pa.array([1], pa.int64())})
-    write_deltalake(uri, df, storage_options=cloud.writer_options)
-    for _ in range(24):
-        write_deltalake(uri, df, storage_options=cloud.writer_options, mode="append")
-    DeltaTable(uri, storage_options=cloud.writer_options).create_checkpoint()
-    for _ in range(3):
-        write_deltalake(uri, df, storage_options=cloud.writer_options, mode="append")
+    uri = cloud.upload_dir(long_table, "long")
     proxy = proxy_for(cloud.server)
     storage = ObjectStoreStorage(cloud.via(proxy.endpoint).options)
     snap = DeltaLog(uri, storage).snapshot()
