@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +52,19 @@ def rows(ids: range, parts: int = 6) -> pa.Table:
     )
 
 
-def history(root: Path) -> None:
-    """Partitioned commits of several files (several batches each), updates, deletes, an empty-ish commit."""
-    write_deltalake(str(root), rows(range(300)), partition_by=["p"], configuration=CDF)
-    write_deltalake(str(root), rows(range(300, 480)), mode="append")
-    DeltaTable(str(root)).update(updates={"score": "score + 1"}, predicate="id % 7 = 0")
-    DeltaTable(str(root)).delete("id % 11 = 0")
-    write_deltalake(str(root), rows(range(480, 540)), mode="append")
-    DeltaTable(str(root)).update(updates={"score": "score * 2"}, predicate="p = 2")
+def history(root: Path) -> list[Callable[[], object]]:
+    """Partitioned commits of several files (several batches each), updates, deletes, an empty-ish commit:
+    one writer step per commit, so that a campaign can commit one before each run."""
+    t = str(root)
+    return [
+        lambda: write_deltalake(t, rows(range(300)), partition_by=["p"], configuration=CDF),
+        lambda: write_deltalake(t, rows(range(300, 480)), mode="append"),
+        lambda: DeltaTable(t).update(updates={"score": "score + 1"}, predicate="id % 7 = 0"),
+        lambda: DeltaTable(t).delete("id % 11 = 0"),
+        lambda: write_deltalake(t, rows(range(480, 540)), mode="append"),
+        lambda: DeltaTable(t).update(updates={"score": "score * 2"}, predicate="p = 2"),
+        lambda: write_deltalake(t, rows(range(540, 600)), mode="append"),
+    ]
 
 
 def rows_per_version(root: Path) -> dict[int, int]:
@@ -78,7 +84,7 @@ def run(table: Path, state: Path, uri: str, crash: str | None, rng: random.Rando
     start = popen if forked else subprocess.Popen
     proc = start([*args, "--checkpoint-commits", "1"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
     if crash and crash.startswith("kill"):
-        time.sleep(rng.uniform(0.3, float(crash.partition(":")[2])))
+        time.sleep(rng.uniform(0.05, float(crash.partition(":")[2])))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
@@ -88,17 +94,26 @@ def run(table: Path, state: Path, uri: str, crash: str | None, rng: random.Rando
 
 @pytest.mark.slow
 def test_begin_and_end_of_every_commit_exactly_once_across_kills(kafka_broker: Any, tmp_path: Path) -> None:
-    history(tmp_path / "t")
-    expected = rows_per_version(tmp_path / "t")
     topic, tx_topic = kafka_broker.new_topic(3), kafka_broker.new_topic(1, prefix="tx")
     uri = kafka_broker.uri(
         topic, format="debezium", key="id", exactly_once=True, transactions=True, transaction_topic=tx_topic
     )
     rng = random.Random(30)
-    crashes = ["after_write:2", "after_flush:1", "after_write:1", "kill:1.5", "after_save:2", "after_write:3", "kill:2"]
-    killed = [run(tmp_path / "t", tmp_path / "state", uri, crash, rng) for crash in crashes]
-    assert killed.count(-signal.SIGKILL) >= 4
+    # Before each run the writer commits once more, so every run has work left: a crash point always strikes
+    # (the first commit's six partition files are several writes); a kill at a random instant may come
+    # after the run is done, which the machine's speed decides.
+    crashes = [
+        *("after_write:2", "after_flush:1", "kill:0.6", "after_write:1"),
+        *("after_save:1", "kill:0.4", "after_write:1"),
+    ]
+    killed: list[int] = []
+    for step, crash in zip(history(tmp_path / "t"), crashes, strict=True):
+        step()
+        killed.append(run(tmp_path / "t", tmp_path / "state", uri, crash, rng))
+    at_points = [code for code, crash in zip(killed, crashes, strict=True) if not crash.startswith("kill")]
+    assert at_points == [-signal.SIGKILL] * len(at_points)
     assert run(tmp_path / "t", tmp_path / "state", uri, None, rng, forked=False) == 0
+    expected = rows_per_version(tmp_path / "t")
 
     boundaries = [(orjson.loads(r.key), orjson.loads(r.value)) for r in kafka_broker.consume(tx_topic)]
     table_id = boundaries[0][1]["id"].rpartition(":")[0]
