@@ -33,17 +33,18 @@ from deltatail.tailer.log.delta_log import DeltaLog
 from deltatail.tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from deltatail.tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
 from deltatail.tailer.read.conform import nulls
-from deltatail.tailer.read.net_changes import ROW_ORDER, in_pass, net_changes, net_passes
+from deltatail.tailer.read.net_changes import ROW_ORDER, net_changes, net_passes, pass_ids
 from deltatail.tailer.read.pruning import prune
 from deltatail.tailer.read.read_ahead import ReadAheadReader
 from deltatail.tailer.read.reader_pool import ReaderPool, shared_pool
 from deltatail.tailer.read.readers import PlanReader, PlanRows, SequentialReader
+from deltatail.tailer.read.spill import PassSpill
 from deltatail.tailer.read.tasks import count_task_rows, read_task
-from deltatail.tailer.read.update_pairs import check_key, in_pair_pass, pair_batches
+from deltatail.tailer.read.update_pairs import check_key, pair_batches, pair_pass_ids
 from deltatail.tailer.storage import Storage
 
-#: The rows of a batch that one key-hash pass takes: ``f(batch, passes=N, which=I)``.
-_PassFilter = Callable[..., pa.RecordBatch]
+#: The key-hash pass of each row of a batch: ``f(batch, passes=N)``, an array of ``0 .. N - 1``.
+_PassIds = Callable[..., pa.Array]
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,33 +254,35 @@ class ChangeFeed:
     def _netted(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
         """The net changes of ``plan``'s rows, in key-hash partitioned passes (:mod:`tailer.read.net_changes`)."""
         o = self.options
-        for merged in self._in_passes(plan, task_batches, functools.partial(in_pass, key_columns=o.key_columns)):
+        for merged in self._in_passes(plan, task_batches, functools.partial(pass_ids, key_columns=o.key_columns)):
             yield from net_changes(merged, o.key_columns).to_batches(o.batch_size)
 
     def _paired(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
         """``plan``'s rows with both images of every update side by side, in key-hash passes as :meth:`_netted`."""
         o = self.options
         check_key(change_schema(plan.context.schema()), o.pair_key, where=self.table, version=plan.context.version)
-        for merged in self._in_passes(plan, task_batches, functools.partial(in_pair_pass, key_columns=o.pair_key)):
+        for merged in self._in_passes(plan, task_batches, functools.partial(pair_pass_ids, key_columns=o.pair_key)):
             yield from pair_batches(merged, o.pair_key, o.batch_size)
 
     def _in_passes(
-        self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]], in_which: _PassFilter
+        self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]], pass_of: _PassIds
     ) -> Iterator[pa.Table]:
-        """``plan``'s rows in :func:`net_passes` passes, each one table of the rows ``in_which`` keeps for it.
+        """``plan``'s rows in :func:`net_passes` passes, each one table of the rows ``pass_of`` gives it.
 
-        The first pass reads ``task_batches``; each later one reads the plan's files again.
+        One pass is the rows as read; with more, ``task_batches`` are read once and spilled by pass
+        (:class:`~tailer.read.spill.PassSpill`), and the passes read back in turn.
         """
         passes = net_passes(plan.tasks)
         schema = change_schema(plan.context.schema())
-        for which in range(passes):
-            if which:
-                size = self.options.batch_size
-                task_batches = (read_task(self.storage, plan.context_of(t), t, size) for t in plan.tasks)
-            rows = (b for batches in task_batches for b in batches)
-            if passes > 1:
-                rows = (in_which(b, passes=passes, which=which) for b in rows)
+        rows = (b for batches in task_batches for b in batches)
+        if passes == 1:
             yield pa.Table.from_batches(list(rows), schema=schema)
+            return
+        with PassSpill(schema, passes, table=self.table, version=plan.context.version) as spill:
+            for batch in rows:
+                spill.add(batch, pass_of(batch, passes=passes))
+            for which in range(passes):
+                yield spill.rows(which)
 
     def _pairs(self, plan: VersionPlan) -> bool:
         """Whether ``plan``'s rows are read for a sink that pairs update images (a commit with cdc files)."""
@@ -318,7 +321,7 @@ class ChangeFeed:
 
         Only the rows of a commit read in several key-hash passes (:mod:`tailer.read.net_changes`)
         moved between row orders: under net changes each pass's rows, and in pairs of update
-        images by a key that is not an integer, date or timestamp (:func:`~tailer.read.update_pairs.in_pair_pass`).
+        images by a key that is not an integer, date or timestamp (:func:`~tailer.read.update_pairs.pair_pass_ids`).
 
         Raises:
             StateError: if ``position`` is inside such a commit and ``row_order`` is not :data:`ROW_ORDER`:

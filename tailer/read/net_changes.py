@@ -24,9 +24,10 @@ list, map) are encoded per value in Python.
 
 Memory: rule 1 needs every row of a commit with the same values side by side,
 and rule 2 every row of a key, so a commit is netted in key-hash partitioned
-passes (:func:`net_passes`): each pass reads the commit's files again and keeps
-the rows whose key (with no key columns, whose whole row) hashes to it, so
-rows that cancel or pair always meet in one pass. A commit of at most
+passes (:func:`net_passes`): each pass holds the rows whose key (with no key
+columns, whose whole row) hashes to it, so rows that cancel or pair always meet
+in one pass. The commit's files are read once, each row written to its pass's
+spill file (:mod:`tailer.read.spill`), and the passes read back one by one. A commit of at most
 :data:`NET_PASS_BYTES` of files is one pass (the order above); a larger one is
 netted pass by pass, each pass in that order. The number of passes depends
 only on the commit's file sizes, so the positions of the netted rows are the
@@ -204,11 +205,12 @@ def net_passes(tasks: Sequence[FileTask]) -> int:
     return max(1, min(math.ceil(total / NET_PASS_BYTES), MAX_NET_PASSES))
 
 
-def in_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, which: int) -> pa.RecordBatch:
-    """The rows of ``batch`` that pass ``which`` of ``passes`` nets: by a hash of the key columns (or the row).
+def pass_ids(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int) -> pa.Array:
+    """The key-hash pass (``0 .. passes - 1``, ``uint64``) of each row of ``batch`` under net changes.
 
-    The hash (:func:`key_hash`) is a pure function of the key's values, so a row's pass, and with it
-    its netted position, is the same on every read.
+    The pass is a hash of the key columns (with none, of the whole row; :func:`key_hash`), a pure
+    function of the key's values, so a row's pass, and with it its netted position, is the same on
+    every read.
 
     Raises:
         ConfigError: if a key column is not a column of the batch.
@@ -220,8 +222,18 @@ def in_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, wh
     columns = list(key_columns) or [c for c in table.column_names if c not in _CHANGE]
     h = key_hash(table, columns)
     divisor = pa.scalar(passes, pa.uint64())
-    rest = pc.subtract(h, pc.multiply(pc.divide(h, divisor), divisor))
-    return batch.filter(pc.equal(rest, pa.scalar(which, pa.uint64())).combine_chunks())
+    return pc.subtract(h, pc.multiply(pc.divide(h, divisor), divisor)).combine_chunks()
+
+
+def in_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, which: int) -> pa.RecordBatch:
+    """The rows of ``batch`` that pass ``which`` of ``passes`` nets (:func:`pass_ids`).
+
+    Raises:
+        ConfigError: if a key column is not a column of the batch.
+    """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
+    return batch.filter(pc.equal(pass_ids(batch, key_columns, passes), pa.scalar(which, pa.uint64())))
 
 
 _GOLDEN = pa.scalar(0x9E3779B97F4A7C15, pa.uint64())

@@ -8,8 +8,9 @@ images of a row are N rows apart, and a sink carrying unpaired images over from 
 would hold half the commit, and a cursor saved between two images would point at a row whose
 partner was never sent. Instead a commit with cdc files is read for such a sink as
 ``--net-changes`` reads a rewrite (:mod:`tailer.read.net_changes`): in key-hash partitioned
-passes (one per :data:`~tailer.read.net_changes.NET_PASS_BYTES` of cdc files), each pass keeping
-the rows whose key hashes to it, so both images of a key are always in one pass; a pass's rows
+passes (one per :data:`~tailer.read.net_changes.NET_PASS_BYTES` of cdc files), each pass holding
+the rows whose key hashes to it (the files read once, the rows spilled by pass to disk,
+:mod:`tailer.read.spill`), so both images of a key are always in one pass; a pass's rows
 are reordered by :func:`paired_order` (a pair's pre-image, then its post-image, where the earlier
 of them was) and cut into batches by :func:`pair_batches`, which never
 ends a batch between the two images of a pair. Memory is one pass, bounded by the pass's share
@@ -32,7 +33,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from deltatail.state.errors import ConfigError
-from deltatail.tailer.read.net_changes import in_pass, row_keys
+from deltatail.tailer.read.net_changes import pass_ids, row_keys
 
 PREIMAGE = "update_preimage"
 POSTIMAGE = "update_postimage"
@@ -73,19 +74,24 @@ def paired_order(change_types: list[str], keys: list[bytes]) -> tuple[list[int],
 _GOLDEN = pa.scalar(0x9E3779B97F4A7C15, pa.uint64())
 
 
-def in_pair_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, which: int) -> pa.RecordBatch:
-    """The rows of ``batch`` whose key hashes to pass ``which`` of ``passes``.
+def pair_pass_ids(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int) -> pa.Array:
+    """The key-hash pass (``0 .. passes - 1``, ``uint64``) of each row of ``batch`` when update images are paired.
 
     Integer, date and timestamp keys are hashed in Arrow (a multiplicative hash of their 64-bit
-    values); other keys as ``--net-changes`` hashes them (:func:`~tailer.read.net_changes.in_pass`,
-    a CRC of each row's key as JSON, in Python: several times slower). Either way equal keys meet
-    in one pass, and the pass of a row depends only on its key and the key columns' types.
+    values); other keys as ``--net-changes`` hashes them (:func:`~tailer.read.net_changes.pass_ids`,
+    a CRC of each distinct key's JSON). Either way equal keys meet in one pass, and the pass of a
+    row depends only on its key and the key columns' types.
+
+    Raises:
+        ConfigError: if a key column is not a column of the batch.
     """
     import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
 
-    columns = [batch.column(k) for k in key_columns]
-    if not all(pa.types.is_integer(c.type) or pa.types.is_temporal(c.type) for c in columns):
-        return in_pass(batch, key_columns, passes, which)
+    columns = [batch.column(k) for k in key_columns if k in batch.schema.names]
+    if len(columns) < len(key_columns) or not all(
+        pa.types.is_integer(c.type) or pa.types.is_temporal(c.type) for c in columns
+    ):
+        return pass_ids(batch, key_columns, passes)
     h = pa.repeat(pa.scalar(0, pa.uint64()), batch.num_rows)
     for column in columns:
         if pa.types.is_temporal(column.type):
@@ -94,8 +100,18 @@ def in_pair_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: in
         h = pc.multiply(pc.bit_wise_xor(h, bits), _GOLDEN)
         h = pc.bit_wise_xor(h, pc.shift_right(h, pa.scalar(29, pa.uint64())))
     divisor = pa.scalar(passes, pa.uint64())
-    rest = pc.subtract(h, pc.multiply(pc.divide(h, divisor), divisor))
-    return batch.filter(pc.equal(rest, pa.scalar(which, pa.uint64())))
+    return pc.subtract(h, pc.multiply(pc.divide(h, divisor), divisor))
+
+
+def in_pair_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, which: int) -> pa.RecordBatch:
+    """The rows of ``batch`` whose key hashes to pass ``which`` of ``passes`` (:func:`pair_pass_ids`).
+
+    Raises:
+        ConfigError: if a key column is not a column of the batch.
+    """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
+    return batch.filter(pc.equal(pair_pass_ids(batch, key_columns, passes), pa.scalar(which, pa.uint64())))
 
 
 def check_key(schema: pa.Schema, key_columns: tuple[str, ...], *, where: str, version: int) -> None:
