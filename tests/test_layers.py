@@ -188,6 +188,8 @@ def _layer_violation(source: str, target: str) -> str | None:
         return "sinks never import tailer.cli"
     elif source.startswith("sinks") and _within(target, "tailer.follow"):
         return "sinks import the sink contract (tailer.sink), never the follow loop"
+    if _within(target, "sinks.spark") and not _within(source, "sinks.spark"):
+        return "nothing imports the Spark front end (sinks.spark): Spark loads it"
     return None
 
 
@@ -443,6 +445,8 @@ def test_the_storage_rule_itself() -> None:
         ("sinks.kafka.sink", "tailer.sink", True),
         ("sinks.embedded", "tailer.runtime.files", True),
         ("sinks.spark.source", "tailer.read.feed", True),
+        ("sinks.kafka.sink", "sinks.spark.kafka_writer", False),
+        ("sinks.spark.source", "sinks.spark.formats", True),
         ("tailer.read.feed", "state.planning", True),
     ],
 )
