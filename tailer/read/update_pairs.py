@@ -30,10 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from deltatail.state.errors import ConfigError
-from deltatail.tailer.read.net_changes import pass_ids, row_keys
+from deltatail.tailer.read.net_changes import group_ids, pass_ids, row_keys
 
 PREIMAGE = "update_preimage"
 POSTIMAGE = "update_postimage"
@@ -171,32 +173,41 @@ def _joinable(rows: pa.Table, key_columns: tuple[str, ...]) -> bool:
 
 
 def _joined_order(rows: pa.Table, key_columns: tuple[str, ...]) -> tuple[pa.Array | None, pa.Array | None]:
-    """:func:`paired_order` by Arrow's hash join, when no key has two images of one kind; else ``(None, None)``.
+    """:func:`paired_order` by matching key codes, when no key has two images of one kind; else ``(None, None)``.
 
     With at most one pre- and one post-image per key, the rule of the module docstring pairs exactly
-    the images of equal keys. Returns the order (row numbers) and, per position in it, whether a pair starts there.
+    the images of equal keys (equal :func:`~tailer.read.net_changes.group_ids` codes). Each row gets a
+    slot: ``2 * row`` for a row outside a pair, ``2 * earlier`` and ``2 * earlier + 1`` for a pair's
+    pre- and post-image (``earlier`` being the place of the first of the two, whose own slot it takes);
+    the slots are distinct, so the order is the rows by slot, in one pass without a sort.
+    Returns the order (row numbers) and, per position in it, whether a pair starts there.
     """
     import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
 
-    kinds, keys = rows.column("_change_type"), list(key_columns)
-    row = pa.array(range(rows.num_rows), pa.int64())
-    sides = []
-    for kind, name in ((PREIMAGE, "__pre"), (POSTIMAGE, "__post")):
-        mask = pc.equal(kinds, kind)
-        sides.append(rows.select(keys).filter(mask).append_column(name, row.filter(mask)))
-    pairs = sides[0].join(sides[1], keys=keys, join_type="inner")
-    pre, post = pairs.column("__pre"), pairs.column("__post")
-    if pc.count_distinct(pre).as_py() != len(pre) or pc.count_distinct(post).as_py() != len(post):
-        return None, None  # a key with two images of one kind and one of the other: the rule decides
-    earlier = pc.min_element_wise(pre, post)
-    moved = pa.chunked_array([*pre.chunks, *post.chunks], pa.int64())
-    stays = row.filter(pc.invert(pc.is_in(row, value_set=moved.combine_chunks())))
-    table = pa.table(
-        {
-            "row": pa.chunked_array([stays, *moved.chunks], pa.int64()),
-            "place": pa.chunked_array([stays, *earlier.chunks, *earlier.chunks], pa.int64()),
-            "second": pa.chunked_array([pa.repeat(False, len(stays) + len(pre)), pa.repeat(True, len(post))]),
-        }
-    ).sort_by([("place", "ascending"), ("second", "ascending")])
-    firsts = pc.is_in(table.column("row"), value_set=pre.combine_chunks())
-    return table.column("row").combine_chunks(), firsts.combine_chunks()
+    codes = np.asarray(group_ids(rows, key_columns).to_numpy(), dtype=np.int64)
+    kinds = rows.column("_change_type")
+    pre = np.flatnonzero(np.asarray(pc.equal(kinds, PREIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
+    post = np.flatnonzero(np.asarray(pc.equal(kinds, POSTIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
+    count = rows.num_rows
+    size = int(codes.max()) + 1 if count else 0  # codes are below 4 * count (group_ids)
+    if _repeats(codes[pre], size) or _repeats(codes[post], size):
+        return None, None  # a key with two images of one kind: the rule decides
+    pre_of = np.full(size, -1, dtype=np.int64)
+    pre_of[codes[pre]] = pre
+    partner = pre_of[codes[post]]
+    paired = partner >= 0
+    pre, post = partner[paired], post[paired]
+    slot = np.arange(0, 2 * count, 2, dtype=np.int64)
+    earlier = np.minimum(pre, post)
+    slot[pre], slot[post] = 2 * earlier, 2 * earlier + 1
+    by_slot = np.full(2 * count, -1, dtype=np.int64)
+    by_slot[slot] = np.arange(count, dtype=np.int64)
+    order = by_slot[by_slot >= 0]
+    starts = np.zeros(count, dtype=np.bool_)
+    starts[pre] = True
+    return pa.array(order, pa.int64()), pa.array(starts[order], pa.bool_())
+
+
+def _repeats(codes: npt.NDArray[np.int64], size: int) -> bool:
+    """Whether a code occurs twice in ``codes`` (each below ``size``)."""
+    return bool(np.bincount(codes, minlength=size).max(initial=0) > 1)

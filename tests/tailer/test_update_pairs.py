@@ -112,24 +112,31 @@ def test_paired_order_follows_the_encoders_rule() -> None:
     assert firsts == {2, 5}
 
 
+@pytest.mark.parametrize("key_type", ["string", "int", "two columns"])
 @pytest.mark.parametrize("seed", range(6))
-def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int) -> None:
-    """Random images of random keys (string keys: the hash join; repeated images of a key: the rule in Python):
-    the rows come in :func:`paired_order` of the rule, and no batch ends between a pair's two images."""
+def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int, key_type: str) -> None:
+    """Random images of random keys (each key once a kind: matched by key codes; repeated images of a key: the
+    rule in Python): the rows come in :func:`paired_order` of the rule, and no batch ends between a pair's images."""
     rng = random.Random(seed)
     if seed % 2:  # 400 images of 60 keys
         kinds = [rng.choice([PRE, POST, "insert", "delete"]) for _ in range(400)]
-        keys = [f"k{rng.randrange(60)}" for _ in range(400)]
+        numbers = [rng.randrange(60) for _ in range(400)]
     else:  # 150 updated keys, 100 inserted or deleted ones, shuffled
-        rows = [(kind, f"k{i}") for i in range(150) for kind in (PRE, POST)]
-        rows += [(rng.choice(["insert", "delete"]), f"k{i}") for i in range(150, 250)]
-        rng.shuffle(rows)
-        kinds, keys = [k for k, _ in rows], [k for _, k in rows]
+        pairs = [(kind, i) for i in range(150) for kind in (PRE, POST)]
+        pairs += [(rng.choice(["insert", "delete"]), i) for i in range(150, 250)]
+        rng.shuffle(pairs)
+        kinds, numbers = [k for k, _ in pairs], [i for _, i in pairs]
     n = len(kinds)
-    rows = pa.table({"k": keys, "_change_type": kinds, "row": range(n)})
-    batches = list(pair_batches(rows, ("k",), 5))
+    if key_type == "string":
+        columns: dict[str, list[object]] = {"k": [f"k{i}" for i in numbers]}
+    elif key_type == "int":
+        columns = {"k": [i * 7919 - 10**12 for i in numbers]}  # a wide range: codes by hashing, not offsets
+    else:
+        columns = {"k": [i % 7 for i in numbers], "j": [f"j{i // 7}" for i in numbers]}
+    rows = pa.table({**columns, "_change_type": kinds, "row": range(n)})
+    batches = list(pair_batches(rows, tuple(columns), 5))
     got = [r["row"] for b in batches for r in b.to_pylist()]
-    order, firsts = paired_order(kinds, [orjson.dumps([k]) for k in keys])
+    order, firsts = paired_order(kinds, [orjson.dumps([columns[c][i] for c in columns]) for i in range(n)])
     assert got == order
     assert firsts, "no pair at all: the case proves nothing"
     ends = set(itertools.accumulate(b.num_rows for b in batches))
