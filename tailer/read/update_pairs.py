@@ -167,7 +167,7 @@ _JOINABLE = (
 
 
 def _joinable(rows: pa.Table, key_columns: tuple[str, ...]) -> bool:
-    """Whether the keys can be matched by a hash join: plain types (equal exactly when their JSON is), no nulls."""
+    """Whether the keys can be matched by their codes: plain types (equal exactly when their JSON is), no nulls."""
     fields = [rows.schema.field(k) for k in key_columns]
     return all(any(t(f.type) for t in _JOINABLE) and rows.column(f.name).null_count == 0 for f in fields)
 
