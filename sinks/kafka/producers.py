@@ -30,6 +30,11 @@ HEARTBEAT_RANK = 3
 Headers = list[tuple[str, bytes]]
 #: Pending futures are pruned of acknowledged ones whenever this many accumulate.
 _COMPACT_EVERY = 100_000
+#: kafka-python: bytes (keys and values) queued and not yet acknowledged before ``send`` waits for the oldest
+#: to be acknowledged, down to half of it. Java's producer bounds its queue the same way (``buffer.memory``,
+#: 32 MiB by default); kafka-python 3 has no such bound, so without it a flush's worth of messages (up to
+#: ``flush_rows`` rows) could pile up in its record accumulator.
+QUEUED_BYTES_BOUND = 32 << 20
 #: confluent-kafka: delivery reports are served (``poll``) after every this many messages.
 _POLL_EVERY = 1024
 
@@ -132,11 +137,23 @@ class Producer(Protocol):
 
 
 class PythonProducer:
-    """The kafka-python backend: every message's future is kept until :meth:`wait`."""
+    """The kafka-python backend: every message's future is kept until :meth:`wait`.
+
+    The bytes queued and not yet acknowledged stay under ``queued_bound`` plus one message: past it,
+    :meth:`send` waits for the oldest messages' acknowledgements (at most ``delivery_timeout_ms``
+    each) until half of the bound is left; a message that fails meanwhile stops the sink as always.
+    """
 
     key_partitioner: ClassVar[bool] = False  # kafka-python's murmur2 is slower than the sink's
 
-    def __init__(self, options: KafkaOptions, on_error: OnError, *, lease: Lease | None = None) -> None:
+    def __init__(
+        self,
+        options: KafkaOptions,
+        on_error: OnError,
+        *,
+        lease: Lease | None = None,
+        queued_bound: int = QUEUED_BYTES_BOUND,
+    ) -> None:
         self._lease = lease
         try:
             self._producer = KafkaProducer(**options.producer_config()) if lease is None else lease.client
@@ -144,8 +161,13 @@ class PythonProducer:
             raise SinkUnavailableError(f"cannot connect to Kafka at {','.join(options.bootstrap)}: {e!r}") from e
         self._on_error = on_error
         self._join_s = options.open_timeout_ms / 1000
+        self._ack_wait_s = options.delivery_timeout_ms / 1000
         self._futures: list[Any] = []
         self._stamps: list[Stamp] = []
+        self._sizes: list[int] = []
+        self._oldest = 0  # the first future that may still be unacknowledged
+        self._queued_bound = queued_bound
+        self.queued_bytes = 0
         self._compact_at = _COMPACT_EVERY
 
     def partitions(self, topic: str) -> int:
@@ -169,10 +191,42 @@ class PythonProducer:
         except (KafkaError, ValueError, TypeError) as e:
             raise SendRefused(repr(e), too_large=False) from e
         future.add_errback(self._failed, stamp)
+        size = len(key) + len(value or b"")
         self._futures.append(future)
         self._stamps.append(stamp)
+        self._sizes.append(size)
+        self.queued_bytes += size
+        if self.queued_bytes > self._queued_bound:
+            self._wait_for_room()
         if len(self._futures) >= self._compact_at:
             self._compact()
+
+    def _wait_for_room(self) -> None:
+        """Wait for the oldest messages' acknowledgements until at most half the bound is queued.
+
+        Waits on the newest of the messages that must go first (acknowledgements of one partition
+        come in order, so the ones before it are mostly in by then), then on each of them. Stops
+        early when a message failed (its errback has already stopped the sink) or was not
+        acknowledged within ``delivery_timeout_ms``: :meth:`wait` reports it at the next flush.
+        """
+        needed, left = self._oldest, self.queued_bytes
+        while needed < len(self._futures) and left > self._queued_bound // 2:
+            left -= self._sizes[needed]
+            needed += 1
+        if needed == self._oldest or not self._acknowledged(self._futures[needed - 1]):
+            return
+        while self._oldest < needed:
+            if not self._acknowledged(self._futures[self._oldest]):
+                return
+            self.queued_bytes -= self._sizes[self._oldest]
+            self._oldest += 1
+
+    def _acknowledged(self, future: Any) -> bool:
+        """Whether ``future``'s message is acknowledged, waiting up to ``delivery_timeout_ms`` for it."""
+        if not future.is_done:
+            with contextlib.suppress(Exception):  # a failure is the errback's to report (_failed)
+                future.get(timeout=self._ack_wait_s)
+        return bool(future.succeeded())
 
     def send_many(self, out: Outgoing) -> None:
         """See :meth:`Producer.send_many`."""
@@ -202,8 +256,10 @@ class PythonProducer:
 
     def _compact(self) -> None:
         """Drop acknowledged futures so that long runs between flushes keep little memory."""
-        kept = [(f, s) for f, s in zip(self._futures, self._stamps, strict=True) if not f.succeeded()]
-        self._futures, self._stamps = [f for f, _ in kept], [s for _, s in kept]
+        kept = [m for m in zip(self._futures, self._stamps, self._sizes, strict=True) if not m[0].succeeded()]
+        self._futures, self._stamps, self._sizes = [m[0] for m in kept], [m[1] for m in kept], [m[2] for m in kept]
+        self._oldest = 0
+        self.queued_bytes = sum(self._sizes)
         self._compact_at = max(_COMPACT_EVERY, 2 * len(self._futures))
 
     def wait(self, timeout_s: float) -> tuple[Stamp, str] | None:
@@ -215,7 +271,8 @@ class PythonProducer:
                 return stamp, "not acknowledged in time"
             if future.exception is not None:
                 return stamp, repr(future.exception)
-        self._futures, self._stamps = [], []
+        self._futures, self._stamps, self._sizes = [], [], []
+        self._oldest = self.queued_bytes = 0
         return None
 
     def close(self, timeout_s: float) -> None:
