@@ -256,6 +256,7 @@ class ChangeFeed:
         o = self.options
         for merged in self._in_passes(plan, task_batches, functools.partial(pass_ids, key_columns=o.key_columns)):
             yield from net_changes(merged, o.key_columns).to_batches(o.batch_size)
+            del merged  # before the next pass is read back: one pass in memory at a time
 
     def _paired(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
         """``plan``'s rows with both images of every update side by side, in key-hash passes as :meth:`_netted`."""
@@ -263,6 +264,7 @@ class ChangeFeed:
         check_key(change_schema(plan.context.schema()), o.pair_key, where=self.table, version=plan.context.version)
         for merged in self._in_passes(plan, task_batches, functools.partial(pair_pass_ids, key_columns=o.pair_key)):
             yield from pair_batches(merged, o.pair_key, o.batch_size)
+            del merged  # before the next pass is read back: one pass in memory at a time
 
     def _in_passes(
         self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]], pass_of: _PassIds

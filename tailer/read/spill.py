@@ -35,7 +35,7 @@ import pyarrow as pa
 from deltatail.state.errors import DeltaTailError
 
 #: Decoded bytes of rows gathered in memory before they are appended to the passes' files.
-SPILL_BUFFER_BYTES = 32 << 20
+SPILL_BUFFER_BYTES = 8 << 20
 #: With many passes, at least this many bytes per pass are gathered before an append (fewer, larger writes).
 SPILL_BYTES_PER_PASS = 64 << 10
 _WRITE_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
@@ -139,6 +139,9 @@ class PassSpill:
     def rows(self, which: int) -> pa.Table:
         """Every row of pass ``which``, in the order added (the buffer is appended to the files first).
 
+        Each column is one chunk (a pass is reordered by taking rows from it, which is slow across
+        many chunks), combined a column at a time, so memory is the pass and one column's copy.
+
         Raises:
             DeltaTailError: if the passes' files cannot be written or read back.
         """
@@ -152,7 +155,12 @@ class PassSpill:
                         batches += list(pa.ipc.open_stream(source))
             except (OSError, pa.ArrowException) as e:
                 raise self._error(f"cannot read back the spilled rows of pass {which}", e, path) from e
-        return pa.Table.from_batches(batches, schema=self.schema)
+        columns = pa.Table.from_batches(batches, schema=self.schema).columns
+        del batches
+        for i, column in enumerate(columns):  # a column at a time: the pass and one column's copy in memory
+            columns[i] = pa.chunked_array([column.combine_chunks()], column.type)
+            del column
+        return pa.Table.from_arrays(columns, schema=self.schema)
 
     def _append(self) -> None:
         try:

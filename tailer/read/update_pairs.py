@@ -136,7 +136,8 @@ def pair_batches(rows: pa.Table, key_columns: tuple[str, ...], batch_size: int) 
     """``rows`` (one pass of a commit) in :func:`paired_order`, in batches of about ``batch_size`` rows.
 
     Rows that fit in one batch keep their order (nothing to split). A batch ends after
-    ``batch_size`` rows, or one row later when that would separate a pair.
+    ``batch_size`` rows, or one row later when that would separate a pair. Each batch is taken from
+    ``rows`` when it is asked for: memory is ``rows`` and one batch, not a reordered copy of the pass.
     """
     if rows.num_rows <= batch_size:
         yield from rows.combine_chunks().to_batches()
@@ -144,15 +145,15 @@ def pair_batches(rows: pa.Table, key_columns: tuple[str, ...], batch_size: int) 
     order, firsts = _joined_order(rows, key_columns) if _joinable(rows, key_columns) else (None, None)
     if order is None or firsts is None:
         listed, at = paired_order(rows.column("_change_type").to_pylist(), row_keys(rows, list(key_columns)))
-        order = pa.array(listed, pa.int64())
-        firsts = pa.array([i in at for i in range(len(listed))], pa.bool_())
-    ordered = rows.take(order)
+        order = np.asarray(listed, dtype=np.int64)
+        firsts = np.zeros(len(listed), dtype=np.bool_)
+        firsts[list(at)] = True
     start = 0
-    while start < ordered.num_rows:
-        end = min(start + max(batch_size, 1), ordered.num_rows)
-        if firsts[end - 1].as_py():
+    while start < len(order):
+        end = min(start + max(batch_size, 1), len(order))
+        if firsts[end - 1]:
             end += 1
-        yield from ordered.slice(start, end - start).combine_chunks().to_batches()
+        yield from rows.take(pa.array(order[start:end])).combine_chunks().to_batches()
         start = end
 
 
@@ -172,29 +173,34 @@ def _joinable(rows: pa.Table, key_columns: tuple[str, ...]) -> bool:
     return all(any(t(f.type) for t in _JOINABLE) and rows.column(f.name).null_count == 0 for f in fields)
 
 
-def _joined_order(rows: pa.Table, key_columns: tuple[str, ...]) -> tuple[pa.Array | None, pa.Array | None]:
+def _joined_order(
+    rows: pa.Table, key_columns: tuple[str, ...]
+) -> tuple[npt.NDArray[np.int64] | None, npt.NDArray[np.bool_] | None]:
     """:func:`paired_order` by matching key codes, when no key has two images of one kind; else ``(None, None)``.
 
     With at most one pre- and one post-image per key, the rule of the module docstring pairs exactly
-    the images of equal keys (equal :func:`~tailer.read.net_changes.group_ids` codes). Each row gets a
-    slot: ``2 * row`` for a row outside a pair, ``2 * earlier`` and ``2 * earlier + 1`` for a pair's
-    pre- and post-image (``earlier`` being the place of the first of the two, whose own slot it takes);
-    the slots are distinct, so the order is the rows by slot, in one pass without a sort.
+    the images of equal keys (equal :func:`_key_codes`): each post-image's key is looked up among the
+    pre-images' sorted keys. Each row gets a slot: ``2 * row`` for a row outside a pair, ``2 * earlier``
+    and ``2 * earlier + 1`` for a pair's pre- and post-image (``earlier`` being the place of the first
+    of the two, whose own slot it takes); the slots are distinct, so the order is the rows by slot.
     Returns the order (row numbers) and, per position in it, whether a pair starts there.
     """
     import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
 
-    codes = np.asarray(group_ids(rows, key_columns).to_numpy(), dtype=np.int64)
+    codes = _key_codes(rows, key_columns)
     kinds = rows.column("_change_type")
     pre = np.flatnonzero(np.asarray(pc.equal(kinds, PREIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
     post = np.flatnonzero(np.asarray(pc.equal(kinds, POSTIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
     count = rows.num_rows
-    size = int(codes.max()) + 1 if count else 0  # codes are below 4 * count (group_ids)
-    if _repeats(codes[pre], size) or _repeats(codes[post], size):
+    by_key = np.argsort(codes[pre], kind="stable")
+    pre_keys, post_keys = codes[pre][by_key], codes[post]
+    if _repeats(pre_keys) or _repeats(np.sort(post_keys)):
         return None, None  # a key with two images of one kind: the rule decides
-    pre_of = np.full(size, -1, dtype=np.int64)
-    pre_of[codes[pre]] = pre
-    partner = pre_of[codes[post]]
+    partner = np.full(len(post), -1, dtype=np.int64)
+    if len(pre_keys):
+        at = np.minimum(np.searchsorted(pre_keys, post_keys), len(pre_keys) - 1)
+        found = pre_keys[at] == post_keys
+        partner[found] = pre[by_key[at[found]]]
     paired = partner >= 0
     pre, post = partner[paired], post[paired]
     slot = np.arange(0, 2 * count, 2, dtype=np.int64)
@@ -205,9 +211,26 @@ def _joined_order(rows: pa.Table, key_columns: tuple[str, ...]) -> tuple[pa.Arra
     order = by_slot[by_slot >= 0]
     starts = np.zeros(count, dtype=np.bool_)
     starts[pre] = True
-    return pa.array(order, pa.int64()), pa.array(starts[order], pa.bool_())
+    return order, starts[order]
 
 
-def _repeats(codes: npt.NDArray[np.int64], size: int) -> bool:
-    """Whether a code occurs twice in ``codes`` (each below ``size``)."""
-    return bool(np.bincount(codes, minlength=size).max(initial=0) > 1)
+def _repeats(ordered: npt.NDArray[np.int64]) -> bool:
+    """Whether a value occurs twice in ``ordered`` (sorted)."""
+    return bool(np.any(ordered[1:] == ordered[:-1]))
+
+
+def _key_codes(rows: pa.Table, key_columns: tuple[str, ...]) -> npt.NDArray[np.int64]:
+    """A number per row, equal for two rows exactly when their keys are (the keys have no nulls).
+
+    One integer, date or timestamp column is its own number (its 64 bits); other keys are
+    :func:`~tailer.read.net_changes.group_ids` codes, which hash them.
+    """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
+    kind = rows.schema.field(key_columns[0]).type
+    if len(key_columns) == 1 and (pa.types.is_integer(kind) or pa.types.is_temporal(kind)):
+        column = rows.column(key_columns[0]).combine_chunks()
+        if pa.types.is_temporal(column.type):
+            column = column.view(pa.int32() if column.type.bit_width == 32 else pa.int64())
+        return np.asarray(pc.cast(column, pa.int64(), safe=False).to_numpy(), dtype=np.int64)
+    return np.asarray(group_ids(rows, key_columns).to_numpy(), dtype=np.int64)

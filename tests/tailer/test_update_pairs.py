@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -112,7 +111,7 @@ def test_paired_order_follows_the_encoders_rule() -> None:
     assert firsts == {2, 5}
 
 
-@pytest.mark.parametrize("key_type", ["string", "int", "two columns"])
+@pytest.mark.parametrize("key_type", ["string", "int", "uint64", "timestamp", "two columns"])
 @pytest.mark.parametrize("seed", range(6))
 def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int, key_type: str) -> None:
     """Random images of random keys (each key once a kind: matched by key codes; repeated images of a key: the
@@ -121,9 +120,10 @@ def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int, key_type:
     if seed % 2:  # 400 images of 60 keys
         kinds = [rng.choice([PRE, POST, "insert", "delete"]) for _ in range(400)]
         numbers = [rng.randrange(60) for _ in range(400)]
-    else:  # 150 updated keys, 100 inserted or deleted ones, shuffled
+    else:  # 150 updated keys, 60 keys with one image only, 100 inserted or deleted ones, shuffled
         pairs = [(kind, i) for i in range(150) for kind in (PRE, POST)]
-        pairs += [(rng.choice(["insert", "delete"]), i) for i in range(150, 250)]
+        pairs += [(PRE if i % 2 else POST, i) for i in range(150, 210)]
+        pairs += [(rng.choice(["insert", "delete"]), i) for i in range(210, 310)]
         rng.shuffle(pairs)
         kinds, numbers = [k for k, _ in pairs], [i for _, i in pairs]
     n = len(kinds)
@@ -131,12 +131,17 @@ def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int, key_type:
         columns: dict[str, list[object]] = {"k": [f"k{i}" for i in numbers]}
     elif key_type == "int":
         columns = {"k": [i * 7919 - 10**12 for i in numbers]}  # a wide range: codes by hashing, not offsets
+    elif key_type == "uint64":  # above int64's range: their 64 bits are the key
+        columns = {"k": pa.array([2**64 - 1 - i * 7919 for i in numbers], pa.uint64())}
+    elif key_type == "timestamp":
+        columns = {"k": pa.array([i * 10**9 for i in numbers], pa.timestamp("us", "UTC"))}
     else:
         columns = {"k": [i % 7 for i in numbers], "j": [f"j{i // 7}" for i in numbers]}
     rows = pa.table({**columns, "_change_type": kinds, "row": range(n)})
+    columns = {c: rows.column(c).to_pylist() for c in columns}
     batches = list(pair_batches(rows, tuple(columns), 5))
     got = [r["row"] for b in batches for r in b.to_pylist()]
-    order, firsts = paired_order(kinds, [orjson.dumps([columns[c][i] for c in columns]) for i in range(n)])
+    order, firsts = paired_order(kinds, [repr([columns[c][i] for c in columns]).encode() for i in range(n)])
     assert got == order
     assert firsts, "no pair at all: the case proves nothing"
     ends = set(itertools.accumulate(b.num_rows for b in batches))
