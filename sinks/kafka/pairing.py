@@ -23,7 +23,8 @@ message never stands between the two images.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -32,6 +33,10 @@ import pyarrow.compute as pc
 from deltatail.sinks.json_text import DELETE, INSERT, POSTIMAGE, PREIMAGE, UPDATE
 from deltatail.sinks.json_text import text_scalar as _scalar
 from deltatail.state.feed import ChangeBatch
+from deltatail.tailer.read.update_pairs import pair_cuts
+
+#: Rows of a batch encoded at once (:func:`encoding_slices`): the messages of a slice, not of a batch, are held.
+ENCODE_ROWS = 8192
 
 #: The formats whose events pair update images.
 PAIRING_FORMATS = ("debezium", "flat")
@@ -120,3 +125,22 @@ def _paired(change_types: list[str], keys: list[str], created: str) -> Events:
             after.append(i)
     old = pa.array([op == "d" for op in ops], pa.bool_())
     return Events(rows, cts, pa.array(ops, pa.string()), old, pa.array(before, pa.int64()), pa.array(after, pa.int64()))
+
+
+def encoding_slices(batch: ChangeBatch, pair_key: Sequence[str], size: int | None = None) -> Iterator[ChangeBatch]:
+    """``batch`` in slices of about ``size`` rows (:data:`ENCODE_ROWS`), to be encoded and sent one after the other.
+
+    A slice never separates two update images that the rule pairs within ``batch``
+    (:func:`~tailer.read.update_pairs.pair_cuts` by ``pair_key``; where it cannot tell, the batch is
+    one slice), so the slices' events are the batch's. Without a pair key any row may end a slice.
+    """
+    count, size = len(batch), ENCODE_ROWS if size is None else size
+    if count <= size:
+        yield batch
+        return
+    if pair_key:
+        cuts = pair_cuts(pa.Table.from_batches([batch.rows]), tuple(pair_key), size)
+    else:
+        cuts = list(range(size, count, size))
+    for start, end in itertools.pairwise([0, *cuts, count]):
+        yield ChangeBatch(batch.position(start), batch.rows.slice(start, end - start))

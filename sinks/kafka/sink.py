@@ -22,6 +22,7 @@ from deltatail.sinks.kafka.avro import AvroEncoder, avro_encoder
 from deltatail.sinks.kafka.debezium import check_ordering, heartbeat_message
 from deltatail.sinks.kafka.encoding import ChangeEncoder
 from deltatail.sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
+from deltatail.sinks.kafka.pairing import encoding_slices
 from deltatail.sinks.kafka.partitioner import choose_partition, choose_partitions
 from deltatail.sinks.kafka.producers import (
     COMMIT_RANK,
@@ -39,7 +40,7 @@ from deltatail.sinks.kafka.producers import (
 )
 from deltatail.sinks.kafka.schema_changes import schema_change_message
 from deltatail.sinks.kafka.shared import ProducerPool
-from deltatail.sinks.kafka.tails import Tail, TailCheck, TailReader, header_map
+from deltatail.sinks.kafka.tails import Tail, TailCheck, TailReader, header_map, position_header
 from deltatail.state.audit import AuditEvent
 from deltatail.state.cursor import Position
 from deltatail.state.errors import ConfigError, SinkError, SinkUnavailableError
@@ -286,13 +287,13 @@ class KafkaSink(Sink):
         With ``exactly_once``, messages not after what their partition holds are skipped.
 
         Raises:
-            SinkError: if the sink is not open or has failed; if a row cannot be encoded (nothing
-                of the batch was sent); or if a message is over ``max_message_bytes`` or refused by
-                the producer (the rows before it were queued, and the sink stops). The error names
-                the row's position. With ``encoding=avro``: if the Schema Registry refuses a new
-                schema (:mod:`sinks.kafka.avro`).
-            SinkUnavailableError: (``encoding=avro``) if the Schema Registry cannot be reached; nothing
-                of the batch was sent.
+            SinkError: if the sink is not open or has failed; if a row cannot be encoded (nothing of
+                the batch was sent if it is in the first slice of ``ENCODE_ROWS`` rows, else the slices
+                before were queued, and the sink stops); or if a message is over ``max_message_bytes``
+                or refused by the producer (the rows before it were queued, and the sink stops). The
+                error names the row's position. With ``encoding=avro``: if the Schema Registry refuses
+                a new schema (:mod:`sinks.kafka.avro`).
+            SinkUnavailableError: (``encoding=avro``) if the Schema Registry cannot be reached (as above).
         """
         self._check_usable()
         if self._tx is not None and not batch.start.snapshot and len(batch):
@@ -300,17 +301,18 @@ class KafkaSink(Sink):
             self._tx.seen(batch.start.version, batch.end.index)
         version, operation = self._operation
         with collector_paused():
-            encoded = self._encoder.encode(batch, operation if version == batch.start.version else None)
-            if not len(encoded):
-                return
-            out = self._exactly_once(batch, encoded) if self.options.exactly_once else self._outgoing(batch, encoded)
-            self._send_many(out)
-
-    def _position_header(self, batch: ChangeBatch) -> bytes:
-        """The ``dt.position`` format of ``batch``'s rows, waiting for the index (``%d``)."""
-        start = batch.start
-        snapshot = b"true" if start.snapshot else b"false"
-        return b'{"version":%d,"index":%%d,"snapshot":%s}' % (start.version, snapshot)
+            parts = [batch] if self._tx is not None else encoding_slices(batch, self.options.pair_key)
+            send = self._exactly_once if self.options.exactly_once else self._outgoing
+            for i, part in enumerate(parts):
+                try:
+                    encoded = self._encoder.encode(part, operation if version == part.start.version else None)
+                except SinkError as e:  # slices before this one were queued: the sink stops
+                    if i == 0:
+                        raise
+                    at, down = part.start, isinstance(e, SinkUnavailableError)
+                    raise self._fail(e.message, (at.version, at.snapshot_rank, at.index, 0), unavailable=down) from e
+                if len(encoded):
+                    self._send_many(send(part, encoded))
 
     def _outgoing(self, batch: ChangeBatch, encoded: EncodedBatch) -> Outgoing:
         """Every message of ``batch``; the producer chooses the partitions if its choice is the same and cheaper.
@@ -320,7 +322,7 @@ class KafkaSink(Sink):
         """
         start, rows, keys = batch.start, encoded.rows, encoded.keys
         table_id, sink_id = self._fixed_headers
-        version, base, position = ("dt.version", b"%d" % start.version), start.index, self._position_header(batch)
+        version, base, position = ("dt.version", b"%d" % start.version), start.index, position_header(batch.start)
         headers = (
             [table_id, sink_id, version, ("dt.position", position % (base + row)), _CHANGE_TYPE_HEADERS[change_type]]
             for row, change_type in zip(rows, encoded.change_types, strict=True)
@@ -335,7 +337,7 @@ class KafkaSink(Sink):
         start, count, sent, seqs = batch.start, self._partitions, self._sent, self._seq
         table_id, sink_id = self._fixed_headers
         version, rank, base = start.version, start.snapshot_rank, start.index
-        version_header, position = ("dt.version", b"%d" % version), self._position_header(batch)
+        version_header, position = ("dt.version", b"%d" % version), position_header(batch.start)
         partitions_header = ("dt.partitions", b"%d" % count)
         keys: list[bytes] = []
         values: list[bytes | None] = []

@@ -32,6 +32,12 @@ class Tail:
     version: int
 
 
+def position_header(start: Position) -> bytes:
+    """The ``dt.position`` header of rows from ``start`` on, waiting for the row's index (``%d``)."""
+    snapshot = b"true" if start.snapshot else b"false"
+    return b'{"version":%d,"index":%%d,"snapshot":%s}' % (start.version, snapshot)
+
+
 def header_map(headers: list[tuple[str, bytes]] | None) -> dict[str, bytes]:
     """A record's headers by name (none: empty)."""
     return dict(headers or ())

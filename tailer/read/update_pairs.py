@@ -185,24 +185,11 @@ def _joined_order(
     of the two, whose own slot it takes); the slots are distinct, so the order is the rows by slot.
     Returns the order (row numbers) and, per position in it, whether a pair starts there.
     """
-    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
-
-    codes = _key_codes(rows, key_columns)
-    kinds = rows.column("_change_type")
-    pre = np.flatnonzero(np.asarray(pc.equal(kinds, PREIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
-    post = np.flatnonzero(np.asarray(pc.equal(kinds, POSTIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
-    count = rows.num_rows
-    by_key = np.argsort(codes[pre], kind="stable")
-    pre_keys, post_keys = codes[pre][by_key], codes[post]
-    if _repeats(pre_keys) or _repeats(np.sort(post_keys)):
+    pairs = _matched_pairs(rows, key_columns)
+    if pairs is None:
         return None, None  # a key with two images of one kind: the rule decides
-    partner = np.full(len(post), -1, dtype=np.int64)
-    if len(pre_keys):
-        at = np.minimum(np.searchsorted(pre_keys, post_keys), len(pre_keys) - 1)
-        found = pre_keys[at] == post_keys
-        partner[found] = pre[by_key[at[found]]]
-    paired = partner >= 0
-    pre, post = partner[paired], post[paired]
+    pre, post = pairs
+    count = rows.num_rows
     slot = np.arange(0, 2 * count, 2, dtype=np.int64)
     earlier = np.minimum(pre, post)
     slot[pre], slot[post] = 2 * earlier, 2 * earlier + 1
@@ -212,6 +199,58 @@ def _joined_order(
     starts = np.zeros(count, dtype=np.bool_)
     starts[pre] = True
     return order, starts[order]
+
+
+def _matched_pairs(
+    rows: pa.Table, key_columns: tuple[str, ...]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+    """The rows of each pair's pre- and post-image, keys matched by :func:`_key_codes`.
+
+    ``None`` if a key has two images of one kind (then only the rule in row order decides).
+    """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
+    codes = _key_codes(rows, key_columns)
+    kinds = rows.column("_change_type")
+    pre = np.flatnonzero(np.asarray(pc.equal(kinds, PREIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
+    post = np.flatnonzero(np.asarray(pc.equal(kinds, POSTIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
+    by_key = np.argsort(codes[pre], kind="stable")
+    pre_keys, post_keys = codes[pre][by_key], codes[post]
+    if _repeats(pre_keys) or _repeats(np.sort(post_keys)):
+        return None
+    partner = np.full(len(post), -1, dtype=np.int64)
+    if len(pre_keys):
+        at = np.minimum(np.searchsorted(pre_keys, post_keys), len(pre_keys) - 1)
+        found = pre_keys[at] == post_keys
+        partner[found] = pre[by_key[at[found]]]
+    paired = partner >= 0
+    return partner[paired], post[paired]
+
+
+def pair_cuts(rows: pa.Table, key_columns: tuple[str, ...], size: int) -> list[int]:
+    """Where ``rows`` may be cut into slices of ``size`` rows or more, never between two images paired in it.
+
+    Returns the first row of each slice after the first (``rows`` is a batch as delivered). The rule
+    pairs the same images within each slice as within ``rows`` when no pair spans a cut and no key has
+    two images of one kind. Returns ``[]`` (do not cut) for ``rows`` of at most ``size`` rows, keys not
+    matched by code (nulls, other types) or a key with two images of one kind.
+    """
+    count = rows.num_rows
+    if count <= size or size < 1 or not _joinable(rows, key_columns):
+        return []
+    pairs = _matched_pairs(rows, key_columns)
+    if pairs is None:
+        return []
+    lo, hi = np.minimum(*pairs), np.maximum(*pairs)
+    # spanning[c]: the pairs with an image before row c and one at or after it
+    spanning = np.cumsum(np.bincount(lo + 1, minlength=count + 1) - np.bincount(hi + 1, minlength=count + 1))
+    safe = np.flatnonzero(spanning[:count] == 0)
+    cuts: list[int] = []
+    start = 0
+    while (i := int(np.searchsorted(safe, start + size))) < len(safe):
+        start = int(safe[i])
+        cuts.append(start)
+    return cuts
 
 
 def _repeats(ordered: npt.NDArray[np.int64]) -> bool:

@@ -23,6 +23,7 @@ pytest.importorskip("kafka")
 
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
+from deltatail.sinks.kafka import pairing
 from deltatail.sinks.kafka.options import KafkaOptions, default_sink_id, fill_topic
 from deltatail.sinks.kafka.partitioner import choose_partition, choose_partitions, murmur2
 from deltatail.sinks.kafka.producers import Outgoing, _Finder
@@ -616,6 +617,23 @@ def test_bad_rows_raise_at_write(kafka: Any) -> None:
     sink.flush()
     sink.close()
     assert [position_of(r) for r in kafka.consume(topic)] == [(4, 1, 0, False)]
+
+
+def test_a_bad_row_past_the_first_slice_stops_the_sink_after_the_slices_before(
+    kafka: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch is encoded in slices of ``ENCODE_ROWS``: a bad row in a later slice fails the sink (the
+    rows of the slices before were queued), naming the row's position."""
+    monkeypatch.setattr(pairing, "ENCODE_ROWS", 4)
+    topic = kafka.new_topic(1)
+    sink = open_sink(kafka.uri(topic))
+    with pytest.raises(SinkError, match=r"unknown change type 'merge' at position 3:6 "):
+        sink.write(ChangeBatch(Position.change(3, 0), rows(list(range(10)), ["insert"] * 6 + ["merge"] * 4)))
+    assert gc.isenabled()
+    with pytest.raises(SinkError, match="stopped after an earlier failure: unknown change type"):
+        sink.write(inserts(4, 0, [5]))
+    sink.close()
+    assert {position_of(r) for r in kafka.consume(topic)} <= {(3, 1, i, False) for i in range(4)}
 
 
 def test_life_cycle_errors(kafka: Any) -> None:

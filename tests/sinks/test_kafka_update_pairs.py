@@ -4,8 +4,10 @@ The table is written by ``deltalake`` with CDF on: 2 partitions, ``ROWS`` rows, 
 row (2 cdc files; delta-rs writes each file's pre-images first, its post-images after them). The tailer
 delivers that commit to the real broker (``conftest.py``) once in 7-row batches read in three key-hash
 passes with a flush every 50 rows, and once in one batch; both must give the ``u`` events deltalake's
-``load_cdf`` pre- and post-images say (the reference), and the same ones. ``transactions=true`` pairs
-nothing (each event one change row) at either size; ``encoding=avro`` pairs as JSON does.
+``load_cdf`` pre- and post-images say (the reference), and the same ones; so must 1,000-row batches
+that the sink encodes in slices of about 63 rows (``pairing.ENCODE_ROWS``: an odd size, so that a cut
+at exactly that size would fall inside pairs), never cutting between a pair's images.
+``transactions=true`` pairs nothing (each event one change row) at either size; ``encoding=avro`` pairs as JSON does.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from deltalake import DeltaTable, write_deltalake
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from schema_registry import SchemaRegistry
 
+from deltatail.sinks.kafka import pairing
+from deltatail.sinks.kafka import sink as sink_module
 from deltatail.sinks.kafka.sink import KafkaSink
 from deltatail.tailer.follow.config import TailerConfig
 from deltatail.tailer.follow.state_store import StateStore
@@ -132,13 +136,33 @@ def test_a_giant_update_in_tiny_batches_is_the_same_u_events_as_in_one_batch(
         url = request.getfixturevalue("registry").url
         options |= {"encoding": "avro", "registry": url}
         decode = lambda data: _avro(url, data)  # noqa: E731
-    whole, tiny = kafka_broker.new_topic(), kafka_broker.new_topic()
+    whole, tiny, sliced = kafka_broker.new_topic(), kafka_broker.new_topic(), kafka_broker.new_topic()
     _deliver(root, version, tmp_path / "whole", kafka_broker.uri(whole, **options), batch_size=65_536, flush_rows=10**6)
     _three_passes(root, version, monkeypatch)
     _deliver(root, version, tmp_path / "tiny", kafka_broker.uri(tiny, **options), batch_size=TINY, flush_rows=FLUSH)
+    slices = _slices_seen(monkeypatch, size=63)
+    _deliver(
+        root, version, tmp_path / "sliced", kafka_broker.uri(sliced, **options), batch_size=1_000, flush_rows=FLUSH
+    )
+    assert max(slices) < 1_000 and len(slices) > 2 * ROWS // 1_000, "the sink encoded no batch in slices"
     expected = _updates(root, version)
     assert Counter(_events(kafka_broker, whole, decode)) == expected
     assert Counter(_events(kafka_broker, tiny, decode)) == expected
+    assert Counter(_events(kafka_broker, sliced, decode)) == expected
+
+
+def _slices_seen(monkeypatch: pytest.MonkeyPatch, *, size: int) -> list[int]:
+    """Make the sink encode batches in slices of about ``size`` rows; returns the sizes of the slices it encodes."""
+    seen: list[int] = []
+
+    def spy(batch: Any, pair_key: Any, size: int | None = None) -> Iterator[Any]:
+        for part in pairing.encoding_slices(batch, pair_key, size):
+            seen.append(len(part))
+            yield part
+
+    monkeypatch.setattr(pairing, "ENCODE_ROWS", size)
+    monkeypatch.setattr(sink_module, "encoding_slices", spy)
+    return seen
 
 
 @pytest.mark.slow
@@ -161,6 +185,8 @@ def test_with_transactions_every_image_is_its_own_event_at_any_batch_size(
 
 PROGRAM = """
 import sys
+from deltatail.sinks.kafka import pairing
+from deltatail.sinks.kafka import sink as sink_module
 from deltatail.sinks.kafka.sink import KafkaSink
 from deltatail.tailer.follow.config import TailerConfig
 from deltatail.tailer.follow.tailer import Tailer

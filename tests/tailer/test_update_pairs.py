@@ -23,7 +23,7 @@ from deltatail.state.feed import ChangeBatch
 from deltatail.tailer.read import net_changes as net_changes_module
 from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
 from deltatail.tailer.read.net_changes import in_pass
-from deltatail.tailer.read.update_pairs import in_pair_pass, pair_batches, paired_order
+from deltatail.tailer.read.update_pairs import in_pair_pass, pair_batches, pair_cuts, paired_order
 
 ROWS = 1_600
 PRE, POST = "update_preimage", "update_postimage"
@@ -146,6 +146,46 @@ def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int, key_type:
     assert firsts, "no pair at all: the case proves nothing"
     ends = set(itertools.accumulate(b.num_rows for b in batches))
     assert not any(first + 1 in ends for first in firsts)
+
+
+def _rule_pairs(kinds: list[str], keys: list[bytes], offset: int = 0) -> set[tuple[int, int]]:
+    """The rows (plus ``offset``) of each pair the rule makes among ``kinds`` and ``keys``."""
+    order, firsts = paired_order(kinds, keys)
+    return {(order[f] + offset, order[f + 1] + offset) for f in firsts}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cut_slices_pair_the_images_the_whole_batch_pairs(seed: int) -> None:
+    """Cuts never separate a pair: the rule makes the same pairs slice by slice as over the whole batch;
+    every slice but the last has at least ``size`` rows; with a key imaged twice one way, no cut."""
+    rng = random.Random(seed)
+    kinds: list[str] = []
+    numbers: list[int] = []
+    for i in range(300):  # some pairs side by side, some far apart, lone images, inserts
+        shape = rng.choice(["adjacent", "adjacent", "apart", "lone", "insert"])
+        if shape == "adjacent":
+            kinds += [PRE, POST] if rng.random() < 0.5 else [POST, PRE]
+            numbers += [i, i]
+        elif shape == "apart":
+            at = rng.randrange(max(0, len(kinds) - 30), len(kinds) + 1)  # up to 30 rows apart
+            kinds[at:at] = [PRE]
+            numbers[at:at] = [i]
+            kinds.append(POST)
+            numbers.append(i)
+        else:
+            kinds.append(rng.choice([PRE, POST]) if shape == "lone" else "insert")
+            numbers.append(i)
+    rows = pa.table({"k": pa.array(numbers, pa.int64()), "_change_type": kinds})
+    keys = [str(n).encode() for n in numbers]
+    cuts = pair_cuts(rows, ("k",), 40)
+    bounds = [0, *cuts, len(kinds)]
+    assert len(cuts) > 1, "no cut: the case proves nothing"
+    assert all(b - a >= 40 for a, b in itertools.pairwise(bounds[:-1]))
+    sliced = set().union(*(_rule_pairs(kinds[a:b], keys[a:b], a) for a, b in itertools.pairwise(bounds)))
+    assert sliced == _rule_pairs(kinds, keys)
+    twice = rows.append_column("j", pa.array([0] * len(kinds))).select(["j", "_change_type"])
+    assert pair_cuts(twice, ("j",), 40) == []  # one key imaged many times: only the rule in order decides
+    assert pair_cuts(rows, ("k",), len(kinds)) == []
 
 
 @pytest.mark.parametrize("column", ["id", "day", "name"])
