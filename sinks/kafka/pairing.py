@@ -127,14 +127,14 @@ def _paired(change_types: list[str], keys: list[str], created: str) -> Events:
     return Events(rows, cts, pa.array(ops, pa.string()), old, pa.array(before, pa.int64()), pa.array(after, pa.int64()))
 
 
-def encoding_slices(batch: ChangeBatch, pair_key: Sequence[str], size: int | None = None) -> Iterator[ChangeBatch]:
-    """``batch`` in slices of about ``size`` rows (:data:`ENCODE_ROWS`), to be encoded and sent one after the other.
+def encoding_slices(batch: ChangeBatch, pair_key: Sequence[str]) -> Iterator[ChangeBatch]:
+    """``batch`` in slices of about :data:`ENCODE_ROWS` rows, to be encoded and sent one after the other.
 
     A slice never separates two update images that the rule pairs within ``batch``
     (:func:`~tailer.read.update_pairs.pair_cuts` by ``pair_key``; where it cannot tell, the batch is
     one slice), so the slices' events are the batch's. Without a pair key any row may end a slice.
     """
-    count, size = len(batch), ENCODE_ROWS if size is None else size
+    count, size = len(batch), ENCODE_ROWS
     if count <= size:
         yield batch
         return

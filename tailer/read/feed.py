@@ -40,7 +40,7 @@ from deltatail.tailer.read.reader_pool import ReaderPool, shared_pool
 from deltatail.tailer.read.readers import PlanReader, PlanRows, SequentialReader
 from deltatail.tailer.read.spill import PassSpill
 from deltatail.tailer.read.tasks import count_task_rows, read_task
-from deltatail.tailer.read.update_pairs import check_key, pair_batches, pair_pass_ids
+from deltatail.tailer.read.update_pairs import check_key, pair_batches
 from deltatail.tailer.storage import Storage
 
 #: The key-hash pass of each row of a batch: ``f(batch, passes=N)``, an array of ``0 .. N - 1``.
@@ -262,7 +262,7 @@ class ChangeFeed:
         """``plan``'s rows with both images of every update side by side, in key-hash passes as :meth:`_netted`."""
         o = self.options
         check_key(change_schema(plan.context.schema()), o.pair_key, where=self.table, version=plan.context.version)
-        for merged in self._in_passes(plan, task_batches, functools.partial(pair_pass_ids, key_columns=o.pair_key)):
+        for merged in self._in_passes(plan, task_batches, functools.partial(pass_ids, key_columns=o.pair_key)):
             yield from pair_batches(merged, o.pair_key, o.batch_size)
             del merged  # before the next pass is read back: one pass in memory at a time
 
@@ -323,7 +323,7 @@ class ChangeFeed:
 
         Only the rows of a commit read in several key-hash passes (:mod:`tailer.read.net_changes`)
         moved between row orders: under net changes each pass's rows, and in pairs of update
-        images by a key that is not an integer, date or timestamp (:func:`~tailer.read.update_pairs.pair_pass_ids`).
+        images by a key that is not an integer, date or timestamp (:func:`~tailer.read.net_changes.pass_ids`).
 
         Raises:
             StateError: if ``position`` is inside such a commit and ``row_order`` is not :data:`ROW_ORDER`:

@@ -243,19 +243,19 @@ _SHIFT = pa.scalar(29, pa.uint64())
 def key_hash(table: pa.Table, columns: Sequence[str]) -> pa.ChunkedArray:
     """A 64-bit hash per row of ``columns``, equal for rows :func:`row_keys` makes equal.
 
-    Each column contributes 64 bits of its value (:func:`_value_bits`), mixed multiplicatively
+    Each column contributes 64 bits of its value (:func:`value_bits`), mixed multiplicatively
     (a Fibonacci hash with a xor-shift), so the result depends on the values alone, not on the batch.
     """
     import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
 
     h = pa.chunked_array([pa.repeat(pa.scalar(0, pa.uint64()), table.num_rows)], pa.uint64())
     for name in columns:
-        h = pc.multiply(pc.bit_wise_xor(h, _value_bits(table.column(name))), _GOLDEN)
+        h = pc.multiply(pc.bit_wise_xor(h, value_bits(table.column(name))), _GOLDEN)
         h = pc.bit_wise_xor(h, pc.shift_right(h, _SHIFT))
     return h
 
 
-def _value_bits(column: pa.ChunkedArray) -> pa.ChunkedArray:
+def value_bits(column: pa.ChunkedArray) -> pa.ChunkedArray:
     """64 bits per value, the same for values :func:`row_keys` makes equal.
 
     Integers, booleans, dates, times, timestamps and durations are their integer value, floats their

@@ -35,7 +35,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from deltatail.state.errors import ConfigError
-from deltatail.tailer.read.net_changes import group_ids, pass_ids, row_keys
+from deltatail.tailer.read.net_changes import group_ids, row_keys, value_bits
 
 PREIMAGE = "update_preimage"
 POSTIMAGE = "update_postimage"
@@ -71,49 +71,6 @@ def paired_order(change_types: list[str], keys: list[bytes]) -> tuple[list[int],
         firsts.add(len(order))
         order += [i, j] if change_types[i] == PREIMAGE else [j, i]
     return order, firsts
-
-
-_GOLDEN = pa.scalar(0x9E3779B97F4A7C15, pa.uint64())
-
-
-def pair_pass_ids(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int) -> pa.Array:
-    """The key-hash pass (``0 .. passes - 1``, ``uint64``) of each row of ``batch`` when update images are paired.
-
-    Integer, date and timestamp keys are hashed in Arrow (a multiplicative hash of their 64-bit
-    values); other keys as ``--net-changes`` hashes them (:func:`~tailer.read.net_changes.pass_ids`,
-    a CRC of each distinct key's JSON). Either way equal keys meet in one pass, and the pass of a
-    row depends only on its key and the key columns' types.
-
-    Raises:
-        ConfigError: if a key column is not a column of the batch.
-    """
-    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
-
-    columns = [batch.column(k) for k in key_columns if k in batch.schema.names]
-    if len(columns) < len(key_columns) or not all(
-        pa.types.is_integer(c.type) or pa.types.is_temporal(c.type) for c in columns
-    ):
-        return pass_ids(batch, key_columns, passes)
-    h = pa.repeat(pa.scalar(0, pa.uint64()), batch.num_rows)
-    for column in columns:
-        if pa.types.is_temporal(column.type):
-            column = column.view(pa.int32() if column.type.bit_width == 32 else pa.int64())
-        bits = pc.cast(pc.cast(column, pa.int64()), pa.uint64(), safe=False).fill_null(0)
-        h = pc.multiply(pc.bit_wise_xor(h, bits), _GOLDEN)
-        h = pc.bit_wise_xor(h, pc.shift_right(h, pa.scalar(29, pa.uint64())))
-    divisor = pa.scalar(passes, pa.uint64())
-    return pc.subtract(h, pc.multiply(pc.divide(h, divisor), divisor))
-
-
-def in_pair_pass(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int, which: int) -> pa.RecordBatch:
-    """The rows of ``batch`` whose key hashes to pass ``which`` of ``passes`` (:func:`pair_pass_ids`).
-
-    Raises:
-        ConfigError: if a key column is not a column of the batch.
-    """
-    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
-
-    return batch.filter(pc.equal(pair_pass_ids(batch, key_columns, passes), pa.scalar(which, pa.uint64())))
 
 
 def check_key(schema: pa.Schema, key_columns: tuple[str, ...], *, where: str, version: int) -> None:
@@ -261,15 +218,12 @@ def _repeats(ordered: npt.NDArray[np.int64]) -> bool:
 def _key_codes(rows: pa.Table, key_columns: tuple[str, ...]) -> npt.NDArray[np.int64]:
     """A number per row, equal for two rows exactly when their keys are (the keys have no nulls).
 
-    One integer, date or timestamp column is its own number (its 64 bits); other keys are
+    One integer, date or timestamp column is its own number (its 64 bits,
+    :func:`~tailer.read.net_changes.value_bits`); other keys are
     :func:`~tailer.read.net_changes.group_ids` codes, which hash them.
     """
-    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
-
     kind = rows.schema.field(key_columns[0]).type
     if len(key_columns) == 1 and (pa.types.is_integer(kind) or pa.types.is_temporal(kind)):
-        column = rows.column(key_columns[0]).combine_chunks()
-        if pa.types.is_temporal(column.type):
-            column = column.view(pa.int32() if column.type.bit_width == 32 else pa.int64())
-        return np.asarray(pc.cast(column, pa.int64(), safe=False).to_numpy(), dtype=np.int64)
+        bits = value_bits(rows.column(key_columns[0])).combine_chunks().to_numpy()
+        return np.asarray(bits, dtype=np.uint64).view(np.int64)
     return np.asarray(group_ids(rows, key_columns).to_numpy(), dtype=np.int64)

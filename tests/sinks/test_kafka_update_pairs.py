@@ -155,8 +155,8 @@ def _slices_seen(monkeypatch: pytest.MonkeyPatch, *, size: int) -> list[int]:
     """Make the sink encode batches in slices of about ``size`` rows; returns the sizes of the slices it encodes."""
     seen: list[int] = []
 
-    def spy(batch: Any, pair_key: Any, size: int | None = None) -> Iterator[Any]:
-        for part in pairing.encoding_slices(batch, pair_key, size):
+    def spy(batch: Any, pair_key: Any) -> Iterator[Any]:
+        for part in pairing.encoding_slices(batch, pair_key):
             seen.append(len(part))
             yield part
 
