@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 import importlib.util
@@ -28,12 +29,10 @@ COMMIT_RANK = 2
 HEARTBEAT_RANK = 3
 #: Headers of one message: (name, UTF-8 value) pairs.
 Headers = list[tuple[str, bytes]]
-#: Pending futures are pruned of acknowledged ones whenever this many accumulate.
-_COMPACT_EVERY = 100_000
-#: kafka-python: bytes (keys and values) queued and not yet acknowledged before ``send`` waits for the oldest
-#: to be acknowledged, down to half of it. Java's producer bounds its queue the same way (``buffer.memory``,
-#: 32 MiB by default); kafka-python 3 has no such bound, so without it a flush's worth of messages (up to
-#: ``flush_rows`` rows) could pile up in its record accumulator.
+#: kafka-python: bytes (keys and values) of the messages held (sent, not known to be acknowledged) before
+#: ``send`` waits for the oldest to be acknowledged, down to half of it. Java's producer bounds its queue
+#: the same way (``buffer.memory``, 32 MiB by default); kafka-python 3 has no such bound, so without it a
+#: flush's worth of messages (up to ``flush_rows`` rows) could pile up in its record accumulator.
 QUEUED_BYTES_BOUND = 32 << 20
 #: confluent-kafka: delivery reports are served (``poll``) after every this many messages.
 _POLL_EVERY = 1024
@@ -137,11 +136,15 @@ class Producer(Protocol):
 
 
 class PythonProducer:
-    """The kafka-python backend: every message's future is kept until :meth:`wait`.
+    """The kafka-python backend: a message's future is kept until it and every message before it are acknowledged.
 
-    The bytes queued and not yet acknowledged stay under ``queued_bound`` plus one message: past it,
-    :meth:`send` waits for the oldest messages' acknowledgements (at most ``delivery_timeout_ms``
-    each) until half of the bound is left; a message that fails meanwhile stops the sink as always.
+    The messages held (sent, and not known to be acknowledged with every message sent before them)
+    are at most ``queued_bound`` bytes of keys and values plus one message: past it, :meth:`send`
+    waits for the oldest messages' acknowledgements (at most ``delivery_timeout_ms`` each) until half
+    of the bound is left; a message that fails meanwhile stops the sink as always. Acknowledged
+    messages at the head are released after every send, so what is held does not grow with the
+    messages sent between two :meth:`wait` calls (a kafka-python future with its errback is ~1 KB:
+    100,000 of them were ~90 MiB).
     """
 
     key_partitioner: ClassVar[bool] = False  # kafka-python's murmur2 is slower than the sink's
@@ -162,13 +165,10 @@ class PythonProducer:
         self._on_error = on_error
         self._join_s = options.open_timeout_ms / 1000
         self._ack_wait_s = options.delivery_timeout_ms / 1000
-        self._futures: list[Any] = []
-        self._stamps: list[Stamp] = []
-        self._sizes: list[int] = []
-        self._oldest = 0  # the first future that may still be unacknowledged
+        # (future, stamp, size) of each message held, in send order; the head is not yet acknowledged.
+        self._held: collections.deque[tuple[Any, Stamp, int]] = collections.deque()
         self._queued_bound = queued_bound
-        self.queued_bytes = 0
-        self._compact_at = _COMPACT_EVERY
+        self.queued_bytes = 0  # keys and values of the messages held
 
     def partitions(self, topic: str) -> int:
         """See :meth:`Producer.partitions`."""
@@ -192,14 +192,18 @@ class PythonProducer:
             raise SendRefused(repr(e), too_large=False) from e
         future.add_errback(self._failed, stamp)
         size = len(key) + len(value or b"")
-        self._futures.append(future)
-        self._stamps.append(stamp)
-        self._sizes.append(size)
+        held = self._held
+        held.append((future, stamp, size))
         self.queued_bytes += size
+        while held and held[0][0].succeeded():
+            self.queued_bytes -= held.popleft()[2]
         if self.queued_bytes > self._queued_bound:
             self._wait_for_room()
-        if len(self._futures) >= self._compact_at:
-            self._compact()
+
+    @property
+    def held(self) -> int:
+        """How many messages are held: sent, and not known to be acknowledged with every one before them."""
+        return len(self._held)
 
     def _wait_for_room(self) -> None:
         """Wait for the oldest messages' acknowledgements until at most half the bound is queued.
@@ -209,17 +213,18 @@ class PythonProducer:
         early when a message failed (its errback has already stopped the sink) or was not
         acknowledged within ``delivery_timeout_ms``: :meth:`wait` reports it at the next flush.
         """
-        needed, left = self._oldest, self.queued_bytes
-        while needed < len(self._futures) and left > self._queued_bound // 2:
-            left -= self._sizes[needed]
+        needed, left = 0, self.queued_bytes
+        for _, _, size in self._held:
+            if left <= self._queued_bound // 2:
+                break
+            left -= size
             needed += 1
-        if needed == self._oldest or not self._acknowledged(self._futures[needed - 1]):
+        if needed == 0 or not self._acknowledged(self._held[needed - 1][0]):
             return
-        while self._oldest < needed:
-            if not self._acknowledged(self._futures[self._oldest]):
+        for _ in range(needed):
+            if not self._acknowledged(self._held[0][0]):
                 return
-            self.queued_bytes -= self._sizes[self._oldest]
-            self._oldest += 1
+            self.queued_bytes -= self._held.popleft()[2]
 
     def _acknowledged(self, future: Any) -> bool:
         """Whether ``future``'s message is acknowledged, waiting up to ``delivery_timeout_ms`` for it."""
@@ -254,25 +259,17 @@ class PythonProducer:
             sender.force_close()
         return sender
 
-    def _compact(self) -> None:
-        """Drop acknowledged futures so that long runs between flushes keep little memory."""
-        kept = [m for m in zip(self._futures, self._stamps, self._sizes, strict=True) if not m[0].succeeded()]
-        self._futures, self._stamps, self._sizes = [m[0] for m in kept], [m[1] for m in kept], [m[2] for m in kept]
-        self._oldest = 0
-        self.queued_bytes = sum(self._sizes)
-        self._compact_at = max(_COMPACT_EVERY, 2 * len(self._futures))
-
     def wait(self, timeout_s: float) -> tuple[Stamp, str] | None:
         """See :meth:`Producer.wait`."""
         with contextlib.suppress(KafkaTimeoutError):  # the futures tell which messages are missing
             self._producer.flush(timeout=timeout_s)
-        for future, stamp in zip(self._futures, self._stamps, strict=True):
+        for future, stamp, _ in self._held:
             if not future.is_done:
                 return stamp, "not acknowledged in time"
             if future.exception is not None:
                 return stamp, repr(future.exception)
-        self._futures, self._stamps, self._sizes = [], [], []
-        self._oldest = self.queued_bytes = 0
+        self._held.clear()
+        self.queued_bytes = 0
         return None
 
     def close(self, timeout_s: float) -> None:
