@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pyarrow as pa
 import pytest
 
@@ -25,3 +29,46 @@ def test_arrow_memory_comes_from_jemalloc_unless_the_environment_names_a_pool(mo
         assert pa.default_memory_pool().backend_name == "mimalloc"
     finally:
         pa.set_memory_pool(before)
+
+
+#: A child process: choose the pool (or not), then free 128 MiB that a thread started afterwards
+#: allocated and touched, and print how much of it is still resident right after the free.
+_FREED_IN_A_THREAD = """
+import re, sys, threading
+import numpy as np
+import pyarrow as pa
+from deltatail.tailer.cli.process import return_memory_promptly
+if sys.argv[1] == "cli":
+    return_memory_promptly()
+else:
+    pa.set_memory_pool(pa.jemalloc_memory_pool())
+held = pa.allocate_buffer(100)  # the calling thread has its arena
+def rss_mib():
+    return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) >> 10
+def work():
+    before = rss_mib()
+    buffers = [pa.allocate_buffer(1 << 20) for _ in range(128)]
+    for b in buffers:
+        np.frombuffer(b, dtype=np.uint8)[:] = 1
+    del buffers
+    print(rss_mib() - before)
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+"""
+
+
+def _resident_after_free(how: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "JE_ARROW_MALLOC_CONF")}
+    done = subprocess.run(
+        [sys.executable, "-c", _FREED_IN_A_THREAD, how], env=env, capture_output=True, text=True, check=True
+    )
+    return int(done.stdout.strip())
+
+
+def test_pages_a_later_thread_frees_are_returned_at_once() -> None:
+    """What a read-ahead thread decoded and the consumer freed leaves the process at once, not a second later."""
+    assert _resident_after_free("plain") >= 100, (
+        "jemalloc's default no longer keeps freed pages: the test shows nothing"
+    )
+    assert _resident_after_free("cli") <= 16
