@@ -18,7 +18,7 @@ from deltatail.state.feed import change_schema
 from deltatail.state.iceberg.planning import IcebergPlan
 from deltatail.state.lance.planning import LancePlan
 from deltatail.state.planning import ReadContext, VersionPlan
-from deltatail.tailer.read.net_changes import net_changes
+from deltatail.tailer.read.net_changes import net_batches
 from deltatail.tailer.read.tasks import read_task
 from deltatail.tailer.storage import Storage
 
@@ -82,7 +82,7 @@ def read_partition(
     batches: Iterator[pa.RecordBatch] = (b for t in partition.tasks for b in read_task(storage, ctx, t, batch_size))
     if partition.net:
         rows = pa.Table.from_batches(list(batches), schema=change_schema(ctx.schema()))
-        batches = iter(net_changes(rows, key_columns).to_batches(batch_size))
+        batches = net_batches(rows, key_columns, batch_size)
     for batch in batches:
         if batch.num_rows:
             yield conform(batch, target)

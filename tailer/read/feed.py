@@ -33,7 +33,7 @@ from deltatail.tailer.log.delta_log import DeltaLog
 from deltatail.tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from deltatail.tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
 from deltatail.tailer.read.conform import nulls
-from deltatail.tailer.read.net_changes import ROW_ORDER, net_changes, net_passes, pass_ids
+from deltatail.tailer.read.net_changes import ROW_ORDER, net_batches, net_passes, pass_ids
 from deltatail.tailer.read.pruning import prune
 from deltatail.tailer.read.read_ahead import ReadAheadReader
 from deltatail.tailer.read.reader_pool import ReaderPool, shared_pool
@@ -255,7 +255,7 @@ class ChangeFeed:
         """The net changes of ``plan``'s rows, in key-hash partitioned passes (:mod:`tailer.read.net_changes`)."""
         o = self.options
         for merged in self._in_passes(plan, task_batches, functools.partial(pass_ids, key_columns=o.key_columns)):
-            yield from net_changes(merged, o.key_columns).to_batches(o.batch_size)
+            yield from net_batches(merged, o.key_columns, o.batch_size)
             del merged  # before the next pass is read back: one pass in memory at a time
 
     def _paired(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -303,19 +303,61 @@ def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
     Raises:
         ConfigError: if a key column is not a column of the table.
     """
+    batches = list(net_batches(table, key_columns, max(table.num_rows, 1)))
+    return pa.Table.from_batches(batches, schema=table.schema) if batches else table.slice(0, 0)
+
+
+def net_batches(table: pa.Table, key_columns: tuple[str, ...], batch_size: int) -> Iterator[pa.RecordBatch]:
+    """The rows :func:`net_changes` gives, in batches of ``batch_size`` rows, each taken from ``table`` when asked for.
+
+    Only a batch's rows are copied at a time (not the whole result): a batch held by a consumer does
+    not keep a pass's result alive. ``table`` is combined into one chunk per column first if it has
+    more (a take across many chunks concatenates them on every call).
+
+    Raises:
+        ConfigError: if a key column is not a column of the table.
+    """
+    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
+
+    order, pairs = _net_order(table, key_columns)
+    if not len(order):
+        return
+    if any(column.num_chunks > 1 for column in table.columns):
+        table = table.combine_chunks()
+    at = table.column_names.index("_change_type")
+    field = table.schema.field(at).with_type(pa.string())
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        taken = table.take(pa.array(rows))
+        kinds = pc.cast(taken.column(at), pa.string())
+        if start < 2 * pairs:  # the first 2 * pairs rows of the order are update pairs, pre-image first
+            images = np.arange(start, start + len(rows))
+            imaged = pa.array(np.where(images % 2 == 0, "update_preimage", "update_postimage")[images < 2 * pairs])
+            kinds = pa.chunked_array([imaged, *kinds.slice(len(imaged)).chunks], pa.string())
+        batch = taken.set_column(at, field, kinds).combine_chunks().to_batches()
+        yield batch[0] if len(batch) == 1 else pa.concat_batches(batch)
+
+
+def _net_order(table: pa.Table, key_columns: tuple[str, ...]) -> tuple[npt.NDArray[np.int64], int]:
+    """The rows :func:`net_changes` keeps, in its output order, and how many update pairs lead them.
+
+    Raises:
+        ConfigError: if a key column is not a column of the table.
+    """
     import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
 
     _check_keys(table, key_columns)
     if table.num_rows == 0:
-        return table
+        return np.empty(0, dtype=np.int64), 0
     kinds = table.column("_change_type")
     is_del = _flags(pc.fill_null(pc.equal(kinds, "delete"), False))
     is_ins = _flags(pc.fill_null(pc.equal(kinds, "insert"), False))
     groups = _ints(group_ids(table, [c for c in table.column_names if c not in _CHANGE]))
     keep = ~_cancelled(groups, is_del, is_ins)
+    del groups
     if not key_columns:
-        return table.filter(pa.array(keep))
-    return _pair_updates(table, keep, is_del, is_ins, _ints(group_ids(table, key_columns)))
+        return np.flatnonzero(keep).astype(np.int64), 0
+    return _pair_updates(keep, is_del, is_ins, _ints(group_ids(table, key_columns)))
 
 
 def _cancelled(
@@ -330,28 +372,19 @@ def _cancelled(
 
 
 def _pair_updates(
-    table: pa.Table,
     keep: npt.NDArray[np.bool_],
     is_del: npt.NDArray[np.bool_],
     is_ins: npt.NDArray[np.bool_],
     keys: npt.NDArray[np.int64],
-) -> pa.Table:
-    """Rule 2 on the rows ``keep`` marks, then the output order of the module docstring."""
-    import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
-
+) -> tuple[npt.NDArray[np.int64], int]:
+    """Rule 2 on the rows ``keep`` marks: the output order of the module docstring, and the number of pairs."""
     kept_del, kept_ins = keep & is_del, keep & is_ins
     once = (np.bincount(keys, weights=kept_del)[keys] == 1) & (np.bincount(keys, weights=kept_ins)[keys] == 1)
-    index = np.arange(table.num_rows, dtype=np.int64)
+    index = np.arange(len(keys), dtype=np.int64)
     insert_of_key = np.zeros(int(keys.max()) + 1, dtype=np.int64)
     insert_of_key[keys[once & kept_ins]] = index[once & kept_ins]
     deletes = index[once & kept_del]  # in input order: the pairs' order
     order = np.empty(2 * len(deletes), dtype=np.int64)
     order[0::2], order[1::2] = deletes, insert_of_key[keys[deletes]]
     alone = keep & ~(once & (kept_del | kept_ins))
-    rest = np.concatenate([index[alone & ~is_ins], index[alone & is_ins]])
-    result = table.take(pa.array(np.concatenate([order, rest])))
-    images = pa.array(["update_preimage", "update_postimage"] * len(deletes), pa.string())
-    rest_kinds = pc.cast(table.column("_change_type").take(pa.array(rest)), pa.string())
-    types = pa.chunked_array([images, *rest_kinds.chunks], pa.string())
-    at = result.column_names.index("_change_type")
-    return result.set_column(at, "_change_type", types)
+    return np.concatenate([order, index[alone & ~is_ins], index[alone & is_ins]]), len(deletes)

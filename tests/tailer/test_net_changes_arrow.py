@@ -17,7 +17,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deltatail.tailer.read.net_changes import group_ids, in_pass, key_hash, net_changes
+from deltatail.tailer.read.net_changes import group_ids, in_pass, key_hash, net_batches, net_changes
 
 _CHANGE = ("_change_type", "_commit_version", "_commit_timestamp")
 
@@ -121,6 +121,20 @@ def test_net_changes_equal_the_python_reference(
 ) -> None:
     table = as_table(listed, chunks)
     assert same(net_changes(table, key), reference_net_changes(table, key))
+
+
+@settings(max_examples=50, deadline=None)
+@given(listed=st.lists(rows, max_size=40), chunks=st.integers(1, 3), key=st.sampled_from(KEYS), size=st.integers(1, 7))
+def test_net_changes_taken_batch_by_batch_equal_the_python_reference(
+    listed: list[dict[str, Any]], chunks: int, key: tuple[str, ...], size: int
+) -> None:
+    """Batches of ``size`` rows, cut anywhere (inside the leading update pairs too), give the reference's rows."""
+    table = as_table(listed, chunks)
+    batches = list(net_batches(table, key, size))
+    assert all(0 < b.num_rows <= size for b in batches)
+    assert all(b.num_rows == size for b in batches[:-1])
+    expected = reference_net_changes(table, key)
+    assert same(pa.Table.from_batches(batches, schema=table.schema) if batches else table.slice(0, 0), expected)
 
 
 @settings(max_examples=25, deadline=None)
