@@ -9,6 +9,7 @@ that a consumer can tell exactly which rows it already holds.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,15 @@ class ChangeBatch:
     def end(self) -> Position:
         """The position just after the last row (the cursor once this batch is delivered)."""
         return self.position(len(self))
+
+    def slices(self, size: int) -> Iterator[ChangeBatch]:
+        """The batch in consecutive slices of ``size`` rows (the last one shorter), in order; itself if no longer."""
+        count = len(self)
+        if count <= size:
+            yield self
+            return
+        for start in range(0, count, size):
+            yield ChangeBatch(self.position(start), self.rows.slice(start, min(size, count - start)))
 
     def slice_from(self, position: Position) -> ChangeBatch:
         """The rows at or after ``position`` (the whole batch, part of it, or an empty batch)."""

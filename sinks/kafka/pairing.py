@@ -135,12 +135,9 @@ def encoding_slices(batch: ChangeBatch, pair_key: Sequence[str]) -> Iterator[Cha
     one slice), so the slices' events are the batch's. Without a pair key any row may end a slice.
     """
     count, size = len(batch), ENCODE_ROWS
-    if count <= size:
-        yield batch
+    if count <= size or not pair_key:
+        yield from batch.slices(size)
         return
-    if pair_key:
-        cuts = pair_cuts(pa.Table.from_batches([batch.rows]), tuple(pair_key), size)
-    else:
-        cuts = list(range(size, count, size))
+    cuts = pair_cuts(pa.Table.from_batches([batch.rows]), tuple(pair_key), size)
     for start, end in itertools.pairwise([0, *cuts, count]):
         yield ChangeBatch(batch.position(start), batch.rows.slice(start, end - start))

@@ -9,7 +9,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deltatail.sinks.embedded import DICTIONARY_PAGE_BYTES, ROW_GROUP_ROWS, JsonLinesSink, ParquetDirSink
+from deltatail.sinks.embedded import (
+    DICTIONARY_PAGE_BYTES,
+    ENCODE_ROWS,
+    ROW_GROUP_ROWS,
+    JsonLinesSink,
+    ParquetDirSink,
+)
 from deltatail.state.cursor import Position
 from deltatail.state.errors import ConfigError, SinkError
 from deltatail.state.feed import ChangeBatch, TableInfo
@@ -47,6 +53,22 @@ def test_jsonl_file_reports_the_position_after_its_last_line(tmp_path: Path) -> 
     again = JsonLinesSink(str(path))
     assert again.open(TABLE) == Position.change(4, 1)
     again.close()
+
+
+def test_jsonl_file_writes_a_long_batch_slice_by_slice_every_row_once_in_order(tmp_path: Path) -> None:
+    """A batch of 2.5 encoding slices: every row once, in order, at its own position, in both encodings."""
+    path = tmp_path / "out.jsonl"
+    count = 2 * ENCODE_ROWS + ENCODE_ROWS // 2
+    sink = JsonLinesSink(str(path))
+    sink.open(TABLE)
+    sink.write(_batch(3, 10, list(range(count))))
+    sink.write(_batch(4, 0, [7]))  # a short batch: the row-by-row encoding
+    sink.flush()
+    sink.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["id"] for line in lines] == [*range(count), 7]
+    assert [line["_position"] for line in lines] == [[3, 10 + i, False] for i in range(count)] + [[4, 0, False]]
+    assert {line["_change_type"] for line in lines} == {"insert"}
 
 
 def test_jsonl_file_drops_a_torn_last_line(tmp_path: Path) -> None:
