@@ -307,6 +307,11 @@ class Launcher:
                 if "exit" in message:
                     self.statuses[int(message["exit"])] = int(message["status"])
                 else:
+                    if "pid" in message:
+                        # A new child may have the pid of one reported long ago (pids wrap at pid_max,
+                        # 32768 here): its status is the old child's, not this one's. Dropped here, in the
+                        # helper's order: the new child's own exit is reported after this reply.
+                        self.statuses.pop(int(message["pid"]), None)
                     self.replies.append(message)
                 self.changed.notify_all()
         with self.changed:

@@ -120,6 +120,26 @@ def test_sigterm_stops_a_following_run_cleanly(table: Path, tmp_path: Path) -> N
     assert sorted(ids(out.read_bytes())) == [1, 2, 3, 4, 5]
 
 
+def test_a_new_child_with_a_reused_pid_is_not_taken_for_the_old_one(table: Path, tmp_path: Path) -> None:
+    """Pids wrap (at 32,768 here): a child may get the pid of one that exited earlier in the run. Its status,
+    and whether it can still be signalled, are its own: here every pid is given a stale SIGKILL status first."""
+    own = launcher.Launcher()
+    try:
+        limit = int(Path("/proc/sys/kernel/pid_max").read_text())
+        with own.changed:
+            own.statuses.update(dict.fromkeys(range(1, limit + 1), -signal.SIGKILL))
+        args = [SCRIPT, "run", str(table), "--state-dir", str(tmp_path / "state"), "--sink", f"jsonl:{tmp_path / 'o'}"]
+        proc = own.popen(args, env=env(), cwd=tmp_path, stderr=launcher.DEVNULL)
+        assert proc.poll() is None, "the stale status of an earlier child with this pid was taken for its own"
+        deadline = time.monotonic() + WAIT
+        while not (tmp_path / "state" / "cursor.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.terminate()
+        assert proc.wait(WAIT) == 0
+    finally:
+        own.close()
+
+
 def test_a_timeout_raises_as_popen_does(tmp_path: Path) -> None:
     """``wait(timeout)`` on a running child raises ``TimeoutExpired``; ``poll`` says it still runs."""
     args = [SCRIPT, "run", str(tmp_path / "empty"), "--state-dir", str(tmp_path / "s")]
