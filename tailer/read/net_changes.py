@@ -326,7 +326,7 @@ def net_changes(table: pa.Table, key_columns: tuple[str, ...] = ()) -> pa.Table:
         ConfigError: if a key column is not a column of the table.
     """
     batches = list(net_batches(table, key_columns, max(table.num_rows, 1)))
-    return pa.Table.from_batches(batches, schema=table.schema) if batches else table.slice(0, 0)
+    return pa.Table.from_batches(batches) if batches else table.slice(0, 0)
 
 
 def net_batches(table: pa.Table, key_columns: tuple[str, ...], batch_size: int) -> Iterator[pa.RecordBatch]:

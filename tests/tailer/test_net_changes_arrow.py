@@ -178,3 +178,20 @@ def test_a_float_key_keeps_minus_zero_apart_and_nan_with_null() -> None:
     # -0.0 and 0.0 are two keys, so they stay a delete and an insert, not an update pair
     assert out.column("_change_type").to_pylist() == ["delete", "insert", "insert"]
     assert [str(v) for v in out.column("f").to_pylist()] == ["-0.0", "0.0", "inf"]
+
+
+def test_change_types_read_as_a_dictionary_come_out_as_strings() -> None:
+    """A ``_change_type`` read dictionary-encoded (as a cdc file's is) nets like strings, with or without a key."""
+    table = pa.table(
+        {
+            "id": [1, 1, 2, 3],
+            "v": [1, 2, 3, 3],
+            "_change_type": pa.array(["delete", "insert", "insert", "delete"]).dictionary_encode(),
+        }
+    )
+    keyed = net_changes(table, ("id",))
+    assert keyed.schema.field("_change_type").type == pa.string()
+    assert keyed.column("_change_type").to_pylist() == ["update_preimage", "update_postimage", "delete", "insert"]
+    plain = net_changes(table, ())
+    assert plain.schema.field("_change_type").type == pa.string()
+    assert plain.column("_change_type").to_pylist() == ["delete", "insert", "insert", "delete"]
