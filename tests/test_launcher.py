@@ -120,6 +120,7 @@ def test_sigterm_stops_a_following_run_cleanly(table: Path, tmp_path: Path) -> N
     assert sorted(ids(out.read_bytes())) == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
 def test_a_new_child_with_a_reused_pid_is_not_taken_for_the_old_one(table: Path, tmp_path: Path) -> None:
     """Pids wrap (at 32,768 here): a child may get the pid of one that exited earlier in the run. Its status,
     and whether it can still be signalled, are its own: here every pid is given a stale SIGKILL status first."""

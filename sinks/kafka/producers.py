@@ -143,8 +143,7 @@ class PythonProducer:
     waits for the oldest messages' acknowledgements (at most ``delivery_timeout_ms`` each) until half
     of the bound is left; a message that fails meanwhile stops the sink as always. Acknowledged
     messages at the head are released after every send, so what is held does not grow with the
-    messages sent between two :meth:`wait` calls (a kafka-python future with its errback is ~1 KB:
-    100,000 of them were ~90 MiB).
+    messages sent between two :meth:`wait` calls (a kafka-python future with its errback is ~1 KB).
     """
 
     key_partitioner: ClassVar[bool] = False  # kafka-python's murmur2 is slower than the sink's

@@ -43,10 +43,10 @@ def return_memory_promptly() -> None:
     default is 1,000 ms). jemalloc gives each thread an arena while there are fewer threads than
     arenas, and the caller's own arena already exists, so this reaches the threads started later:
     the read-ahead threads that decode a giant commit's files, whose batches are freed by the
-    delivering thread as they go: 40-80 MiB less peak RSS for a giant commit at the sinks' rows/s
-    (they, not the decoding, set the pace; the decoding alone is ~2x slower, as every batch's pages
-    are faulted in anew; figures in ``benchmarks/README.md``). A ``JE_ARROW_MALLOC_CONF`` in the
-    environment (jemalloc's own settings) is left to decide.
+    delivering thread as they go. That lowers a giant commit's peak at the sinks' rows/s (they, not
+    the decoding, set the pace; decoding alone is slower, as every batch's pages are faulted in
+    anew; figures in ``benchmarks/README.md``). A ``JE_ARROW_MALLOC_CONF`` in the environment
+    (jemalloc's own settings) is left to decide.
     """
     import pyarrow as pa  # here, not at the top: ``status`` and ``signal`` never load Arrow
 

@@ -120,8 +120,8 @@ def _codes(column: _Column) -> tuple[pa.ChunkedArray, int]:
 def _sorted_codes(column: _Column) -> tuple[pa.ChunkedArray, int]:
     """:func:`_codes` of an integer column: each value's rank among the distinct values, null the last code.
 
-    By sorting, not hashing: Arrow's hash table for 500,000 distinct 64-bit values peaks at ~30 MiB,
-    the sort at a few arrays of the column's length.
+    By sorting, not hashing: Arrow's hash table for a column of distinct 64-bit values holds several
+    times the column while it grows; the sort holds a few arrays of the column's length.
     """
     import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
 
