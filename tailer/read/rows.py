@@ -353,9 +353,50 @@ def _change_types_as_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
     column = batch.column(last)
     if not pa.types.is_dictionary(column.type):
         return batch
-    return batch.set_column(
-        last, batch.schema.field(last).with_type(column.type.value_type), column.cast(column.type.value_type)
-    )
+    strings = _uniform_strings(column)
+    if strings is None:
+        strings = column.cast(column.type.value_type)
+    return batch.set_column(last, batch.schema.field(last).with_type(strings.type), strings)
+
+
+def _uniform_strings(column: pa.DictionaryArray) -> pa.Array | None:
+    """A dictionary column whose rows all hold one string, as a shared :func:`repeated_string`; else ``None``.
+
+    A cdc file's batches mostly hold one change type (writers group pre- and post-images), and
+    casting each row's index to its string copies the string once per row.
+    """
+    if column.null_count or column.type.value_type != pa.string() or not len(column):
+        return None
+    indices = column.indices.to_numpy()
+    first = indices[0]
+    if indices.min() != first or indices.max() != first:
+        return None
+    return repeated_string(column.dictionary[first].as_py(), len(column))
+
+
+#: Columns of up to this many rows are kept by :func:`repeated_string` for many lengths (small files
+#: repeat a few sizes); longer ones for the last few lengths only (a large file's batches have one length).
+SHARED_SMALL_ROWS = 4096
+
+
+def repeated_string(value: str, n: int) -> pa.Array:
+    """``n`` copies of ``value`` as a ``string`` array, shared by every caller asking for the same pair.
+
+    Arrays are immutable, so sharing is safe; it saves building a buffer of ``n`` copies per batch.
+    """
+    if n <= SHARED_SMALL_ROWS:
+        return _repeated_small(value, n)
+    return _repeated_large(value, n)
+
+
+@functools.lru_cache(maxsize=1024)
+def _repeated_small(value: str, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value, pa.string()), n)
+
+
+@functools.lru_cache(maxsize=8)
+def _repeated_large(value: str, n: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value, pa.string()), n)
 
 
 def _filter(batch: pa.RecordBatch, row_filter: RowFilter, start: int) -> pa.RecordBatch:

@@ -32,6 +32,7 @@ from deltatail.tailer.read.rows import (
     check_row_filter,
     count_file_rows,
     read_file_batches,
+    repeated_string,
 )
 from deltatail.tailer.storage import Storage
 
@@ -131,7 +132,7 @@ def _row_columns(task: FileTask, file_batch: FileBatch) -> list[pa.Array]:
     """The batch's output columns, with ``_change_type`` for a task that has one (not from a cdc file)."""
     columns = file_batch.columns()
     if task.change_type is not None:
-        columns.append(_change_types(task.change_type, len(columns[0])))
+        columns.append(repeated_string(task.change_type, len(columns[0])))
     return columns
 
 
@@ -212,18 +213,3 @@ def _constant_int64s(dtype: pa.DataType, value: int, n: int) -> pa.Array:
     buffer per batch. The cache holds the last two commits' version and timestamp columns.
     """
     return _int64s(dtype, [(value, n)])
-
-
-#: Batches up to this many rows share their ``_change_type`` column (small files repeat a few sizes).
-SHARED_CHANGE_TYPE_ROWS = 4096
-
-
-def _change_types(change_type: str, n: int) -> pa.Array:
-    if n <= SHARED_CHANGE_TYPE_ROWS:
-        return _shared_change_types(change_type, n)
-    return pa.repeat(pa.scalar(change_type, pa.string()), n)
-
-
-@functools.lru_cache(maxsize=1024)
-def _shared_change_types(change_type: str, n: int) -> pa.Array:
-    return pa.repeat(pa.scalar(change_type, pa.string()), n)

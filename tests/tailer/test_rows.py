@@ -375,6 +375,32 @@ def test_change_type_requested_from_a_data_file_is_an_invalid_log(dictionary_min
     assert info.value.file == f"{root}/{add.path}" and info.value.version == version
 
 
+@pytest.mark.parametrize("batch_size", [3, 4, 64])
+def test_change_types_read_as_a_dictionary_come_out_as_written_in_runs_and_mixed(
+    tmp_path: Path, batch_size: int
+) -> None:
+    """Batches holding one change type and batches holding several both give each row's own string.
+
+    Batches of one change type share one column (same data buffer) instead of each copying the string.
+    """
+    kinds = ["update_preimage"] * 8 + ["update_postimage"] * 8 + ["delete", "insert", "delete", "insert"]
+    table = pa.table({"x": pa.array(range(len(kinds)), pa.int64()), CHANGE_TYPE_COLUMN: pa.array(kinds)})
+    pq.write_table(table, tmp_path / "cdc.parquet")
+    out = read_plain(
+        tmp_path,
+        "cdc.parquet",
+        NUMBERED,
+        keep_change_type=True,
+        batch_size=batch_size,
+        opening=ParquetOpening(dictionary_min_bytes=0),
+    )
+    assert all(b.schema.field(CHANGE_TYPE_COLUMN).type == pa.string() for b in out)
+    assert [(r["x"], r[CHANGE_TYPE_COLUMN]) for r in batches_rows(out)] == list(enumerate(kinds))
+    if batch_size == 4:  # rows 0-3 and 4-7: update_preimage throughout, one shared column
+        first, second = (b.column(CHANGE_TYPE_COLUMN).buffers()[2] for b in out[:2])
+        assert first.address == second.address
+
+
 # ------------------------------------------------------------------ tables written here with deltalake
 
 
