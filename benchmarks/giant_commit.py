@@ -5,6 +5,7 @@ Usage::
     python -m benchmarks.giant_commit [--rows 1000000,4000000] [--shapes cdc,rewrite,rewrite-net,dv]
                                       [--sinks jsonl,parquet,kafka,kafka-confluent,feed]
                                       [--flush-rows N] [--data-dir DIR] [--file-rows N] [--dv-files N]
+                                      [--repeat N] [--warm K]
 
 Each table is written by ``deltalake`` in appends of ``--file-rows`` rows (one file each), then one
 giant commit, the one measured:
@@ -35,22 +36,30 @@ of the same version is read as a stream (``RecordBatchReader``, every batch coun
 reading engine every sink sits on, without a sink), the like-for-like comparison. With the
 ``parquet`` sink, ``load_cdf`` is also streamed into a Parquet file (pyarrow's ``ParquetWriter``, its
 default settings, row groups of 65,536 rows): the sink's like-for-like peer.
+
+``--repeat N`` runs every side of a commit ``N`` times, the sides taking turns (side A, B, C, then
+A, B, C again), and prints each side's median peak and rows/s with their range: the machine's noise
+moves one run's rows/s by 10-25%. ``--warm K`` adds, for ``load_cdf`` and ``feed``, a child that
+imports once and reads the commit ``K`` times: its rows/s is the median over reads 2 to ``K``, the
+steady state of a running process, without start-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +124,39 @@ for batch in ChangeFeed(sys.argv[1]).batches(starting_version=v, ending_version=
     n += batch.rows.num_rows
 print(n)
 """
+
+#: The warm children: import once, read the version ``sys.argv[3]`` times, print the rows of one read and
+#: the median seconds of the reads after the first (the first pays for opening the table's files first).
+WARM = """
+import statistics, sys, time
+v, reads = int(sys.argv[2]), int(sys.argv[3])
+READ
+seconds = []
+for _ in range(reads):
+    started = time.perf_counter()
+    n = read()
+    seconds.append(time.perf_counter() - started)
+print(n, statistics.median(seconds[1:] or seconds))
+"""
+WARM_LOAD_CDF = WARM.replace(
+    "READ",
+    """import pyarrow as pa
+from deltalake import DeltaTable
+def read():
+    n = 0
+    for b in pa.RecordBatchReader.from_stream(DeltaTable(sys.argv[1]).load_cdf(starting_version=v, ending_version=v)):
+        n += b.num_rows
+    return n""",
+)
+WARM_FEED = WARM.replace(
+    "READ",
+    """from deltatail import ChangeFeed
+def read():
+    n = 0
+    for b in ChangeFeed(sys.argv[1]).batches(starting_version=v, ending_version=v):
+        n += b.rows.num_rows
+    return n""",
+)
 
 
 def rows_of(first: int, last: int, bump: float) -> pa.Table:
@@ -254,6 +296,13 @@ def run_feed(table: Path, version: int) -> Measure:
     return Measure(int(out.strip()), peak, seconds)
 
 
+def run_warm(script: str, table: Path, version: int, reads: int) -> Measure:
+    """A warm child (:data:`WARM_LOAD_CDF` or :data:`WARM_FEED`): seconds are its median read's, not its life."""
+    out, peak, _ = measure([sys.executable, "-c", script, str(table), str(version), str(reads)], READER_ENV)
+    rows, seconds = out.split()
+    return Measure(int(rows), peak, float(seconds))
+
+
 def run_deltatail(table: Path, version: int, sink: str, extra: list[str], scratch: Path) -> Measure:
     """``deltatail run --until-caught-up`` from ``version`` into ``sink`` in a child; rows from its last line."""
     script = Path(sys.executable).parent / "deltatail"
@@ -322,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dv-files", type=int, default=10_000, help="files the dv shape's commit touches")
     parser.add_argument("--flush-rows", type=int, default=None, help="deltatail's --flush-rows (default: its own)")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "benchmarks" / ".data" / "giant")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of every side, taking turns (medians shown)")
+    parser.add_argument("--warm", type=int, default=0, help="reads of a warm load_cdf and feed child (0: none)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.rows.split(",")]
     shapes = args.shapes.split(",")
@@ -330,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"command   {' '.join([sys.executable, '-m', 'benchmarks.giant_commit', *(argv or sys.argv[1:])])}")
     print(f"machine   nproc {os.cpu_count()}, {platform.platform()}")
     print(f"versions  python {platform.python_version()}, pyarrow {pa.__version__}, deltalake {deltalake.__version__}")
-    print(f"{'rows':>11} {'shape':<12} {'side':<26} {'rows out':>11} {'peak RSS':>10} {'rows/s':>12}")
+    print(f"{'rows':>11} {'shape':<12} {'side':<26} {'rows out':>11} {'peak RSS':>10} {'rows/s':>12}  range")
     kafka = any(s.startswith("kafka") for s in sinks)
     with broker(kafka) as bootstrap, tempfile.TemporaryDirectory(prefix="giant-") as tmp:
         scratch = Path(tmp)
@@ -341,25 +392,65 @@ def main(argv: Sequence[str] | None = None) -> int:
                 table = args.data_dir / f"{kind}-{size}-{layout}"
                 version = write_table(table, size, args.file_rows, kind, args.dv_files)
                 extra = [*flush, "--net-changes", "--key", "id"] if shape == "rewrite-net" else flush
-                sides = [("load_cdf", run_load_cdf(table, version))] if shape != "rewrite-net" else []
-                if "parquet" in sinks and shape != "rewrite-net":
-                    sides.append(("load_cdf -> parquet", run_load_cdf_parquet(table, version, scratch)))
-                for kind in sinks:
-                    if kind == "feed":
-                        if shape != "rewrite-net":
-                            sides.append(("deltatail feed", run_feed(table, version)))
-                        continue
-                    m = run_deltatail(table, version, sink_uri(kind, scratch, bootstrap), extra, scratch)
-                    sides.append((f"deltatail {kind}", m))
-                    shutil.rmtree(scratch, ignore_errors=True)
-                    scratch.mkdir()
-                for side, m in sides:
-                    print(
-                        f"{size:>11,} {shape:<12} {side:<26} {m.rows:>11,} {m.peak_mib:>7.0f} MiB"
-                        f" {m.rows / max(m.seconds, 1e-9):>12,.0f}",
-                        flush=True,
-                    )
+                sides = _sides(table, version, shape, sinks, extra, scratch, bootstrap, args.warm)
+                measured: dict[str, list[Measure]] = {name: [] for name, _ in sides}
+                for _ in range(max(args.repeat, 1)):
+                    for name, run in sides:
+                        measured[name].append(run())
+                        shutil.rmtree(scratch, ignore_errors=True)
+                        scratch.mkdir()
+                for name, runs in measured.items():
+                    print(f"{size:>11,} {shape:<12} {name:<26} {_figures(runs)}", flush=True)
     return 0
+
+
+def _sides(
+    table: Path,
+    version: int,
+    shape: str,
+    sinks: list[str],
+    extra: list[str],
+    scratch: Path,
+    bootstrap: str | None,
+    warm: int,
+) -> list[tuple[str, Callable[[], Measure]]]:
+    """The sides measured on one commit, in the order they run and print."""
+    sides: list[tuple[str, Callable[[], Measure]]] = []
+    peers = shape != "rewrite-net"  # load_cdf does not net; the feed has no --net-changes
+    if peers:
+        sides.append(("load_cdf", lambda: run_load_cdf(table, version)))
+        if warm:
+            sides.append(("load_cdf (warm)", lambda: run_warm(WARM_LOAD_CDF, table, version, warm)))
+    if peers and "parquet" in sinks:
+        sides.append(("load_cdf -> parquet", lambda: run_load_cdf_parquet(table, version, scratch)))
+    for kind in sinks:
+        if kind == "feed":
+            if peers:
+                sides.append(("deltatail feed", lambda: run_feed(table, version)))
+                if warm:
+                    sides.append(("deltatail feed (warm)", lambda: run_warm(WARM_FEED, table, version, warm)))
+            continue
+        sides.append(
+            (
+                f"deltatail {kind}",
+                functools.partial(_run_sink, table, version, kind, extra, scratch, bootstrap),
+            )
+        )
+    return sides
+
+
+def _run_sink(table: Path, version: int, kind: str, extra: list[str], scratch: Path, bootstrap: str | None) -> Measure:
+    return run_deltatail(table, version, sink_uri(kind, scratch, bootstrap), extra, scratch)
+
+
+def _figures(runs: list[Measure]) -> str:
+    """Rows, median peak and median rows/s of a side's runs, and their ranges when there are several."""
+    peaks = sorted(m.peak_mib for m in runs)
+    rates = sorted(m.rows / max(m.seconds, 1e-9) for m in runs)
+    line = f"{runs[0].rows:>11,} {statistics.median(peaks):>7.0f} MiB {statistics.median(rates):>12,.0f}"
+    if len(runs) > 1:
+        line += f"  {peaks[0]:.0f}-{peaks[-1]:.0f} MiB, {rates[0]:,.0f}-{rates[-1]:,.0f}"
+    return line
 
 
 if __name__ == "__main__":
