@@ -41,17 +41,36 @@ class Prefetch:
     The worker stops early when the consumer goes away (:meth:`cancel`). An
     exception in the worker is handed over in the queue and raised to the
     consumer after every batch before it.
+
+    Created with ``started=False``, the worker takes its thread but opens
+    nothing until :meth:`start` (or the consumer's first :meth:`batches`): the
+    reader decides when a file queued behind another may begin. Two signals
+    tell it: :attr:`starved` (the consumer had to wait for a batch after the
+    first: reading, not the consumer, is the limit) and :attr:`decoded` (the
+    worker has read its whole file and closed it).
     """
 
     _DONE = object()
 
-    def __init__(self, pool: ThreadPoolExecutor, read: Callable[[], Generator[FileBatch, None, None]]) -> None:
+    def __init__(
+        self, pool: ThreadPoolExecutor, read: Callable[[], Generator[FileBatch, None, None]], *, started: bool = True
+    ) -> None:
         self._items: deque[tuple[object, int]] = deque()
         self._held = 0  # bytes of the batches in _items
         self._changed = threading.Condition()
         self._cancelled = threading.Event()
+        self._go = threading.Event()
+        if started:
+            self._go.set()
+        self._taken = 0  # items the consumer has taken
+        self.starved = False
+        self.decoded = False
         self.most_held = 0  # the most bytes held at once (for tests and benchmarks)
         self._future = pool.submit(self._run, read)
+
+    def start(self) -> None:
+        """Let the worker begin reading (no effect once it has)."""
+        self._go.set()
 
     def _put(self, item: object) -> bool:
         size = item.batch.nbytes if isinstance(item, FileBatch) else 0
@@ -70,14 +89,20 @@ class Prefetch:
 
     def _get(self) -> object:
         with self._changed:
+            if not self._items and self._taken:
+                self.starved = True
             while not self._items:
                 self._changed.wait()
+            self._taken += 1
             item, size = self._items.popleft()
             self._held -= size
             self._changed.notify_all()
         return item
 
     def _run(self, read: Callable[[], Generator[FileBatch, None, None]]) -> None:
+        self._go.wait()
+        if self._cancelled.is_set():
+            return
         batches = read()
         try:
             for batch in batches:
@@ -88,10 +113,12 @@ class Prefetch:
             return
         finally:
             batches.close()  # a cancelled read closes its file now, on this thread
+            self.decoded = True
         self._put(self._DONE)
 
     def batches(self) -> Iterator[FileBatch]:
-        """The task's decoded batches, in order; raises what reading raised."""
+        """The task's decoded batches, in order; raises what reading raised. Starts the worker if not started."""
+        self.start()
         try:
             while True:
                 item = self._get()
@@ -112,6 +139,7 @@ class Prefetch:
     def cancel(self) -> None:
         """Stop the worker (if still reading) and drop what it buffered."""
         self._cancelled.set()
+        self._go.set()  # a worker waiting to start returns at once
         self._future.cancel()
         with self._changed:
             self._items.clear()

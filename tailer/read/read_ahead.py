@@ -12,8 +12,12 @@ is left, which keeps the interpreter on one kind of work for longer). Files of
 at least ``min_bytes`` are decoded by a :class:`~tailer.read.prefetch.Prefetch`
 on one of :data:`~tailer.read.prefetch.READ_THREADS` worker threads (so at most
 that many are ahead at once, and memory stays bounded: within a commit of many
-large files, the next large file starts only when the consumer reaches a file
-at most that many before it, never the whole commit at once); when one planning
+large files, the next large file is given a worker only when the consumer
+reaches a file at most that many before it, never the whole commit at once).
+Within a commit, a large file after the first begins decoding only when the
+one before it has been decoded, or the consumer has had to wait for that
+one's batches: a slow sink has one file's decoder open at a time (a paused
+decoder holds its row group's column chunks), a fast consumer two; when one planning
 burst holds at least ``limits.min_files`` smaller files, they go to the reader
 processes (:mod:`tailer.read.reader_pool`) in runs of one schema; the rest are
 read when their turn comes. On a remote store (an object store) the small
@@ -184,7 +188,7 @@ class ReadAheadReader:
         )
 
     def _prefetches(self, threads: ThreadPoolExecutor, plan: VersionPlan) -> list[Prefetch | _Later | None]:
-        """The plan's large files: the first :data:`READ_THREADS` started on workers, the others ``_LATER``."""
+        """The plan's large files: the first :data:`READ_THREADS` given workers (one decoding), the rest ``_LATER``."""
         out: list[Prefetch | _Later | None] = []
         large = 0
         for task in plan.tasks:
@@ -192,13 +196,14 @@ class ReadAheadReader:
                 out.append(None)
                 continue
             large += 1
-            out.append(self._prefetch(threads, plan, task) if large <= READ_THREADS else _LATER)
+            out.append(self._prefetch(threads, plan, task, started=large == 1) if large <= READ_THREADS else _LATER)
         return out
 
-    def _prefetch(self, threads: ThreadPoolExecutor, plan: VersionPlan, task: FileTask) -> Prefetch:
-        return Prefetch(
-            threads, functools.partial(decode_task, self.storage, plan.context_of(task), task, self.batch_size)
-        )
+    def _prefetch(
+        self, threads: ThreadPoolExecutor, plan: VersionPlan, task: FileTask, *, started: bool = False
+    ) -> Prefetch:
+        read = functools.partial(decode_task, self.storage, plan.context_of(task), task, self.batch_size)
+        return Prefetch(threads, read, started=started)
 
     def _start_near(
         self, threads: ThreadPoolExecutor, plan: VersionPlan, fetches: list[_Fetch], at: int, started: list[Prefetch]
@@ -228,10 +233,14 @@ class ReadAheadReader:
             if isinstance(fetch, _Later):  # not left by _start_near; for the type checker
                 fetch = fetches[i] = self._prefetch(threads, plan, task)
                 started.append(fetch)
+            following = _following(fetches, i + 1)
+            if isinstance(fetch, Prefetch):
+                yield _finished(plan.context_of(task), task, fetch, following)
+                continue
+            if following is not None:
+                following.start()  # the consumer is on smaller files: the next large one decodes meanwhile
             if fetch is None:
                 yield read_task(self.storage, plan.context_of(task), task, self.batch_size)
-            elif isinstance(fetch, Prefetch):
-                yield (finish_batch(plan.context_of(task), task, b) for b in fetch.batches())
             else:
                 run, index = fetch
                 remote = run.remote_batches(index)
@@ -267,6 +276,27 @@ class ReadAheadReader:
         if run and whole:
             send()
         return run
+
+
+def _following(fetches: list[_Fetch], at: int) -> Prefetch | None:
+    """The first large file from ``at`` on, if it has a worker (``None``: none, or not yet given one)."""
+    for fetch in fetches[at:]:
+        if isinstance(fetch, Prefetch):
+            return fetch
+        if isinstance(fetch, _Later):
+            return None
+    return None
+
+
+def _finished(
+    ctx: ReadContext, task: FileTask, fetch: Prefetch, following: Prefetch | None
+) -> Iterator[pa.RecordBatch]:
+    """``fetch``'s batches finished; ``following`` starts once ``fetch`` is decoded or its consumer has waited."""
+    for batch in fetch.batches():
+        if following is not None and (fetch.starved or fetch.decoded):
+            following.start()
+            following = None
+        yield finish_batch(ctx, task, batch)
 
 
 def _schema_of(entry: tuple[list[_Fetch], int, VersionPlan]) -> str:

@@ -137,3 +137,75 @@ def test_a_worker_holds_decoded_batches_up_to_the_byte_bound_and_then_waits(
             fetch.cancel()  # a failed assertion must not leave the worker waiting for a consumer
     assert ids == list(range(20_000))
     assert len(decoded) == 20 and fetch.most_held == 3 * size
+
+
+def _decoded_batches(root: Path, rows: int, batch: int) -> Generator[FileBatch, None, None]:
+    """The one data file of ``root`` (written here with ``rows`` int64 rows), decoded ``batch`` rows at a time."""
+    write_deltalake(root, pa.table({"id": pa.array(range(rows), pa.int64())}))
+    plan = next(ChangeFeed(str(root)).plans(0, 0))
+    (task,) = plan.tasks
+    return decode_task(LocalStorage(), plan.context_of(task), task, batch)
+
+
+def _shut_down(threads: ThreadPoolExecutor) -> bool:
+    """Shut the pool down waiting for its workers; whether that finished within 30 s (else a worker hangs)."""
+    closing = threading.Thread(target=threads.shutdown, daemon=True)
+    closing.start()
+    closing.join(timeout=30)
+    return not closing.is_alive()
+
+
+def test_a_worker_created_unstarted_reads_nothing_until_started_or_consumed(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def read() -> Generator[FileBatch, None, None]:
+        calls.append("read")
+        yield from _decoded_batches(tmp_path / "t", 3_000, 1_000)
+
+    threads = ThreadPoolExecutor(max_workers=1)
+    fetch = prefetch.Prefetch(threads, read, started=False)
+    time.sleep(0.3)  # time to start, were it allowed to
+    assert calls == [] and not fetch.decoded
+    ids = [i for b in fetch.batches() for i in b.batch.column(0).to_pylist()]  # consuming starts it
+    assert calls == ["read"] and ids == list(range(3_000)) and fetch.decoded
+    assert _shut_down(threads)
+
+
+def test_an_unstarted_worker_cancelled_returns_its_thread_without_reading(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def read() -> Generator[FileBatch, None, None]:
+        calls.append("read")
+        yield from ()
+
+    threads = ThreadPoolExecutor(max_workers=1)
+    fetch = prefetch.Prefetch(threads, read, started=False)
+    time.sleep(0.1)  # the worker is waiting to start
+    fetch.cancel()
+    assert _shut_down(threads) and calls == []
+
+
+def test_a_consumer_waiting_for_a_batch_after_the_first_marks_the_worker_starved(tmp_path: Path) -> None:
+    """Batches ready when asked for leave ``starved`` unset; a batch the consumer has to wait for sets it."""
+    release = threading.Event()
+    batches = _decoded_batches(tmp_path / "t", 4_000, 1_000)
+
+    def read() -> Generator[FileBatch, None, None]:
+        for n, batch in enumerate(batches):
+            if n == 3:
+                release.wait(timeout=30)  # the fourth batch comes only when released
+            yield batch
+
+    threads = ThreadPoolExecutor(max_workers=1)
+    fetch = prefetch.Prefetch(threads, read)
+    out = fetch.batches()
+    next(out)  # the first batch is always waited for: not starvation
+    time.sleep(0.3)  # the second and third are decoded meanwhile
+    next(out)
+    next(out)
+    assert not fetch.starved and not fetch.decoded
+    threading.Timer(0.3, release.set).start()
+    next(out)  # waits for the release
+    assert fetch.starved
+    assert list(out) == [] and fetch.decoded
+    assert _shut_down(threads)
