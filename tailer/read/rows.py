@@ -375,18 +375,23 @@ def _uniform_strings(column: pa.DictionaryArray) -> pa.Array | None:
 
 
 #: Columns of up to this many rows are kept by :func:`repeated_string` for many lengths (small files
-#: repeat a few sizes); longer ones for the last few lengths only (a large file's batches have one length).
+#: repeat a few sizes); longer ones up to :data:`SHARED_LARGE_ROWS` for the last few lengths only (a large
+#: file's batches have one length), so what is kept stays a few MiB whatever the batch size.
 SHARED_SMALL_ROWS = 4096
+SHARED_LARGE_ROWS = 65536
 
 
 def repeated_string(value: str, n: int) -> pa.Array:
     """``n`` copies of ``value`` as a ``string`` array, shared by every caller asking for the same pair.
 
     Arrays are immutable, so sharing is safe; it saves building a buffer of ``n`` copies per batch.
+    Longer than :data:`SHARED_LARGE_ROWS`, a new array is built each time.
     """
     if n <= SHARED_SMALL_ROWS:
         return _repeated_small(value, n)
-    return _repeated_large(value, n)
+    if n <= SHARED_LARGE_ROWS:
+        return _repeated_large(value, n)
+    return pa.repeat(pa.scalar(value, pa.string()), n)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -394,7 +399,7 @@ def _repeated_small(value: str, n: int) -> pa.Array:
     return pa.repeat(pa.scalar(value, pa.string()), n)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)
 def _repeated_large(value: str, n: int) -> pa.Array:
     return pa.repeat(pa.scalar(value, pa.string()), n)
 

@@ -45,10 +45,12 @@ from deltatail.tailer.read.deletion_vectors import read_deletion_vector
 from deltatail.tailer.read.parquet_file import ParquetOpening, open_parquet
 from deltatail.tailer.read.partition_values import parse_partition_value
 from deltatail.tailer.read.rows import (
+    SHARED_LARGE_ROWS,
     RowFilter,
     output_schema,
     read_file_batches,
     read_file_rows,
+    repeated_string,
     resolve_data_path,
 )
 from deltatail.tailer.storage import LocalStorage
@@ -399,6 +401,15 @@ def test_change_types_read_as_a_dictionary_come_out_as_written_in_runs_and_mixed
     if batch_size == 4:  # rows 0-3 and 4-7: update_preimage throughout, one shared column
         first, second = (b.column(CHANGE_TYPE_COLUMN).buffers()[2] for b in out[:2])
         assert first.address == second.address
+
+
+def test_repeated_strings_are_shared_up_to_the_bound_and_built_afresh_beyond_it() -> None:
+    for n in (1, 5_000, SHARED_LARGE_ROWS):
+        first, second = repeated_string("insert", n), repeated_string("insert", n)
+        assert first.to_pylist() == ["insert"] * n and first.buffers()[2].address == second.buffers()[2].address
+    long = SHARED_LARGE_ROWS + 1
+    first, second = repeated_string("delete", long), repeated_string("delete", long)
+    assert first.to_pylist() == ["delete"] * long and first.buffers()[2].address != second.buffers()[2].address
 
 
 # ------------------------------------------------------------------ tables written here with deltalake
