@@ -226,6 +226,7 @@ class ReadAheadReader:
         self, plan: VersionPlan, fetches: list[_Fetch], threads: ThreadPoolExecutor, started: list[Prefetch]
     ) -> Iterator[Iterable[pa.RecordBatch]]:
         later = any(isinstance(f, _Later) for f in fetches)
+        nearest = _nearest_large(fetches)
         for i, task in enumerate(plan.tasks):
             if later:
                 self._start_near(threads, plan, fetches, i, started)
@@ -233,7 +234,10 @@ class ReadAheadReader:
             if isinstance(fetch, _Later):  # not left by _start_near; for the type checker
                 fetch = fetches[i] = self._prefetch(threads, plan, task)
                 started.append(fetch)
-            following = _following(fetches, i + 1)
+            after = nearest[i + 1]
+            following = fetches[after] if after is not None else None
+            if not isinstance(following, Prefetch):
+                following = None  # none, or not given a worker yet (_start_near gives it one)
             if isinstance(fetch, Prefetch):
                 yield _finished(plan.context_of(task), task, fetch, following)
                 continue
@@ -278,14 +282,12 @@ class ReadAheadReader:
         return run
 
 
-def _following(fetches: list[_Fetch], at: int) -> Prefetch | None:
-    """The first large file from ``at`` on, if it has a worker (``None``: none, or not yet given one)."""
-    for fetch in fetches[at:]:
-        if isinstance(fetch, Prefetch):
-            return fetch
-        if isinstance(fetch, _Later):
-            return None
-    return None
+def _nearest_large(fetches: list[_Fetch]) -> list[int | None]:
+    """For each position (and one past the end), the index of the first large file there or after it."""
+    out: list[int | None] = [None] * (len(fetches) + 1)
+    for i in range(len(fetches) - 1, -1, -1):
+        out[i] = i if isinstance(fetches[i], Prefetch | _Later) else out[i + 1]
+    return out
 
 
 def _finished(

@@ -8,13 +8,14 @@ import time
 from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from deltatail.state.errors import MissingFileError, VersionGapError
-from deltatail.tailer.read import prefetch
+from deltatail.tailer.read import prefetch, read_ahead
 from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
 from deltatail.tailer.read.rows import FileBatch
 from deltatail.tailer.read.tasks import decode_task
@@ -209,3 +210,10 @@ def test_a_consumer_waiting_for_a_batch_after_the_first_marks_the_worker_starved
     assert fetch.starved
     assert list(out) == [] and fetch.decoded
     assert _shut_down(threads)
+
+
+def test_the_nearest_large_file_is_found_for_every_position_of_a_plan() -> None:
+    later = read_ahead._LATER
+    fetches: list[Any] = [None, later, None, None, later, None]
+    assert read_ahead._nearest_large(fetches) == [1, 1, 4, 4, 4, None, None]
+    assert read_ahead._nearest_large([]) == [None]
