@@ -14,10 +14,11 @@ on one of :data:`~tailer.read.prefetch.READ_THREADS` worker threads (so at most
 that many are ahead at once, and memory stays bounded: within a commit of many
 large files, the next large file is given a worker only when the consumer
 reaches a file at most that many before it, never the whole commit at once).
-Within a commit, a large file after the first begins decoding only when the
-one before it has been decoded, or the consumer has had to wait for that
-one's batches: a slow sink has one file's decoder open at a time (a paused
-decoder holds its row group's column chunks), a fast consumer two; when one planning
+A large file after the first (within a commit or in the commits read after
+it) begins decoding only when the one before it has been decoded, or the
+consumer has had to wait for that one's batches: a slow sink has one file's
+decoder open at a time (a paused decoder holds its row group's column
+chunks), a fast consumer two; when one planning
 burst holds at least ``limits.min_files`` smaller files, they go to the reader
 processes (:mod:`tailer.read.reader_pool`) in runs of one schema; the rest are
 read when their turn comes. On a remote store (an object store) the small
@@ -144,7 +145,8 @@ class ReadAheadReader:
                 else:
                     if self.storage.remote:
                         self._fetch_ahead(plan)
-                    prefetches = self._prefetches(threads, plan)
+                    # A plan's first large file decodes now only if no earlier one is still to be read.
+                    prefetches = self._prefetches(threads, plan, first=large_ahead == 0)
                     started[:] = [f for f in started if not f.finished]
                     started.extend(f for f in prefetches if isinstance(f, Prefetch))
                     fetches: list[_Fetch] = list(prefetches)
@@ -171,7 +173,7 @@ class ReadAheadReader:
             plan, fetches = pending.popleft()
             ahead -= len(plan.tasks) or 1
             large_ahead -= sum(isinstance(f, Prefetch) for f in fetches)
-            yield plan, self._in_order(plan, fetches, threads, started)
+            yield plan, self._in_order(plan, fetches, threads, started, _first_prefetch(pending))
         if failure is not None and failure is not _END:
             raise failure
 
@@ -187,8 +189,13 @@ class ReadAheadReader:
             ]
         )
 
-    def _prefetches(self, threads: ThreadPoolExecutor, plan: VersionPlan) -> list[Prefetch | _Later | None]:
-        """The plan's large files: the first :data:`READ_THREADS` given workers (one decoding), the rest ``_LATER``."""
+    def _prefetches(
+        self, threads: ThreadPoolExecutor, plan: VersionPlan, *, first: bool
+    ) -> list[Prefetch | _Later | None]:
+        """The plan's large files: the first :data:`READ_THREADS` given workers, the rest ``_LATER``.
+
+        With ``first`` the plan's first large file starts decoding at once; the others wait (:meth:`_in_order`).
+        """
         out: list[Prefetch | _Later | None] = []
         large = 0
         for task in plan.tasks:
@@ -196,7 +203,9 @@ class ReadAheadReader:
                 out.append(None)
                 continue
             large += 1
-            out.append(self._prefetch(threads, plan, task, started=large == 1) if large <= READ_THREADS else _LATER)
+            out.append(
+                self._prefetch(threads, plan, task, started=first and large == 1) if large <= READ_THREADS else _LATER
+            )
         return out
 
     def _prefetch(
@@ -223,8 +232,18 @@ class ReadAheadReader:
             ahead += isinstance(fetch, Prefetch)
 
     def _in_order(
-        self, plan: VersionPlan, fetches: list[_Fetch], threads: ThreadPoolExecutor, started: list[Prefetch]
+        self,
+        plan: VersionPlan,
+        fetches: list[_Fetch],
+        threads: ThreadPoolExecutor,
+        started: list[Prefetch],
+        beyond: Prefetch | None,
     ) -> Iterator[Iterable[pa.RecordBatch]]:
+        """The plan's tasks' batches, in order.
+
+        ``beyond`` is the first large file of the plans read next: it starts after this plan's last
+        large file as a following large file of this plan would (see the module docstring).
+        """
         later = any(isinstance(f, _Later) for f in fetches)
         nearest = _nearest_large(fetches)
         for i, task in enumerate(plan.tasks):
@@ -235,7 +254,7 @@ class ReadAheadReader:
                 fetch = fetches[i] = self._prefetch(threads, plan, task)
                 started.append(fetch)
             after = nearest[i + 1]
-            following = fetches[after] if after is not None else None
+            following = fetches[after] if after is not None else beyond
             if not isinstance(following, Prefetch):
                 following = None  # none, or not given a worker yet (_start_near gives it one)
             if isinstance(fetch, Prefetch):
@@ -280,6 +299,15 @@ class ReadAheadReader:
         if run and whole:
             send()
         return run
+
+
+def _first_prefetch(pending: Iterable[tuple[VersionPlan, list[_Fetch]]]) -> Prefetch | None:
+    """The first large file of the plans read next (only a plan's first large files have workers when planned)."""
+    for _, fetches in pending:
+        for fetch in fetches:
+            if isinstance(fetch, Prefetch):
+                return fetch
+    return None
 
 
 def _nearest_large(fetches: list[_Fetch]) -> list[int | None]:

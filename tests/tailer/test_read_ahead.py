@@ -217,3 +217,38 @@ def test_the_nearest_large_file_is_found_for_every_position_of_a_plan() -> None:
     fetches: list[Any] = [None, later, None, None, later, None]
     assert read_ahead._nearest_large(fetches) == [1, 1, 4, 4, 4, None, None]
     assert read_ahead._nearest_large([]) == [None]
+
+
+class _Opening(LocalStorage):
+    """The local file system, recording the data files opened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: list[str] = []
+
+    def open_input(self, path: str, size: int | None = None) -> pa.NativeFile:
+        if path.endswith(".parquet"):
+            self.opened.append(path)
+        return super().open_input(path, size)
+
+
+def test_the_next_commits_large_file_decodes_once_the_one_before_it_is_decoded_or_waited_for(tmp_path: Path) -> None:
+    """Commits of one large file each: a consumer holding its first batch has only the first commit's file
+    open (the next commit's has a worker that waits); taking the next batch of that file, decoded by then,
+    starts the next commit's file; every row still comes out in order."""
+    _table(tmp_path, 6)
+    storage = _Opening()
+    feed = ChangeFeed(str(tmp_path), storage, ChangeOptions(read_ahead=16, read_ahead_min_bytes=0, batch_size=3))
+    batches = feed.batches(0, None)
+    ids = next(batches).rows.column("id").to_pylist()
+    time.sleep(0.5)  # time for the first file to be decoded whole and for others to start, were they allowed to
+    assert len(storage.opened) == 1
+    ids += next(batches).rows.column("id").to_pylist()
+    waited = 0.0
+    while len(storage.opened) < 2 and waited < 30:
+        time.sleep(0.05)
+        waited += 0.05
+    time.sleep(0.3)  # time for a third to start, were it allowed to
+    assert len(storage.opened) == 2
+    ids += [i for b in batches for i in b.rows.column("id").to_pylist()]
+    assert ids == list(range(60))
