@@ -27,6 +27,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -74,7 +75,47 @@ def events(batch: ChangeBatch, change_types: list[str], keys: pa.Array | None) -
         old = pc.is_in(batch.rows.column("_change_type"), value_set=pa.array([DELETE, PREIMAGE]))
         op = pc.if_else(old, _scalar("d"), _scalar(created))
         return Events(list(range(n)), change_types, op, old, None, None)
-    return _paired(change_types, keys.to_pylist(), created)
+    return _matched(batch, change_types, keys, created) or _paired(change_types, keys.to_pylist(), created)
+
+
+def _matched(batch: ChangeBatch, change_types: list[str], keys: pa.Array, created: str) -> Events | None:
+    """:func:`_paired`'s events built column-wise, when no key has two images of one kind; else ``None``.
+
+    With at most one pre- and one post-image per key the rule pairs exactly the images of equal keys
+    (equal key texts), whatever their order, so the pairs are found by sorting the keys' codes.
+    """
+    codes = np.asarray(pc.dictionary_encode(keys).indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    kinds = batch.rows.column("_change_type")
+    pre = np.flatnonzero(np.asarray(pc.equal(kinds, PREIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
+    post = np.flatnonzero(np.asarray(pc.equal(kinds, POSTIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
+    by_key = np.argsort(codes[pre], kind="stable")
+    pre_keys, post_keys = codes[pre][by_key], codes[post]
+    sorted_post = np.sort(post_keys)
+    if np.any(pre_keys[1:] == pre_keys[:-1]) or np.any(sorted_post[1:] == sorted_post[:-1]):
+        return None
+    n = len(batch)
+    partner = np.full(n, -1, dtype=np.int64)
+    if len(pre_keys):
+        at = np.minimum(np.searchsorted(pre_keys, post_keys), len(pre_keys) - 1)
+        found = pre_keys[at] == post_keys
+        pre_rows, post_rows = pre[by_key[at[found]]], post[found]
+        partner[pre_rows], partner[post_rows] = post_rows, pre_rows
+    index = np.arange(n, dtype=np.int64)
+    rows = np.flatnonzero(partner < index)  # every row but the earlier image of a pair
+    is_pair = partner[rows] >= 0
+    old_rows = np.asarray(
+        pc.is_in(kinds, value_set=pa.array([DELETE, PREIMAGE])).to_numpy(zero_copy_only=False), dtype=np.bool_
+    )[rows]
+    op_codes = np.where(is_pair, 0, np.where(old_rows, 1, 2))
+    op = pa.array(["u", "d", created], pa.string()).take(pa.array(op_codes, pa.int64()))
+    old = pa.array(~is_pair & old_rows, pa.bool_())
+    is_pre = np.isin(rows, pre)
+    before = np.where(is_pair, np.where(is_pre, rows, partner[rows]), rows)
+    after = np.where(is_pair, np.where(is_pre, partner[rows], rows), rows)
+    before_array = pa.array(before, pa.int64(), mask=~is_pair & ~old_rows)
+    after_array = pa.array(after, pa.int64(), mask=~is_pair & old_rows)
+    texts = np.where(is_pair, UPDATE, np.asarray(change_types, dtype=object)[rows]).tolist()
+    return Events(rows.tolist(), texts, op, old, before_array, after_array)
 
 
 def _partners(change_types: list[str], keys: list[str]) -> dict[int, int]:
