@@ -46,24 +46,13 @@ def _random_images(rng: random.Random, repeats: bool) -> tuple[list[str], list[s
     return [k for k, _ in images], [key for _, key in images]
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_events_built_column_wise_are_the_rules(seed: int) -> None:
-    rng = random.Random(seed)
-    kinds, keys = _random_images(rng, repeats=False)
+@pytest.mark.parametrize(("seed", "repeats"), [(seed, False) for seed in range(40)] + [(s, True) for s in range(10)])
+def test_events_are_the_rules_and_built_column_wise_unless_a_key_repeats_a_kind(seed: int, repeats: bool) -> None:
+    kinds, keys = _random_images(random.Random(seed), repeats=repeats)
     batch = _batch(kinds, keys)
     texts = pa.array(keys, pa.string())
-    assert pairing._matched(batch, kinds, texts, "c") is not None  # the column-wise path is the one checked
-    expected = pairing._paired(kinds, keys, "c")
-    assert _as_lists(pairing.events(batch, kinds, texts)) == _as_lists(expected)
-
-
-@pytest.mark.parametrize("seed", range(10))
-def test_a_key_with_two_images_of_one_kind_is_left_to_the_rule(seed: int) -> None:
-    rng = random.Random(seed)
-    kinds, keys = _random_images(rng, repeats=True)
-    batch = _batch(kinds, keys)
-    texts = pa.array(keys, pa.string())
-    assert pairing._matched(batch, kinds, texts, "c") is None
+    column_wise = pairing._matched(batch, kinds, texts, "c")
+    assert (column_wise is None) == repeats  # without repeats, the column-wise path is the one checked
     assert _as_lists(pairing.events(batch, kinds, texts)) == _as_lists(pairing._paired(kinds, keys, "c"))
 
 
