@@ -190,18 +190,24 @@ def test_a_consumer_waiting_for_a_batch_after_the_first_marks_the_worker_starved
     """Batches ready when asked for leave ``starved`` unset; a batch the consumer has to wait for sets it."""
     release = threading.Event()
     batches = _decoded_batches(tmp_path / "t", 4_000, 1_000)
+    produced: list[int] = []
 
     def read() -> Generator[FileBatch, None, None]:
         for n, batch in enumerate(batches):
             if n == 3:
                 release.wait(timeout=30)  # the fourth batch comes only when released
+            produced.append(n)
             yield batch
 
     threads = ThreadPoolExecutor(max_workers=1)
     fetch = prefetch.Prefetch(threads, read)
     out = fetch.batches()
     next(out)  # the first batch is always waited for: not starvation
-    time.sleep(0.3)  # the second and third are decoded meanwhile
+    waited = 0.0
+    while len(produced) < 3 and waited < 30:  # the second and third are decoded meanwhile
+        time.sleep(0.05)
+        waited += 0.05
+    time.sleep(0.1)  # and put in the queue
     next(out)
     next(out)
     assert not fetch.starved and not fetch.decoded
@@ -232,23 +238,20 @@ class _Opening(LocalStorage):
         return super().open_input(path, size)
 
 
-def test_the_next_commits_large_file_decodes_once_the_one_before_it_is_decoded_or_waited_for(tmp_path: Path) -> None:
-    """Commits of one large file each: a consumer holding its first batch has only the first commit's file
-    open (the next commit's has a worker that waits); taking the next batch of that file, decoded by then,
-    starts the next commit's file; every row still comes out in order."""
-    _table(tmp_path, 6)
+def test_the_next_commits_large_file_waits_while_the_one_before_it_is_neither_decoded_nor_waited_for(
+    tmp_path: Path,
+) -> None:
+    """Commits of one large file each, more batches a file than a worker may hold: a consumer holding its
+    first batch has only the first commit's file open (that worker cannot finish, the consumer has not
+    waited; the next commit's file has a worker that waits); every row still comes out, in order."""
+    per_commit = 3 * (prefetch.READ_AHEAD_BATCHES + 4)
+    for i in range(4):
+        write_deltalake(tmp_path, pa.table({"id": range(i * per_commit, (i + 1) * per_commit)}), mode="append")
     storage = _Opening()
     feed = ChangeFeed(str(tmp_path), storage, ChangeOptions(read_ahead=16, read_ahead_min_bytes=0, batch_size=3))
     batches = feed.batches(0, None)
     ids = next(batches).rows.column("id").to_pylist()
-    time.sleep(0.5)  # time for the first file to be decoded whole and for others to start, were they allowed to
+    time.sleep(0.5)  # time for the next commit's file to start, were it allowed to
     assert len(storage.opened) == 1
-    ids += next(batches).rows.column("id").to_pylist()
-    waited = 0.0
-    while len(storage.opened) < 2 and waited < 30:
-        time.sleep(0.05)
-        waited += 0.05
-    time.sleep(0.3)  # time for a third to start, were it allowed to
-    assert len(storage.opened) == 2
     ids += [i for b in batches for i in b.rows.column("id").to_pylist()]
-    assert ids == list(range(60))
+    assert ids == list(range(4 * per_commit)) and len(storage.opened) == 4
