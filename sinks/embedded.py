@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deltatail.sinks.json_text import (
+    ENCODE_ROWS,
     VECTOR_ROWS,
     column_texts,
     concatenated,
@@ -84,11 +85,6 @@ def _adopting(sink_file: str, table: TableInfo) -> None:
         table.path,
         table.table_id,
     )
-
-
-#: Rows of a batch encoded as JSON lines at once: the texts of a slice, not of a batch (~12 MiB for
-#: 65,536 rows of ~180 bytes, several times over while its columns are joined), are held.
-ENCODE_ROWS = 8192
 
 
 def encode_jsonl(batch: ChangeBatch) -> bytes:

@@ -53,6 +53,10 @@ PREIMAGE, POSTIMAGE = "update_preimage", "update_postimage"
 UPDATE = "update"
 CHANGE_TYPES = frozenset({INSERT, DELETE, PREIMAGE, POSTIMAGE})
 
+#: Rows of a batch encoded at once by the text sinks (JSON lines, Kafka messages): the texts of a
+#: slice are held, not a batch's (a 65,536-row batch's texts, several times over while joined).
+ENCODE_ROWS = 8192
+
 
 # ---------------------------------------------------------------- columns --
 

@@ -31,13 +31,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from deltatail.sinks.json_text import DELETE, INSERT, POSTIMAGE, PREIMAGE, UPDATE
+from deltatail.sinks.json_text import DELETE, ENCODE_ROWS, INSERT, POSTIMAGE, PREIMAGE, UPDATE
 from deltatail.sinks.json_text import text_scalar as _scalar
 from deltatail.state.feed import ChangeBatch
-from deltatail.tailer.read.update_pairs import pair_cuts
-
-#: Rows of a batch encoded at once (:func:`encoding_slices`): the messages of a slice, not of a batch, are held.
-ENCODE_ROWS = 8192
+from deltatail.tailer.read.update_pairs import match_images, pair_cuts
 
 #: The formats whose events pair update images.
 PAIRING_FORMATS = ("debezium", "flat")
@@ -86,22 +83,14 @@ def _matched(batch: ChangeBatch, change_types: list[str], keys: pa.Array, create
     """
     codes = np.asarray(pc.dictionary_encode(keys).indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     kinds = batch.rows.column("_change_type")
-    pre = np.flatnonzero(np.asarray(pc.equal(kinds, PREIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
-    post = np.flatnonzero(np.asarray(pc.equal(kinds, POSTIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
-    by_key = np.argsort(codes[pre], kind="stable")
-    pre_keys, post_keys = codes[pre][by_key], codes[post]
-    sorted_post = np.sort(post_keys)
-    if np.any(pre_keys[1:] == pre_keys[:-1]) or np.any(sorted_post[1:] == sorted_post[:-1]):
+    matched = match_images(codes, kinds)
+    if matched is None:
         return None
+    pre_rows, post_rows = matched
     n = len(batch)
     partner = np.full(n, -1, dtype=np.int64)
-    if len(pre_keys):
-        at = np.minimum(np.searchsorted(pre_keys, post_keys), len(pre_keys) - 1)
-        found = pre_keys[at] == post_keys
-        pre_rows, post_rows = pre[by_key[at[found]]], post[found]
-        partner[pre_rows], partner[post_rows] = post_rows, pre_rows
-    index = np.arange(n, dtype=np.int64)
-    rows = np.flatnonzero(partner < index)  # every row but the earlier image of a pair
+    partner[pre_rows], partner[post_rows] = post_rows, pre_rows
+    rows = np.flatnonzero(partner < np.arange(n, dtype=np.int64))  # every row but the earlier image of a pair
     is_pair = partner[rows] >= 0
     old_rows = np.asarray(
         pc.is_in(kinds, value_set=pa.array([DELETE, PREIMAGE])).to_numpy(zero_copy_only=False), dtype=np.bool_
@@ -109,7 +98,9 @@ def _matched(batch: ChangeBatch, change_types: list[str], keys: pa.Array, create
     op_codes = np.where(is_pair, 0, np.where(old_rows, 1, 2))
     op = pa.array(["u", "d", created], pa.string()).take(pa.array(op_codes, pa.int64()))
     old = pa.array(~is_pair & old_rows, pa.bool_())
-    is_pre = np.isin(rows, pre)
+    pre_mask = np.zeros(n, dtype=np.bool_)
+    pre_mask[pre_rows] = True
+    is_pre = pre_mask[rows]
     before = np.where(is_pair, np.where(is_pre, rows, partner[rows]), rows)
     after = np.where(is_pair, np.where(is_pre, partner[rows], rows), rows)
     before_array = pa.array(before, pa.int64(), mask=~is_pair & ~old_rows)

@@ -126,10 +126,10 @@ def _sorted_codes(column: _Column) -> tuple[pa.ChunkedArray, int]:
     import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
 
     whole = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    values = np.asarray(pc.fill_null(whole, 0).to_numpy(zero_copy_only=False))
     if not whole.null_count:
-        distinct, codes = np.unique(values, return_inverse=True)
+        distinct, codes = np.unique(np.asarray(whole.to_numpy(zero_copy_only=False)), return_inverse=True)
         return pa.chunked_array([pa.array(codes.astype(np.int64, copy=False))], pa.int64()), len(distinct)
+    values = np.asarray(pc.fill_null(whole, 0).to_numpy(zero_copy_only=False))
     valid = np.asarray(whole.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)
     distinct, ranks = np.unique(values[valid], return_inverse=True)
     codes = np.full(len(values), len(distinct), dtype=np.int64)

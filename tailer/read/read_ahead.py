@@ -173,7 +173,8 @@ class ReadAheadReader:
             plan, fetches = pending.popleft()
             ahead -= len(plan.tasks) or 1
             large_ahead -= sum(isinstance(f, Prefetch) for f in fetches)
-            yield plan, self._in_order(plan, fetches, threads, started, _first_prefetch(pending))
+            beyond = _first_prefetch(pending) if large_ahead else None  # none when no plan ahead has a large file
+            yield plan, self._in_order(plan, fetches, threads, started, beyond)
         if failure is not None and failure is not _END:
             raise failure
 

@@ -161,14 +161,20 @@ def _joined_order(
 def _matched_pairs(
     rows: pa.Table, key_columns: tuple[str, ...]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
-    """The rows of each pair's pre- and post-image, keys matched by :func:`_key_codes`.
+    """The rows of each pair's pre- and post-image, keys matched by :func:`_key_codes` (:func:`match_images`)."""
+    return match_images(_key_codes(rows, key_columns), rows.column("_change_type"))
 
+
+def match_images(
+    codes: npt.NDArray[np.int64], kinds: pa.Array | pa.ChunkedArray
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+    """The rows of each pair's pre- and post-image: the images whose key ``codes`` are equal.
+
+    ``codes`` holds a number per row, equal exactly for equal keys; ``kinds`` the rows' change types.
     ``None`` if a key has two images of one kind (then only the rule in row order decides).
     """
     import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
 
-    codes = _key_codes(rows, key_columns)
-    kinds = rows.column("_change_type")
     pre = np.flatnonzero(np.asarray(pc.equal(kinds, PREIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
     post = np.flatnonzero(np.asarray(pc.equal(kinds, POSTIMAGE).to_numpy(zero_copy_only=False), dtype=np.bool_))
     by_key = np.argsort(codes[pre], kind="stable")

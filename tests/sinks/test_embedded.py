@@ -11,11 +11,11 @@ import pytest
 
 from deltatail.sinks.embedded import (
     DICTIONARY_PAGE_BYTES,
-    ENCODE_ROWS,
     ROW_GROUP_ROWS,
     JsonLinesSink,
     ParquetDirSink,
 )
+from deltatail.sinks.json_text import ENCODE_ROWS
 from deltatail.state.cursor import Position
 from deltatail.state.errors import ConfigError, SinkError
 from deltatail.state.feed import ChangeBatch, TableInfo
