@@ -26,6 +26,7 @@ from deltatail.state.cursor import Position
 from deltatail.state.signals import SnapshotRequest
 from deltatail.state.snapshot import Snapshot
 from deltatail.tailer.follow.state_store import SavedState, StateStore
+from deltatail.tailer.read.net_changes import ROW_ORDER
 from deltatail.tailer.runtime.faults import crash_point
 
 
@@ -48,6 +49,8 @@ class Checkpointer:
         checkpoint_seconds: or after this many seconds with at least one delivered version.
         snapshot_commits: the snapshot is saved again once it is this many versions old.
         clock: monotonic seconds.
+        row_order_at: the row order a cursor inside a version counts in, saved with it
+            (:meth:`tailer.read.feed.ChangeFeed.row_order_at`); by default the current one.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class Checkpointer:
         checkpoint_seconds: float,
         snapshot_commits: int,
         clock: Callable[[], float] = time.monotonic,
+        row_order_at: Callable[[int], int] | None = None,
     ) -> None:
         self.store = store
         self.sink = sink
@@ -77,6 +81,7 @@ class Checkpointer:
         self.last = clock()
         #: The on-demand snapshot the cursor is inside (saved with it), if any.
         self.signal: SnapshotRequest | None = None
+        self._row_order_at = row_order_at
 
     def delivered_version(self) -> None:
         """Count one more delivered version."""
@@ -138,8 +143,11 @@ class Checkpointer:
             self.saved_snapshot = saved
         if saved is None or (not at_boundary and saved[0] >= cursor.version):
             return  # nothing consistent to resume from yet; a restart redoes this from the start
+        row_order = ROW_ORDER if self._row_order_at is None else self._row_order_at(cursor.version)
         self.store.save(
-            SavedState(self.table, self.table_id, cursor, saved[0], saved[1], previous_ms, rows_end, self.signal)
+            SavedState(
+                self.table, self.table_id, cursor, saved[0], saved[1], previous_ms, rows_end, self.signal, row_order
+            )
         )  # 3
         crash_point("after_save")
         self.since = 0

@@ -57,8 +57,13 @@ def checkpointer(
     table: str,
     table_id: str,
     clock: Callable[[], float],
+    row_order_at: Callable[[int], int] | None = None,
 ) -> Checkpointer:
-    """The checkpoints of a loop delivering into ``output``, due as ``config`` says."""
+    """The checkpoints of a loop delivering into ``output``, due as ``config`` says.
+
+    ``row_order_at``: the row order a cursor inside a version counts in (the feed's
+    :meth:`~tailer.read.feed.ChangeFeed.row_order_at`; by default the current one).
+    """
     return Checkpointer(
         store,
         output,
@@ -68,4 +73,5 @@ def checkpointer(
         checkpoint_seconds=config.checkpoint_seconds,
         snapshot_commits=config.snapshot_commits,
         clock=clock,
+        row_order_at=row_order_at,
     )

@@ -224,7 +224,7 @@ class StateStore:
             "snapshot_version": saved.snapshot_version,
             "snapshot_file": saved.snapshot_file,
             "previous_timestamp_ms": saved.previous_timestamp_ms,
-            "row_order": ROW_ORDER,
+            "row_order": saved.row_order,
         }
         if saved.rows_end is not None:
             body["rows_end"] = saved.rows_end.to_json()

@@ -33,7 +33,7 @@ from deltatail.tailer.log.delta_log import DeltaLog
 from deltatail.tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from deltatail.tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
 from deltatail.tailer.read.conform import nulls
-from deltatail.tailer.read.net_changes import ROW_ORDER, net_batches, net_passes, pass_ids
+from deltatail.tailer.read.net_changes import PASS_BYTES_OF_ORDER, ROW_ORDER, net_batches, net_passes, pass_ids
 from deltatail.tailer.read.pruning import prune
 from deltatail.tailer.read.read_ahead import ReadAheadReader
 from deltatail.tailer.read.reader_pool import ReaderPool, shared_pool
@@ -130,6 +130,8 @@ class ChangeFeed:
         self.options = options or ChangeOptions()
         self._pool = pool
         self._filters: dict[str, ChangeFilter] = {}
+        #: (version, row order, pass bytes) of the commit a resumed cursor of an earlier row order is inside.
+        self._adopted: tuple[int, int, int] | None = None
 
     def reader(self) -> PlanReader:
         """The reader of this feed's rows: reading ahead, unless ``options.read_ahead`` is 0."""
@@ -274,7 +276,9 @@ class ChangeFeed:
         One pass is the rows as read; with more, ``task_batches`` are read once and spilled by pass
         (:class:`~tailer.read.spill.PassSpill`), and the passes read back in turn.
         """
-        passes = net_passes(plan.tasks)
+        adopted = self._adopted
+        version = plan.context.version
+        passes = net_passes(plan.tasks, adopted[2] if adopted is not None and adopted[0] == version else None)
         schema = change_schema(plan.context.schema())
         rows = (b for batches in task_batches for b in batches)
         if passes == 1:
@@ -318,34 +322,53 @@ class ChangeFeed:
             return plan
         return prune(plan, change_filter)
 
-    def check_row_order(self, position: Position, row_order: int) -> None:
-        """Check that a cursor counting rows in ``row_order`` resumes at the same row here.
+    def adopt_row_order(self, position: Position, row_order: int) -> None:
+        """Read the commit ``position`` is inside in ``row_order`` (a cursor's), so it resumes at the same row.
 
-        Only the rows of a commit read in several key-hash passes (:mod:`tailer.read.net_changes`)
-        moved between row orders: under net changes each pass's rows, and in pairs of update
-        images by a key that is not an integer, date or timestamp (:func:`~tailer.read.net_changes.pass_ids`).
+        Only the rows of a commit read in key-hash passes (:mod:`tailer.read.net_changes`) move
+        between row orders. A cursor of an earlier order that kept the pass hash (2) reads its commit
+        in that order's passes (:data:`~tailer.read.net_changes.PASS_BYTES_OF_ORDER`), and
+        :meth:`row_order_at` reports it for that version, so a cursor saved there again keeps it.
+        Order 1 hashed keys differently under net changes and in pairs of update images by a key
+        that is not an integer, date or timestamp (:func:`~tailer.read.net_changes.pass_ids`).
 
         Raises:
-            StateError: if ``position`` is inside such a commit and ``row_order`` is not :data:`ROW_ORDER`:
-                resuming would deliver some of its rows twice and skip others.
+            StateError: if ``position`` is inside a commit read in several passes whose rows
+                ``row_order`` placed differently (order 1 as above, or an order this deltatail does
+                not know): resuming would deliver some of its rows twice and skip others.
         """
         if row_order == ROW_ORDER or position.snapshot or position.index == 0:
             return
         plan = next(self.plans(position.version, position.version))
+        if not (self._nets(plan) or self._pairs(plan)):
+            return
+        pass_bytes = PASS_BYTES_OF_ORDER.get(row_order)
+        passes = net_passes(plan.tasks, pass_bytes)
         keys = change_schema(plan.context.schema())
         hashed = [keys.field(k).type for k in self.options.pair_key if k in keys.names]
         arrow = all(pa.types.is_integer(t) or pa.types.is_temporal(t) for t in hashed)
-        moved = self._nets(plan) or (self._pairs(plan) and not arrow)
-        if moved and net_passes(plan.tasks) > 1:
+        same_hash = row_order == 2 or (row_order == 1 and self._pairs(plan) and arrow)
+        if pass_bytes is None or (passes > 1 and not same_hash):
+            why = (
+                "a row order this deltatail does not know"
+                if pass_bytes is None
+                else f"rows this deltatail orders differently ({passes} key-hash passes)"
+            )
             raise StateError(
-                f"the cursor {position} was saved by an older deltatail inside version {position.version}, whose "
-                f"rows this deltatail orders differently ({net_passes(plan.tasks)} key-hash passes); finish the "
-                "version with the deltatail that saved the cursor, or start a new state directory with "
-                f"--starting-version {position.version} (its rows delivered again) or {position.version + 1}",
+                f"the cursor {position} was saved by another deltatail (row order {row_order}) inside version "
+                f"{position.version}, with {why}; finish the version with the deltatail that saved the cursor, "
+                f"or start a new state directory with --starting-version {position.version} (its rows delivered "
+                f"again) or {position.version + 1}",
                 permanent=True,
                 table=self.table,
                 version=position.version,
             )
+        self._adopted = (position.version, row_order, pass_bytes)
+
+    def row_order_at(self, version: int) -> int:
+        """The row order a cursor inside ``version`` counts in (see :meth:`adopt_row_order`)."""
+        adopted = self._adopted
+        return adopted[1] if adopted is not None and adopted[0] == version else ROW_ORDER
 
     def check_filter(self) -> None:
         """Check the filter's columns against the table's latest schema (a no-op without columns or predicate).

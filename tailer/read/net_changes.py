@@ -31,7 +31,10 @@ spill file (:mod:`tailer.read.spill`), and the passes read back one by one. A co
 :data:`NET_PASS_BYTES` of files is one pass (the order above); a larger one is
 netted pass by pass, each pass in that order. The number of passes depends
 only on the commit's file sizes, so the positions of the netted rows are the
-same on every read (a restart inside the commit resumes at the same row).
+same on every read (a restart inside the commit resumes at the same row). The
+pass size is part of the row order a cursor records (:data:`ROW_ORDER`): a cursor
+saved inside a commit under an earlier pass size reads that commit with it
+(:data:`PASS_BYTES_OF_ORDER`).
 """
 
 from __future__ import annotations
@@ -208,23 +211,31 @@ def _occurrence(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
 
 #: The order a netted commit's rows come in when it is netted in several passes (part of a cursor saved
 #: inside such a commit, ``row_order`` in ``cursor.json``): 1, a CRC-32 of each row's JSON key picked
-#: its pass (deltatail before 2026-11-28); 2, :func:`key_hash`. A cursor of another order inside a
-#: commit netted in passes is refused (:meth:`tailer.read.feed.ChangeFeed.check_row_order`).
-ROW_ORDER = 2
+#: its pass, one pass per 8 MiB of files (deltatail before 2026-11-28); 2, :func:`key_hash`, one pass
+#: per 8 MiB; 3, :func:`key_hash`, one pass per :data:`NET_PASS_BYTES`. A cursor of order 2 inside a
+#: commit reads that commit in order 2's passes; one of order 1 inside a commit whose rows its hash
+#: placed differently is refused (:meth:`tailer.read.feed.ChangeFeed.adopt_row_order`).
+ROW_ORDER = 3
 
-#: Bytes of a commit's files (as the log gives their sizes) netted in one pass.
-NET_PASS_BYTES = 8 << 20
+#: Bytes of a commit's files (as the log gives their sizes) netted in one pass (row order :data:`ROW_ORDER`).
+#: A pass holds its share of the commit decoded: this bounds a netted or paired read's memory
+#: (benchmarks/README.md measures it against 8 MiB).
+NET_PASS_BYTES = 4 << 20
+#: The pass size of each earlier row order (:data:`ROW_ORDER`).
+PASS_BYTES_OF_ORDER: dict[int, int] = {1: 8 << 20, 2: 8 << 20}
 #: The most passes over one commit (a bound on the file sizes a log may claim).
 MAX_NET_PASSES = 1024
 
 
-def net_passes(tasks: Sequence[FileTask]) -> int:
-    """How many key-hash partitioned passes net a commit of ``tasks``: one per :data:`NET_PASS_BYTES` of files.
+def net_passes(tasks: Sequence[FileTask], pass_bytes: int | None = None) -> int:
+    """How many key-hash partitioned passes net a commit of ``tasks``: one per ``pass_bytes`` of files.
 
-    Files whose size the log omits count as nothing; the result is between 1 and :data:`MAX_NET_PASSES`.
+    ``pass_bytes`` defaults to :data:`NET_PASS_BYTES`. Files whose size the log omits count as
+    nothing; the result is between 1 and :data:`MAX_NET_PASSES`.
     """
+    size = NET_PASS_BYTES if pass_bytes is None else pass_bytes
     total = sum(t.size for t in tasks if t.size is not None and t.size > 0)
-    return max(1, min(math.ceil(total / NET_PASS_BYTES), MAX_NET_PASSES))
+    return max(1, min(math.ceil(total / size), MAX_NET_PASSES))
 
 
 def pass_ids(batch: pa.RecordBatch, key_columns: tuple[str, ...], passes: int) -> pa.Array:

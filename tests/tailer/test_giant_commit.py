@@ -355,10 +355,13 @@ class StoppingSink(RecordingSink):
         super().flush()
 
 
-def _as_older_deltatail(state: Path) -> None:
-    """Rewrite ``cursor.json`` as deltatail saved it before ``row_order`` existed (the field absent)."""
+def _as_older_deltatail(state: Path, row_order: int | None = None) -> None:
+    """Rewrite ``cursor.json`` as a deltatail of ``row_order`` saved it (``None``: before ``row_order`` existed)."""
     raw = orjson.loads((state / "cursor.json").read_bytes())
-    del raw["state"]["row_order"]
+    if row_order is None:
+        del raw["state"]["row_order"]
+    else:
+        raw["state"]["row_order"] = row_order
     raw["crc32"] = zlib.crc32(orjson.dumps(raw["state"], option=orjson.OPT_SORT_KEYS))
     (state / "cursor.json").write_bytes(orjson.dumps(raw))
 
@@ -394,7 +397,9 @@ def test_a_cursor_inside_a_commit_netted_in_passes_resumes_there_unless_an_older
 ) -> None:
     root, version = rewrite
     plan = next(ChangeFeed(str(root)).plans(version, version))
-    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", -(-sum(t.size or 0 for t in plan.tasks) // 4))
+    quarter = -(-sum(t.size or 0 for t in plan.tasks) // 4)
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", quarter)
+    monkeypatch.setitem(net_changes_module.PASS_BYTES_OF_ORDER, 1, quarter)
     state = tmp_path / "state"
 
     def tailer(sink: Sink) -> Tailer:
@@ -416,5 +421,53 @@ def test_a_cursor_inside_a_commit_netted_in_passes_resumes_there_unless_an_older
     shutil.rmtree(state)
     shutil.copytree(tmp_path / "older", state)
     _as_older_deltatail(state)
-    with pytest.raises(StateError, match=rf"saved by an older deltatail inside version {version}.*4 key-hash passes"):
+    with pytest.raises(StateError, match=rf"\(row order 1\) inside version {version}.*4 key-hash passes"):
         tailer(RecordingSink([])).run()
+    _as_older_deltatail(state, 99)
+    with pytest.raises(StateError, match=rf"\(row order 99\) inside version {version}.*does not know"):
+        tailer(RecordingSink([])).run()
+
+
+def test_a_cursor_of_an_earlier_pass_size_reads_its_commit_in_those_passes_to_the_end(
+    tmp_path: Path, rewrite: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row order 2 netted in passes of another size: the commit a cursor of it is inside keeps them.
+
+    Saved inside the commit in four passes; resumed by a deltatail whose passes are half as many, it
+    delivers the rest of the four passes' order (so every row once), saves order 2 again while still
+    inside that commit, and the current order once past it.
+    """
+    root, version = rewrite
+    plan = next(ChangeFeed(str(root)).plans(version, version))
+    total = sum(t.size or 0 for t in plan.tasks)
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", -(-total // 4))
+    state = tmp_path / "state"
+    first = StoppingSink([])
+    first.tailer = _net_tailer(root, version, state, first)
+    first.tailer.run()
+    _as_older_deltatail(state, 2)
+    shutil.copytree(state, tmp_path / "older")
+
+    monkeypatch.setitem(net_changes_module.PASS_BYTES_OF_ORDER, 2, -(-total // 4))
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", -(-total // 2))
+    second = StoppingSink([])
+    second.tailer = _net_tailer(root, version, state, second)
+    second.tailer.run()
+    saved = StateStore(str(state)).load()
+    assert saved is not None and saved.cursor.version == version and saved.row_order == 2
+    assert len(first.rows) + len(second.rows) == saved.cursor.index < 4_200
+    rest = RecordingSink([])
+    _net_tailer(root, version, state, rest).run()
+    delivered = first.rows + second.rows + rest.rows
+    assert len(delivered) == 4_200
+    assert Counter(_key(r) for r in delivered) == _snapshot_diff(root, version, keyed=True)
+    saved = StateStore(str(state)).load()
+    assert saved is not None and saved.cursor.version > version and saved.row_order == net_changes_module.ROW_ORDER
+
+    # Read in the current passes instead, the same cursor delivers some rows twice and others never.
+    shutil.rmtree(state)
+    shutil.copytree(tmp_path / "older", state)
+    _as_older_deltatail(state, net_changes_module.ROW_ORDER)
+    shifted = RecordingSink([])
+    _net_tailer(root, version, state, shifted).run()
+    assert Counter(_key(r) for r in first.rows + shifted.rows) != _snapshot_diff(root, version, keyed=True)
