@@ -26,7 +26,6 @@ from deltatail.state.cursor import Position
 from deltatail.state.signals import SnapshotRequest
 from deltatail.state.snapshot import Snapshot
 from deltatail.tailer.follow.state_store import SavedState, StateStore
-from deltatail.tailer.read.net_changes import ROW_ORDER
 from deltatail.tailer.runtime.faults import crash_point
 
 
@@ -49,8 +48,8 @@ class Checkpointer:
         checkpoint_seconds: or after this many seconds with at least one delivered version.
         snapshot_commits: the snapshot is saved again once it is this many versions old.
         clock: monotonic seconds.
-        row_order_at: the row order a cursor inside a version counts in, saved with it
-            (:meth:`tailer.read.feed.ChangeFeed.row_order_at`); by default the current one.
+        earlier_order: ``(version, row order)`` if a cursor inside ``version`` counts in an earlier
+            row order, saved with it (:meth:`tailer.read.feed.ChangeFeed.earlier_order`).
     """
 
     def __init__(
@@ -64,7 +63,7 @@ class Checkpointer:
         checkpoint_seconds: float,
         snapshot_commits: int,
         clock: Callable[[], float] = time.monotonic,
-        row_order_at: Callable[[int], int] | None = None,
+        earlier_order: Callable[[int], tuple[int, int] | None] | None = None,
     ) -> None:
         self.store = store
         self.sink = sink
@@ -81,7 +80,7 @@ class Checkpointer:
         self.last = clock()
         #: The on-demand snapshot the cursor is inside (saved with it), if any.
         self.signal: SnapshotRequest | None = None
-        self._row_order_at = row_order_at
+        self._earlier_order = earlier_order
 
     def delivered_version(self) -> None:
         """Count one more delivered version."""
@@ -143,10 +142,18 @@ class Checkpointer:
             self.saved_snapshot = saved
         if saved is None or (not at_boundary and saved[0] >= cursor.version):
             return  # nothing consistent to resume from yet; a restart redoes this from the start
-        row_order = ROW_ORDER if self._row_order_at is None else self._row_order_at(cursor.version)
+        earlier = None if self._earlier_order is None else self._earlier_order(cursor.version)
         self.store.save(
             SavedState(
-                self.table, self.table_id, cursor, saved[0], saved[1], previous_ms, rows_end, self.signal, row_order
+                self.table,
+                self.table_id,
+                cursor,
+                saved[0],
+                saved[1],
+                previous_ms,
+                rows_end,
+                self.signal,
+                earlier_order=earlier,
             )
         )  # 3
         crash_point("after_save")

@@ -57,12 +57,12 @@ def checkpointer(
     table: str,
     table_id: str,
     clock: Callable[[], float],
-    row_order_at: Callable[[int], int] | None = None,
+    earlier_order: Callable[[int], tuple[int, int] | None] | None = None,
 ) -> Checkpointer:
     """The checkpoints of a loop delivering into ``output``, due as ``config`` says.
 
-    ``row_order_at``: the row order a cursor inside a version counts in (the feed's
-    :meth:`~tailer.read.feed.ChangeFeed.row_order_at`; by default the current one).
+    ``earlier_order``: the row order a cursor inside a version counts in if it is an earlier
+    one (the feed's :meth:`~tailer.read.feed.ChangeFeed.earlier_order`).
     """
     return Checkpointer(
         store,
@@ -73,5 +73,5 @@ def checkpointer(
         checkpoint_seconds=config.checkpoint_seconds,
         snapshot_commits=config.snapshot_commits,
         clock=clock,
-        row_order_at=row_order_at,
+        earlier_order=earlier_order,
     )

@@ -63,6 +63,22 @@ class SavedState:
     #: The order of the rows of a commit netted in passes the cursor counts in
     #: (:data:`~tailer.read.net_changes.ROW_ORDER`; 1 for a cursor saved by an older deltatail).
     row_order: int = ROW_ORDER
+    #: ``(version, row order)``: the commit the cursor is inside is read in that earlier row order
+    #: (:meth:`tailer.read.feed.ChangeFeed.adopt_row_order`); ``None``: in ``row_order``.
+    earlier_order: tuple[int, int] | None = None
+
+
+def _earlier_order(value: object) -> tuple[int, int] | None:
+    """``earlier_order`` as ``cursor.json`` holds it (absent, or ``[version, row order]``).
+
+    Raises:
+        ValueError: if it is anything else.
+    """
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int and v >= 0 for v in value)):
+        raise ValueError(f"earlier_order is not [version, row order]: {value!r}"[:200])
+    return value[0], value[1]
 
 
 def _problem(e: OSError) -> str:
@@ -200,6 +216,7 @@ class StateStore:
                 rows_end=None if body.get("rows_end") is None else Position.from_json(body["rows_end"]),
                 signal=None if body.get("signal") is None else SnapshotRequest.from_json(body["signal"]),
                 row_order=int(body.get("row_order", 1)),
+                earlier_order=_earlier_order(body.get("earlier_order")),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, StateError) as e:
             damaged = not isinstance(e, StateError)  # a file that reads but is wrong; a read that fails may pass
@@ -224,12 +241,14 @@ class StateStore:
             "snapshot_version": saved.snapshot_version,
             "snapshot_file": saved.snapshot_file,
             "previous_timestamp_ms": saved.previous_timestamp_ms,
-            "row_order": saved.row_order,
+            "row_order": ROW_ORDER,
         }
         if saved.rows_end is not None:
             body["rows_end"] = saved.rows_end.to_json()
         if saved.signal is not None:
             body["signal"] = saved.signal.to_json()
+        if saved.earlier_order is not None:
+            body["earlier_order"] = list(saved.earlier_order)
         crc = zlib.crc32(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
         path = self.dir / CURSOR_FILE
         try:

@@ -152,7 +152,7 @@ class Tailer(ChangeLoop):
         self.feed.check_filter()  # fail fast on a column the table does not have
         self._open_sink(TableInfo(self.log.table, self._table_id, table_name(self.log.table)))
         if saved is not None:
-            self.feed.adopt_row_order(self._resume or self._cursor, saved.row_order)
+            self.feed.adopt_row_order(self._resume or self._cursor, saved.row_order, saved.earlier_order)
         if saved is None and (self._cursor.snapshot or self._cursor.version > 0):
             # Fix the start now: a restart resumes the same snapshot, or a cursor inside the first commit
             # (saved with a snapshot before it, see Checkpointer.take) has a snapshot to resume from.
@@ -196,7 +196,7 @@ class Tailer(ChangeLoop):
             table=self.log.table,
             table_id=self._table_id,
             clock=self._clock,
-            row_order_at=self.feed.row_order_at,
+            earlier_order=self.feed.earlier_order,
         )
 
     def _resume_saved(self, saved: SavedState) -> None:

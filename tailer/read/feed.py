@@ -322,13 +322,17 @@ class ChangeFeed:
             return plan
         return prune(plan, change_filter)
 
-    def adopt_row_order(self, position: Position, row_order: int) -> None:
-        """Read the commit ``position`` is inside in ``row_order`` (a cursor's), so it resumes at the same row.
+    def adopt_row_order(self, position: Position, row_order: int, earlier: tuple[int, int] | None = None) -> None:
+        """Read the commit ``position`` is inside in the row order of its cursor, so it resumes at the same row.
+
+        ``row_order`` is the order of the deltatail that saved the cursor; ``earlier`` the
+        ``(version, order)`` it saved for a commit it was itself reading in an earlier order
+        (:meth:`earlier_order`), which applies only to a position inside that version.
 
         Only the rows of a commit read in key-hash passes (:mod:`tailer.read.net_changes`) move
         between row orders. A cursor of an earlier order that kept the pass hash (2) reads its commit
         in that order's passes (:data:`~tailer.read.net_changes.PASS_BYTES_OF_ORDER`), and
-        :meth:`row_order_at` reports it for that version, so a cursor saved there again keeps it.
+        :meth:`earlier_order` reports it for that version, so a cursor saved there again keeps it.
         Order 1 hashed keys differently under net changes and in pairs of update images by a key
         that is not an integer, date or timestamp (:func:`~tailer.read.net_changes.pass_ids`).
 
@@ -337,6 +341,10 @@ class ChangeFeed:
                 ``row_order`` placed differently (order 1 as above, or an order this deltatail does
                 not know): resuming would deliver some of its rows twice and skip others.
         """
+        if row_order == ROW_ORDER:
+            if earlier is None or earlier[0] != position.version:
+                return
+            row_order = earlier[1]
         if row_order == ROW_ORDER or position.snapshot or position.index == 0:
             return
         plan = next(self.plans(position.version, position.version))
@@ -365,10 +373,10 @@ class ChangeFeed:
             )
         self._adopted = (position.version, row_order, pass_bytes)
 
-    def row_order_at(self, version: int) -> int:
-        """The row order a cursor inside ``version`` counts in (see :meth:`adopt_row_order`)."""
+    def earlier_order(self, version: int) -> tuple[int, int] | None:
+        """``(version, row order)`` if ``version`` is read in an earlier row order (see :meth:`adopt_row_order`)."""
         adopted = self._adopted
-        return adopted[1] if adopted is not None and adopted[0] == version else ROW_ORDER
+        return (version, adopted[1]) if adopted is not None and adopted[0] == version else None
 
     def check_filter(self) -> None:
         """Check the filter's columns against the table's latest schema (a no-op without columns or predicate).

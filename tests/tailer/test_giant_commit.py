@@ -454,15 +454,16 @@ def test_a_cursor_of_an_earlier_pass_size_reads_its_commit_in_those_passes_to_th
     second.tailer = _net_tailer(root, version, state, second)
     second.tailer.run()
     saved = StateStore(str(state)).load()
-    assert saved is not None and saved.cursor.version == version and saved.row_order == 2
-    assert len(first.rows) + len(second.rows) == saved.cursor.index < 4_200
+    assert saved is not None and saved.cursor.version == version and 0 < saved.cursor.index < 4_200
+    assert saved.row_order == net_changes_module.ROW_ORDER and saved.earlier_order == (version, 2)
+    assert len(first.rows) + len(second.rows) == saved.cursor.index
     rest = RecordingSink([])
     _net_tailer(root, version, state, rest).run()
     delivered = first.rows + second.rows + rest.rows
     assert len(delivered) == 4_200
     assert Counter(_key(r) for r in delivered) == _snapshot_diff(root, version, keyed=True)
     saved = StateStore(str(state)).load()
-    assert saved is not None and saved.cursor.version > version and saved.row_order == net_changes_module.ROW_ORDER
+    assert saved is not None and saved.cursor.version > version and saved.earlier_order is None
 
     # Read in the current passes instead, the same cursor delivers some rows twice and others never.
     shutil.rmtree(state)
@@ -471,3 +472,35 @@ def test_a_cursor_of_an_earlier_pass_size_reads_its_commit_in_those_passes_to_th
     shifted = RecordingSink([])
     _net_tailer(root, version, state, shifted).run()
     assert Counter(_key(r) for r in first.rows + shifted.rows) != _snapshot_diff(root, version, keyed=True)
+
+
+def test_an_earlier_order_saved_for_one_commit_applies_inside_that_commit_only(
+    rewrite: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sink's holdings past the commit read in the earlier order were delivered in the current one."""
+    root, version = rewrite
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", 1)
+    options = ChangeOptions(net_changes=True, key_columns=("id",), read_ahead=0, reader_processes=0)
+    later = ChangeFeed(str(root), options=options)
+    later.adopt_row_order(Position.change(version + 1, 5), net_changes_module.ROW_ORDER, (version, 2))
+    assert later.earlier_order(version) is None and later.earlier_order(version + 1) is None
+    inside = ChangeFeed(str(root), options=options)
+    inside.adopt_row_order(Position.change(version, 5), net_changes_module.ROW_ORDER, (version, 2))
+    assert inside.earlier_order(version) == (version, 2) and inside.earlier_order(version + 1) is None
+
+
+@pytest.mark.parametrize("value", [[1], [1, "2"], [-1, 2], {"version": 1}, [1, 2, 3], "1,2"])
+def test_a_malformed_earlier_order_in_the_cursor_file_is_refused(
+    tmp_path: Path, rewrite: tuple[Path, int], value: object
+) -> None:
+    root, version = rewrite
+    state = tmp_path / "state"
+    first = StoppingSink([])
+    first.tailer = _net_tailer(root, version, state, first)
+    first.tailer.run()
+    raw = orjson.loads((state / "cursor.json").read_bytes())
+    raw["state"]["earlier_order"] = value
+    raw["crc32"] = zlib.crc32(orjson.dumps(raw["state"], option=orjson.OPT_SORT_KEYS))
+    (state / "cursor.json").write_bytes(orjson.dumps(raw))
+    with pytest.raises(StateError, match=r"cannot read the tailer's cursor.*earlier_order"):
+        StateStore(str(state)).load()
