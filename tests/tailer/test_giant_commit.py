@@ -355,15 +355,29 @@ class StoppingSink(RecordingSink):
         super().flush()
 
 
-def _as_older_deltatail(state: Path, row_order: int | None = None) -> None:
-    """Rewrite ``cursor.json`` as a deltatail of ``row_order`` saved it (``None``: before ``row_order`` existed)."""
+def _edit_cursor(state: Path, **fields: object) -> None:
+    """Set ``fields`` in ``cursor.json`` (a value of ``None`` removes the field), with its checksum made anew."""
     raw = orjson.loads((state / "cursor.json").read_bytes())
-    if row_order is None:
-        del raw["state"]["row_order"]
-    else:
-        raw["state"]["row_order"] = row_order
+    for name, value in fields.items():
+        if value is None:
+            raw["state"].pop(name, None)
+        else:
+            raw["state"][name] = value
     raw["crc32"] = zlib.crc32(orjson.dumps(raw["state"], option=orjson.OPT_SORT_KEYS))
     (state / "cursor.json").write_bytes(orjson.dumps(raw))
+
+
+def _as_older_deltatail(state: Path, row_order: int | None = None) -> None:
+    """Rewrite ``cursor.json`` as a deltatail of ``row_order`` saved it (``None``: before ``row_order`` existed)."""
+    _edit_cursor(state, row_order=row_order)
+
+
+def _stopped_inside(root: Path, version: int, state: Path) -> StoppingSink:
+    """A netting tailer run from ``version`` until its first flush holding rows; its sink."""
+    sink = StoppingSink([])
+    sink.tailer = _net_tailer(root, version, state, sink)
+    sink.tailer.run()
+    return sink
 
 
 def _net_tailer(root: Path, version: int, state: Path, sink: Sink) -> Tailer:
@@ -380,9 +394,7 @@ def test_an_older_cursor_inside_a_commit_netted_in_one_pass_resumes_there(
     """One pass: no hash picks rows, so the netted order is the one older deltatails gave too."""
     root, version = rewrite
     state = tmp_path / "state"
-    first = StoppingSink([])
-    first.tailer = _net_tailer(root, version, state, first)
-    first.tailer.run()
+    first = _stopped_inside(root, version, state)
     _as_older_deltatail(state)
     saved = StateStore(str(state)).load()
     assert saved is not None and saved.row_order == 1 and 0 < saved.cursor.index < 4_200
@@ -442,9 +454,7 @@ def test_a_cursor_of_an_earlier_pass_size_reads_its_commit_in_those_passes_to_th
     total = sum(t.size or 0 for t in plan.tasks)
     monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", -(-total // 4))
     state = tmp_path / "state"
-    first = StoppingSink([])
-    first.tailer = _net_tailer(root, version, state, first)
-    first.tailer.run()
+    first = _stopped_inside(root, version, state)
     _as_older_deltatail(state, 2)
     shutil.copytree(state, tmp_path / "older")
 
@@ -495,12 +505,7 @@ def test_a_malformed_earlier_order_in_the_cursor_file_is_refused(
 ) -> None:
     root, version = rewrite
     state = tmp_path / "state"
-    first = StoppingSink([])
-    first.tailer = _net_tailer(root, version, state, first)
-    first.tailer.run()
-    raw = orjson.loads((state / "cursor.json").read_bytes())
-    raw["state"]["earlier_order"] = value
-    raw["crc32"] = zlib.crc32(orjson.dumps(raw["state"], option=orjson.OPT_SORT_KEYS))
-    (state / "cursor.json").write_bytes(orjson.dumps(raw))
+    _stopped_inside(root, version, state)
+    _edit_cursor(state, earlier_order=value)
     with pytest.raises(StateError, match=r"cannot read the tailer's cursor.*earlier_order"):
         StateStore(str(state)).load()
