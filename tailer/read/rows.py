@@ -367,6 +367,8 @@ def _uniform_strings(column: pa.DictionaryArray) -> pa.Array | None:
     """
     if column.null_count or column.type.value_type != pa.string() or not len(column):
         return None
+    if len(column.dictionary) == 1:  # a row group of one change type: every index is 0 (the decoder checks them)
+        return repeated_string(column.dictionary[0].as_py(), len(column))
     indices = column.indices.to_numpy()
     first = indices[0]
     if indices.min() != first or indices.max() != first:

@@ -403,6 +403,26 @@ def test_change_types_read_as_a_dictionary_come_out_as_written_in_runs_and_mixed
         assert first.address == second.address
 
 
+def test_change_types_of_row_groups_of_one_kind_share_one_column(tmp_path: Path) -> None:
+    """A row group holding one change type has a one-entry dictionary: its batches share one column."""
+    kinds = ["update_preimage"] * 6 + ["update_postimage"] * 6
+    table = pa.table({"x": pa.array(range(len(kinds)), pa.int64()), CHANGE_TYPE_COLUMN: pa.array(kinds)})
+    pq.write_table(table, tmp_path / "cdc.parquet", row_group_size=6)
+    out = read_plain(
+        tmp_path,
+        "cdc.parquet",
+        NUMBERED,
+        keep_change_type=True,
+        batch_size=3,
+        opening=ParquetOpening(dictionary_min_bytes=0),
+    )
+    assert [(r["x"], r[CHANGE_TYPE_COLUMN]) for r in batches_rows(out)] == list(enumerate(kinds))
+    columns = [b.column(CHANGE_TYPE_COLUMN) for b in out]
+    assert [c.type for c in columns] == [pa.string()] * 4
+    assert columns[0].buffers()[2].address == columns[1].buffers()[2].address
+    assert columns[2].buffers()[2].address == columns[3].buffers()[2].address
+
+
 def test_repeated_strings_are_shared_up_to_the_bound_and_built_afresh_beyond_it() -> None:
     for n in (1, 5_000, SHARED_LARGE_ROWS):
         first, second = repeated_string("insert", n), repeated_string("insert", n)
