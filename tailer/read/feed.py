@@ -130,8 +130,8 @@ class ChangeFeed:
         self.options = options or ChangeOptions()
         self._pool = pool
         self._filters: dict[str, ChangeFilter] = {}
-        #: (version, row order, pass bytes) of the commit a resumed cursor of an earlier row order is inside.
-        self._adopted: tuple[int, int, int] | None = None
+        #: (version, row order) of the commit a resumed cursor of an earlier row order is inside.
+        self._adopted: tuple[int, int] | None = None
 
     def reader(self) -> PlanReader:
         """The reader of this feed's rows: reading ahead, unless ``options.read_ahead`` is 0."""
@@ -276,9 +276,8 @@ class ChangeFeed:
         One pass is the rows as read; with more, ``task_batches`` are read once and spilled by pass
         (:class:`~tailer.read.spill.PassSpill`), and the passes read back in turn.
         """
-        adopted = self._adopted
-        version = plan.context.version
-        passes = net_passes(plan.tasks, adopted[2] if adopted is not None and adopted[0] == version else None)
+        earlier = self.earlier_order(plan.context.version)
+        passes = net_passes(plan.tasks, None if earlier is None else PASS_BYTES_OF_ORDER[earlier[1]])
         schema = change_schema(plan.context.schema())
         rows = (b for batches in task_batches for b in batches)
         if passes == 1:
@@ -371,12 +370,12 @@ class ChangeFeed:
                 table=self.table,
                 version=position.version,
             )
-        self._adopted = (position.version, row_order, pass_bytes)
+        self._adopted = (position.version, row_order)
 
     def earlier_order(self, version: int) -> tuple[int, int] | None:
         """``(version, row order)`` if ``version`` is read in an earlier row order (see :meth:`adopt_row_order`)."""
         adopted = self._adopted
-        return (version, adopted[1]) if adopted is not None and adopted[0] == version else None
+        return adopted if adopted is not None and adopted[0] == version else None
 
     def check_filter(self) -> None:
         """Check the filter's columns against the table's latest schema (a no-op without columns or predicate).

@@ -47,7 +47,8 @@ class Prefetch:
     reader decides when a file queued behind another may begin. Two signals
     tell it: :attr:`starved` (the consumer had to wait for a batch after the
     first: reading, not the consumer, is the limit) and :attr:`decoded` (the
-    worker has read its whole file and closed it).
+    worker is done with its file and has closed it: read whole, or stopped by
+    a failure or :meth:`cancel`).
     """
 
     _DONE = object()

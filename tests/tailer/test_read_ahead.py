@@ -204,10 +204,9 @@ def test_a_consumer_waiting_for_a_batch_after_the_first_marks_the_worker_starved
     out = fetch.batches()
     next(out)  # the first batch is always waited for: not starvation
     waited = 0.0
-    while len(produced) < 3 and waited < 30:  # the second and third are decoded meanwhile
+    while (len(produced) < 3 or len(fetch._items) < 2) and waited < 30:  # the second and third, queued meanwhile
         time.sleep(0.05)
         waited += 0.05
-    time.sleep(0.1)  # and put in the queue
     next(out)
     next(out)
     assert not fetch.starved and not fetch.decoded
