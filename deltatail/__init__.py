@@ -100,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args == ["--version"]:
         print(f"deltatail {__version__}")
         return 0
+    importlib.import_module("deltatail.tailer.cli.process").name_arrow_pool()  # before Arrow loads
     cli = importlib.import_module("deltatail.tailer.cli.main")
     code: int = cli.main(args)
     return code

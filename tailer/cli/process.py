@@ -8,12 +8,13 @@
   hand-over to the run loop with Python's default 5 ms interval often waits
   for a time slice to end; 0.5 ms keeps commit-to-row latency low (measured by
   ``python -m benchmarks.latency``, see ``benchmarks/README.md``).
-- **Arrow's memory pool** (:func:`return_memory_promptly`): jemalloc (else the
-  system allocator) instead of pyarrow's default mimalloc, which keeps memory a
-  giant commit's batches freed: ~50 MiB more peak RSS delivering a 2,000,000-row
-  commit (``python -m benchmarks.giant_commit``). ``ARROW_DEFAULT_MEMORY_POOL``
-  in the environment still chooses. The reading threads' jemalloc arenas return
-  freed pages at once (see :func:`return_memory_promptly`).
+- **Arrow's memory pool** (:func:`name_arrow_pool`, :func:`return_memory_promptly`):
+  jemalloc (else the system allocator) instead of pyarrow's default mimalloc,
+  which keeps memory a giant commit's batches freed: ~50 MiB more peak RSS
+  delivering a 2,000,000-row commit (``python -m benchmarks.giant_commit``).
+  ``ARROW_DEFAULT_MEMORY_POOL`` in the environment still chooses. The reading
+  threads' jemalloc arenas return freed pages at once (see
+  :func:`return_memory_promptly`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,28 @@ SWITCH_INTERVAL = 0.0005
 def tune_for_latency() -> None:
     """Shorten the interpreter's thread switch interval for this process."""
     sys.setswitchinterval(SWITCH_INTERVAL)
+
+
+#: The pool :func:`name_arrow_pool` names, on the platforms whose pyarrow wheels are built with it.
+ARROW_POOL = "jemalloc"
+
+
+def name_arrow_pool() -> None:
+    """Name jemalloc in ``ARROW_DEFAULT_MEMORY_POOL`` before pyarrow is loaded, unless the environment names a pool.
+
+    Arrow reads the variable once, when its C++ side first asks for its default pool, and that pool is
+    what its C++ code allocates from where no pool is passed: the Parquet reader's page buffers among
+    others. ``pyarrow.set_memory_pool`` (:func:`return_memory_promptly`) changes only the pool
+    pyarrow's Python calls pass, so without this a process allocates from two allocators, and mimalloc
+    keeps the pages its share freed: a 2,000,000-row commit delivered to ``parquet:`` peaked 30 MiB
+    higher with both than with jemalloc alone (``python -m benchmarks.giant_commit``). Called by the
+    command line's entry point, which imports no Arrow; where pyarrow is already loaded it changes
+    nothing. Not on Windows, whose pyarrow has no jemalloc. The variable is inherited by the
+    processes deltatail starts (its reader processes), which read Arrow too.
+    """
+    if "pyarrow" in sys.modules or sys.platform == "win32":
+        return
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", ARROW_POOL)
 
 
 def return_memory_promptly() -> None:

@@ -9,7 +9,7 @@ import sys
 import pyarrow as pa
 import pytest
 
-from deltatail.tailer.cli.process import return_memory_promptly
+from deltatail.tailer.cli.process import name_arrow_pool, return_memory_promptly
 
 
 def test_arrow_memory_comes_from_jemalloc_unless_the_environment_names_a_pool(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,7 +37,7 @@ _FREED_IN_A_THREAD = """
 import re, sys, threading
 import numpy as np
 import pyarrow as pa
-from deltatail.tailer.cli.process import return_memory_promptly
+from deltatail.tailer.cli.process import name_arrow_pool, return_memory_promptly
 if sys.argv[1] == "cli":
     return_memory_promptly()
 else:
@@ -72,3 +72,43 @@ def test_pages_a_later_thread_frees_are_returned_at_once() -> None:
         "jemalloc's default no longer keeps freed pages: the test shows nothing"
     )
     assert _resident_after_free("cli") <= 16
+
+
+#: A child process: enter the command line through its front door (or import it directly), then print the
+#: pool Arrow's C++ side chose (no pool was set from Python) and the environment's name for it.
+_POOL_BEHIND_THE_FRONT_DOOR = """
+import os, sys
+import deltatail
+if sys.argv[1] == "front-door":
+    try:
+        deltatail.main(["--no-such-option"])
+    except SystemExit:
+        pass
+else:
+    import deltatail.tailer.cli.main
+import pyarrow as pa
+print(pa.default_memory_pool().backend_name, os.environ.get("ARROW_DEFAULT_MEMORY_POOL"))
+"""
+
+
+def _pool_behind(how: str, named: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if named is not None:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = named
+    done = subprocess.run(
+        [sys.executable, "-c", _POOL_BEHIND_THE_FRONT_DOOR, how], env=env, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def test_the_command_line_names_jemalloc_before_arrow_loads_so_its_cpp_side_allocates_there_too() -> None:
+    assert _pool_behind("import") == "mimalloc None"  # pyarrow's own default here: what the entry point changes
+    assert _pool_behind("front-door") == "jemalloc jemalloc"
+    assert _pool_behind("front-door", named="system") == "system system"  # the environment still chooses
+
+
+def test_naming_the_pool_changes_nothing_once_arrow_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    assert "pyarrow" in sys.modules
+    name_arrow_pool()
+    assert "ARROW_DEFAULT_MEMORY_POOL" not in os.environ

@@ -718,7 +718,34 @@ OPENINGS = {
     "whole": ParquetOpening(),
     "footer": ParquetOpening(whole_file_bytes=0),
     "footer-in-two-reads": ParquetOpening(whole_file_bytes=0, footer_read_bytes=16),
+    "footer-whole-column-chunks": ParquetOpening(whole_file_bytes=0, stream_bytes=0),
+    "footer-pre-buffered": ParquetOpening(whole_file_bytes=0, pre_buffer=True),
 }
+
+
+def test_column_chunks_streamed_through_a_small_buffer_read_as_whole_ones(tmp_path: Path) -> None:
+    """Pages larger than the buffer, several pages and row groups a column: the same rows either way."""
+    count = 50_000
+    rows = pa.table(
+        {
+            "x": pa.array(range(count), pa.int64()),
+            "s": pa.array([f"value-{i * 7919 % count}" for i in range(count)], pa.string()),
+        }
+    )
+    pq.write_table(rows, tmp_path / "big.parquet", row_group_size=20_000, data_page_size=64 << 10)
+    layout = pq.ParquetFile(tmp_path / "big.parquet").metadata
+    assert layout.num_row_groups == 3
+    assert layout.row_group(0).column(1).total_compressed_size > 4 * 1024  # many times the buffer
+    schema = schema_of(("x", "long"), ("s", "string"))
+    read = {
+        name: pa.Table.from_batches(read_plain(tmp_path, "big.parquet", schema, opening=opening))
+        for name, opening in {
+            "streamed": ParquetOpening(whole_file_bytes=0, stream_bytes=1024),
+            "whole": ParquetOpening(whole_file_bytes=0, stream_bytes=0),
+        }.items()
+    }
+    assert read["streamed"].equals(rows)
+    assert read["whole"].equals(rows)
 
 
 @pytest.fixture(params=sorted(OPENINGS))
