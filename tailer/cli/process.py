@@ -45,8 +45,8 @@ def name_arrow_pool() -> None:
     what its C++ code allocates from where no pool is passed: the Parquet reader's page buffers among
     others. ``pyarrow.set_memory_pool`` (:func:`return_memory_promptly`) changes only the pool
     pyarrow's Python calls pass, so without this a process allocates from two allocators, and mimalloc
-    keeps the pages its share freed: a 2,000,000-row commit delivered to ``parquet:`` peaked 30 MiB
-    higher with both than with jemalloc alone (``python -m benchmarks.giant_commit``). Called by the
+    keeps the pages its share freed: 2,000,000 change rows delivered to ``parquet:`` peaked at 156 MiB
+    with both and 134 MiB with jemalloc alone (``python -m benchmarks.giant_commit``). Called by the
     command line's entry point, which imports no Arrow; where pyarrow is already loaded it changes
     nothing. Not on Windows, whose pyarrow has no jemalloc. The variable is inherited by the
     processes deltatail starts (its reader processes), which read Arrow too.

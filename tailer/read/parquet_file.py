@@ -49,7 +49,7 @@ class ParquetOpening:
             locally it only adds work.
         stream_bytes: without ``pre_buffer``, read a column chunk's pages through a buffer of this
             many bytes instead of reading the chunk whole (0: whole). A row group's column chunks
-            are the file's largest reads (13 MiB for a row group of 1,000,000 rows of two columns,
+            are the file's largest reads (13 MiB for a row group of 1,000,000 rows of three columns,
             held while its batches are decoded); streamed, a read holds a buffer per column, at
             the same speed locally.
     """

@@ -37,7 +37,7 @@ _FREED_IN_A_THREAD = """
 import re, sys, threading
 import numpy as np
 import pyarrow as pa
-from deltatail.tailer.cli.process import name_arrow_pool, return_memory_promptly
+from deltatail.tailer.cli.process import return_memory_promptly
 if sys.argv[1] == "cli":
     return_memory_promptly()
 else:
