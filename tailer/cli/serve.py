@@ -326,6 +326,7 @@ def serve(config_path: str) -> int:
             service.health,
             auth_token=config.auth_token,
             min_readable_seconds=config.min_readable_seconds,
+            watch_overflows=lambda: service.watch_overflows,
         )
         server.start()
         log.info("metrics and health on http://%s:%d/ (/metrics, /healthz, /readyz)", host, server.port)

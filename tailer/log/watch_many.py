@@ -25,6 +25,9 @@ log = logging.getLogger("deltatail")
 
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
 _IN_IGNORED = 0x8000
+#: The kernel's queue of events for the descriptor filled up (``fs.inotify.max_queued_events``) and
+#: events were dropped: any directory may have changed unseen.
+_IN_Q_OVERFLOW = 0x4000
 
 
 class DirectoryWatcher:
@@ -42,6 +45,7 @@ class DirectoryWatcher:
         self._poller.register(self._wake_r, select.POLLIN)
         self._fd: int | None = None
         self._closed = False
+        self.overflows = 0  # times the kernel dropped events (see wait)
         if sys.platform.startswith("linux"):
             try:
                 from watchdog.observers.inotify_c import inotify_init
@@ -94,7 +98,10 @@ class DirectoryWatcher:
     def wait(self, timeout: float) -> set[str]:
         """Block until a watched directory changes, :meth:`wake` is called, or ``timeout`` seconds pass.
 
-        Returns the keys of the directories that changed (empty on a timeout or a wake).
+        Returns the keys of the directories that changed (empty on a timeout or a wake). When the
+        kernel dropped events (its queue overflowed), every watched key is returned: which
+        directories changed is no longer known, and a table not looked at now would wait for its
+        safety poll. Each overflow is counted (:attr:`overflows`) and logged.
         """
         changed: set[str] = set()
         for fd, _ in self._poller.poll(max(timeout, 0.0) * 1000):
@@ -124,6 +131,16 @@ class DirectoryWatcher:
                 while offset + _EVENT.size <= len(data):
                     wd, mask, _, length = _EVENT.unpack_from(data, offset)
                     offset += _EVENT.size + length
+                    if mask & _IN_Q_OVERFLOW:
+                        self.overflows += 1
+                        log.warning(
+                            "the kernel dropped file events (inotify queue overflow, %d so far): looking at all %d "
+                            "watched tables; raise fs.inotify.max_queued_events if this recurs",
+                            self.overflows,
+                            len(self._watches),
+                        )
+                        keys.update(self._watches)
+                        continue
                     key = self._keys.get(wd)
                     if key is not None:
                         keys.add(key)

@@ -12,7 +12,8 @@ delivered, 0 when caught up), ``deltatail_delivered_commit_timestamp_seconds``,
 object store ``deltatail_store_requests_total`` (the requests sent to it); each
 family's help text says exactly what it counts. Process
 wide: the reader processes' ``deltatail_reader_files_total`` and
-``deltatail_reader_runs_total``, and prometheus-client's process figures
+``deltatail_reader_runs_total``, ``deltatail_watch_overflows_total`` (the kernel
+dropped file events; every watched table was then looked at), and prometheus-client's process figures
 (``process_resident_memory_bytes``, CPU seconds, open files).
 
 ``/healthz`` answers 200 while the process serves, 503 with the reason when it
@@ -76,9 +77,15 @@ _HUNG_UP = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, Timeo
 class TableCollector(Collector):
     """Reads every table's :class:`TableStats` when scraped (the tailers only update counters)."""
 
-    def __init__(self, tables: Callable[[], list[TableStats]], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        tables: Callable[[], list[TableStats]],
+        clock: Callable[[], float] = time.time,
+        watch_overflows: Callable[[], int] = lambda: 0,
+    ) -> None:
         self._tables = tables
         self._clock = clock
+        self._watch_overflows = watch_overflows
 
     def collect(self) -> Iterator[Metric]:
         """The metric families of every table and of the reader processes."""
@@ -227,6 +234,13 @@ class TableCollector(Collector):
         runs.add_metric([], sum(p.runs_sent for p in pools))
         yield files
         yield runs
+        overflows = CounterMetricFamily(
+            "deltatail_watch_overflows",
+            "Times the kernel dropped file events of the watched logs (inotify queue overflow); each time every "
+            "watched table was looked at at once",
+        )
+        overflows.add_metric([], self._watch_overflows())
+        yield overflows
 
 
 def readiness(
@@ -385,11 +399,12 @@ class HealthServer:
         min_readable_seconds: float = 0.0,
         request_timeout: float = 5.0,
         max_connections: int = 32,
+        watch_overflows: Callable[[], int] = lambda: 0,
     ) -> None:
         registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
-        registry.register(TableCollector(tables))
+        registry.register(TableCollector(tables, watch_overflows=watch_overflows))
         server = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -251,6 +251,11 @@ class Service:
         with self._lock:
             return [t.stats for t in self._tables.values()]
 
+    @property
+    def watch_overflows(self) -> int:
+        """Times the kernel dropped the watched logs' file events (each time every watched table was looked at)."""
+        return self._watcher.overflows
+
     # -- running --------------------------------------------------------------------------------
 
     def stop(self) -> None:

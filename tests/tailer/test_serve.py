@@ -234,6 +234,7 @@ def test_metrics_reflect_a_table_that_is_rows_behind(tmp_path: Path) -> None:
         assert metric(metrics, "deltatail_rows_delivered_total", table="orders", change_type="delete") == 1
         assert metric(metrics, "deltatail_commits_total", table="orders") == 2
         assert metric(metrics, "deltatail_delivered_version", table="orders") == 1
+        assert "\ndeltatail_watch_overflows_total 0.0\n" in metrics  # the service's watcher, wired in
         assert get(port, "/readyz")[0] == 200
         assert get(port, "/nope")[0] == 404
         # The service reports its tables itself (every status_seconds); a table's tailer adds no
