@@ -34,7 +34,7 @@ def tune_for_latency() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL)
 
 
-#: The pool :func:`name_arrow_pool` names, on the platforms whose pyarrow wheels are built with it.
+#: The pool :func:`name_arrow_pool` names, on Linux, whose pyarrow wheels are built with it.
 ARROW_POOL = "jemalloc"
 
 
@@ -48,10 +48,12 @@ def name_arrow_pool() -> None:
     keeps the pages its share freed: 2,000,000 change rows delivered to ``parquet:`` peaked at 156 MiB
     with both and 134 MiB with jemalloc alone (``python -m benchmarks.giant_commit``). Called by the
     command line's entry point, which imports no Arrow; where pyarrow is already loaded it changes
-    nothing. Not on Windows, whose pyarrow has no jemalloc. The variable is inherited by the
-    processes deltatail starts (its reader processes), which read Arrow too.
+    nothing. Only on Linux, whose pyarrow wheels are built with jemalloc (elsewhere Arrow would warn
+    of a pool it lacks and fall back to mimalloc; :func:`return_memory_promptly` still chooses
+    there). The variable is inherited by the processes deltatail starts (its reader processes),
+    which read Arrow too.
     """
-    if "pyarrow" in sys.modules or sys.platform == "win32":
+    if "pyarrow" in sys.modules or not sys.platform.startswith("linux"):
         return
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", ARROW_POOL)
 

@@ -101,6 +101,7 @@ def _pool_behind(how: str, named: str | None = None) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="named on Linux only, whose pyarrow has jemalloc")
 def test_the_command_line_names_jemalloc_before_arrow_loads_so_its_cpp_side_allocates_there_too() -> None:
     assert _pool_behind("import") == "mimalloc None"  # pyarrow's own default here: what the entry point changes
     assert _pool_behind("front-door") == "jemalloc jemalloc"
