@@ -74,9 +74,9 @@ from deltatail.tailer.formats.registry import FALLBACK, claimed, open_table
 from deltatail.tailer.runtime.transient import is_transient
 from deltatail.tailer.serve.discovery import find_tables
 from deltatail.tailer.serve.http import HealthServer
-from deltatail.tailer.serve.service import Service, TableSource, probe_state_root
+from deltatail.tailer.serve.service import Service, TableSource
 from deltatail.tailer.serve.signal_topic import SignalTopic
-from deltatail.tailer.serve.state_root import StateRoot
+from deltatail.tailer.serve.state_root import StateRoot, probe_state_root
 from deltatail.tailer.sink import Sink
 from deltatail.tailer.storage.local import to_local_path
 

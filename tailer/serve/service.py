@@ -9,7 +9,8 @@ worker threads that step the tables.
 
 Scheduling: a table is stepped when its log directory signals a change, when
 its poll is due (object stores; local tables poll only as a safety net), or at
-once again after a step that did not catch up. A step delivers at most
+once again after a step that did not catch up, or during which its directory
+signalled a change (the step may have listed the log before it). A step delivers at most
 ``step_versions`` versions, so a table catching up a long backlog takes its
 turn with the others instead of holding a worker until it is done: the live
 tables keep their latency (``python -m benchmarks.serve`` measures it). A
@@ -43,16 +44,14 @@ command exits non-zero and an orchestrator restarts it.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
-from deltatail.state.errors import DeltaTailError, StateError
+from deltatail.state.errors import DeltaTailError
 from deltatail.tailer.follow.change_loop import ChangeLoop
 from deltatail.tailer.follow.stats import TableState, TableStats
 from deltatail.tailer.follow.tailer import TailerConfig
@@ -62,37 +61,14 @@ from deltatail.tailer.log.watch_many import DirectoryWatcher
 from deltatail.tailer.runtime.backoff import POLL_JITTER, next_poll, retry_delay
 from deltatail.tailer.runtime.status import status
 from deltatail.tailer.runtime.transient import describe, fault_of, is_transient
-from deltatail.tailer.serve.state_root import StateRoot, write_status
+from deltatail.tailer.serve.state_root import StateRoot, probe_state_root, write_status
 from deltatail.tailer.sink import Sink
 from deltatail.tailer.table import TableRef
 
 log = logging.getLogger("deltatail")
 
-#: The file :func:`probe_state_root` writes and removes in the state root.
-PROBE_FILE = ".deltatail-probe"
 #: Seconds without a turn of the dispatcher after which the service is reported unhealthy.
 DISPATCHER_STALL_SECONDS = 30.0
-
-
-def probe_state_root(root: Path) -> None:
-    """Check that the state root can hold state now: create it if needed, write, fsync and remove a file in it.
-
-    Raises:
-        StateError: naming the state root, if any of that fails (a file where the directory should
-            be, a read-only or full file system, no file descriptor left...).
-    """
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / PROBE_FILE
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, b"deltatail\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        probe.unlink()
-    except OSError as e:
-        raise StateError(f"the state root is unusable: {e.strerror or e}", file=str(root)) from e
 
 
 @dataclass
@@ -154,6 +130,7 @@ class _Table:
     notified: Subscription | None = None  # notifications of an object-store table's log
     started: float | None = None  # when the step in hand began
     stalled: bool = False  # the step in hand was reported as not answering
+    signals: int = 0  # changes signalled for the table so far (its directory's events, notifications)
 
 
 @dataclass(frozen=True)
@@ -308,6 +285,7 @@ class Service:
                     table = self._tables.get(name)
                     if table is not None:
                         table.due = 0.0
+                        table.signals += 1
 
     def _dispatcher_fault(self, error: Exception) -> None:
         text = describe(error)
@@ -408,11 +386,13 @@ class Service:
     def _work(self) -> None:
         while (table := self._ready.get()) is not None:
             caught_up: bool | None = None
+            signals = 0
             try:
                 with self._lock:
                     table.queued = False
                     table.busy = True
                     table.started = self._clock()
+                    signals = table.signals
                 if not self._stopping.is_set():
                     caught_up = self._step(table)
             except Exception as e:  # a bug in the handling below; still the table's, never the worker's end
@@ -422,6 +402,10 @@ class Service:
                 with self._lock:
                     table.busy = False
                     table.started = None
+                    if caught_up and table.signals != signals:
+                        # A change was signalled while the step ran, maybe after it listed the log: the
+                        # step's idle wait must not postpone it to the safety poll. Look again at once.
+                        table.due = 0.0
                     if table.stalled:  # reported as not answering while it ran: it answered
                         table.stalled = False
                         if caught_up is not None:

@@ -11,11 +11,15 @@ Layout::
 A table deleted and recreated at the same path gets a new id; its path is
 then registered to another id already, and following it is refused (with
 ``deltatail reset`` as the way to start it over), never silently begun again.
+
+:func:`probe_state_root` checks that the root can hold state now (``serve`` checks at start and
+every few seconds, and stops when it stays unusable).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,3 +133,28 @@ class StateRoot:
             what = "no table" if not matches else "several tables"
             raise StateError(f"{what} named {key!r} in this state root (tables: {known})", file=str(self.root))
         return matches[0]
+
+
+#: The file :func:`probe_state_root` writes and removes in the state root.
+PROBE_FILE = ".deltatail-probe"
+
+
+def probe_state_root(root: Path) -> None:
+    """Check that the state root can hold state now: create it if needed, write, fsync and remove a file in it.
+
+    Raises:
+        StateError: naming the state root, if any of that fails (a file where the directory should
+            be, a read-only or full file system, no file descriptor left...).
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / PROBE_FILE
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"deltatail\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        probe.unlink()
+    except OSError as e:
+        raise StateError(f"the state root is unusable: {e.strerror or e}", file=str(root)) from e

@@ -664,3 +664,63 @@ def test_a_dead_worker_fails_health_and_ends_the_service_with_an_error(tmp_path:
     assert [type(e) for e in failure] == [DeltaTailError]
     assert "worker thread deltatail-serve-0 died" in str(failure[0])
     assert service.health() == "worker thread deltatail-serve-0 died"
+
+
+class GatedSink(JsonLinesSink):
+    """A JSON lines sink whose writes, once ``gate`` is armed, wait until the test opens it."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.armed = threading.Event()
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+
+    def write(self, batch: ChangeBatch) -> None:
+        if self.armed.is_set():
+            self.entered.set()
+            self.opened.wait(60)
+        super().write(batch)
+
+
+def test_a_commit_signalled_while_its_table_steps_is_delivered_without_waiting_for_the_safety_poll(
+    tmp_path: Path,
+) -> None:
+    """The step lists the log, the next commit lands and is signalled, the step ends: that commit is read at once.
+
+    The safety poll and the checkpoint interval are two minutes here: a signal lost behind the step's idle wait
+    would hold the commit that long.
+    """
+    t = str(tmp_path / "t")
+    write_deltalake(t, rows(0), configuration=CDF)
+    out = tmp_path / "out"
+    out.mkdir()
+    sinks: list[GatedSink] = []
+
+    def make_sink(_: str) -> GatedSink:
+        sinks.append(GatedSink(str(out / "t")))
+        return sinks[-1]
+
+    settings = TableSettings(checkpoint_seconds=120)  # no checkpoint due to look at the log meanwhile either
+    source = TableSource("t", tailer_config(t, "", settings), make_sink)
+    service = Service(StateRoot(tmp_path / "state"), [source], ServiceOptions(workers=1, safety_poll_seconds=120))
+    runner = threading.Thread(target=service.run)
+    runner.start()
+    try:
+        wait_for(lambda: delivered(out / "t") == expected(t), "version 0 delivered", timeout=30)
+        [sink] = sinks
+        sink.armed.set()
+        write_deltalake(t, rows(10), mode="append")  # version 1: its step's write waits at the gate
+        assert sink.entered.wait(30), "the step of version 1 never reached the sink"
+        [table] = service._tables.values()  # the service's own record of the table: to see the signal taken
+        before = table.signals
+        write_deltalake(t, rows(20), mode="append")  # version 2, after that step listed the log
+        wait_for(lambda: table.signals > before and table.busy, "version 2 signalled during the step", timeout=30)
+        sink.armed.clear()
+        sink.opened.set()
+        wait_for(lambda: delivered(out / "t") == expected(t), "version 2 delivered before the safety poll", timeout=30)
+    finally:
+        for gated in sinks:
+            gated.opened.set()
+        service.stop()
+        runner.join(60)
+    assert not runner.is_alive()
