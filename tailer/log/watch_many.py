@@ -101,7 +101,7 @@ class DirectoryWatcher:
         Returns the keys of the directories that changed (empty on a timeout or a wake). When the
         kernel dropped events (its queue overflowed), every watched key is returned: which
         directories changed is no longer known, and a table not looked at now would wait for its
-        safety poll. Each overflow is counted (:attr:`overflows`) and logged.
+        safety poll. Each overflow is counted (:attr:`overflows`); the 1st, 2nd, 4th, 8th... are logged.
         """
         changed: set[str] = set()
         for fd, _ in self._poller.poll(max(timeout, 0.0) * 1000):
@@ -133,12 +133,13 @@ class DirectoryWatcher:
                     offset += _EVENT.size + length
                     if mask & _IN_Q_OVERFLOW:
                         self.overflows += 1
-                        log.warning(
-                            "the kernel dropped file events (inotify queue overflow, %d so far): looking at all %d "
-                            "watched tables; raise fs.inotify.max_queued_events if this recurs",
-                            self.overflows,
-                            len(self._watches),
-                        )
+                        if self.overflows & (self.overflows - 1) == 0:  # the 1st, 2nd, 4th, 8th...: no flood
+                            log.warning(
+                                "the kernel dropped file events (inotify queue overflow, %d so far): looking at "
+                                "all %d watched tables; raise fs.inotify.max_queued_events if this recurs",
+                                self.overflows,
+                                len(self._watches),
+                            )
                         keys.update(self._watches)
                         continue
                     key = self._keys.get(wd)

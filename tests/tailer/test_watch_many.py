@@ -53,14 +53,17 @@ def test_dropped_events_name_every_watched_directory(
         pytest.skip(f"fs.inotify.max_queued_events is {limit}: overflowing it would take too long here")
     busy, quiet = _dirs(tmp_path, "busy", "quiet")
     assert watcher.add("busy", str(busy)) and watcher.add("quiet", str(quiet))
-    for i in range(limit // 2 + 100):  # an empty file's create and close: two events each
-        os.close(os.open(busy / f"{i:08d}.tmp", os.O_CREAT | os.O_WRONLY, 0o644))
-    with caplog.at_level(logging.WARNING, logger="deltatail"):
-        changed = watcher.wait(5)
-        changed |= watcher.wait(0)
-    assert changed == {"busy", "quiet"}
-    assert watcher.overflows == 1
-    assert "inotify queue overflow" in caplog.text and "max_queued_events" in caplog.text
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TableCollector(list, watch_overflows=lambda: watcher.overflows))
-    assert registry.get_sample_value("deltatail_watch_overflows_total") == 1
+    for flood in range(3):
+        for i in range(limit // 2 + 100):  # an empty file's create and close: two events each
+            os.close(os.open(busy / f"{flood}-{i:08d}.tmp", os.O_CREAT | os.O_WRONLY, 0o644))
+        with caplog.at_level(logging.WARNING, logger="deltatail"):
+            changed = watcher.wait(5)
+            changed |= watcher.wait(0)
+        assert changed == {"busy", "quiet"}
+        assert watcher.overflows == flood + 1
+        assert registry.get_sample_value("deltatail_watch_overflows_total") == flood + 1
+    warnings = [r.getMessage() for r in caplog.records if "inotify queue overflow" in r.getMessage()]
+    assert len(warnings) == 2, warnings  # the 1st and 2nd overflow are logged, the 3rd is not (the 4th would be)
+    assert "max_queued_events" in warnings[0] and "1 so far" in warnings[0] and "2 so far" in warnings[1]
