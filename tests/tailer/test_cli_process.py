@@ -77,11 +77,17 @@ def test_pages_a_later_thread_frees_are_returned_at_once() -> None:
 #: A child process: enter the command line through its front door (or import it directly), then print the
 #: pool Arrow's C++ side chose (no pool was set from Python) and the environment's name for it.
 _POOL_BEHIND_THE_FRONT_DOOR = """
-import os, sys
+import os, runpy, sys
 import deltatail
 if sys.argv[1] == "front-door":
     try:
         deltatail.main(["--no-such-option"])
+    except SystemExit:
+        pass
+elif sys.argv[1] == "python -m deltatail.tailer.cli":
+    sys.argv[1:] = ["--no-such-option"]
+    try:
+        runpy.run_module("deltatail.tailer.cli", run_name="__main__")
     except SystemExit:
         pass
 else:
@@ -105,6 +111,7 @@ def _pool_behind(how: str, named: str | None = None) -> str:
 def test_the_command_line_names_jemalloc_before_arrow_loads_so_its_cpp_side_allocates_there_too() -> None:
     assert _pool_behind("import") == "mimalloc None"  # pyarrow's own default here: what the entry point changes
     assert _pool_behind("front-door") == "jemalloc jemalloc"
+    assert _pool_behind("python -m deltatail.tailer.cli") == "jemalloc jemalloc"
     assert _pool_behind("front-door", named="system") == "system system"  # the environment still chooses
 
 
