@@ -88,7 +88,7 @@ class TableCollector(Collector):
         self._watch_overflows = watch_overflows
 
     def collect(self) -> Iterator[Metric]:
-        """The metric families of every table and of the reader processes."""
+        """The metric families of every table, of the reader processes and of the log watcher."""
         now = self._clock()
         behind = GaugeMetricFamily(
             "deltatail_versions_behind",
