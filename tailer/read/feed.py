@@ -34,6 +34,7 @@ from deltatail.tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from deltatail.tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
 from deltatail.tailer.read.conform import nulls
 from deltatail.tailer.read.net_changes import PASS_BYTES_OF_ORDER, ROW_ORDER, net_batches, net_passes, pass_ids
+from deltatail.tailer.read.pass_rows import SlimRows
 from deltatail.tailer.read.pruning import prune
 from deltatail.tailer.read.read_ahead import ReadAheadReader
 from deltatail.tailer.read.reader_pool import ReaderPool, shared_pool
@@ -256,16 +257,18 @@ class ChangeFeed:
     def _netted(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
         """The net changes of ``plan``'s rows, in key-hash partitioned passes (:mod:`tailer.read.net_changes`)."""
         o = self.options
+        rows = self._slim_rows(plan)
         for merged in self._in_passes(plan, task_batches, functools.partial(pass_ids, key_columns=o.key_columns)):
-            yield from net_batches(merged, o.key_columns, o.batch_size)
+            yield from map(rows.restore, net_batches(merged, o.key_columns, o.batch_size))
             del merged  # before the next pass is read back: one pass in memory at a time
 
     def _paired(self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
         """``plan``'s rows with both images of every update side by side, in key-hash passes as :meth:`_netted`."""
         o = self.options
         check_key(change_schema(plan.context.schema()), o.pair_key, where=self.table, version=plan.context.version)
+        rows = self._slim_rows(plan)
         for merged in self._in_passes(plan, task_batches, functools.partial(pass_ids, key_columns=o.pair_key)):
-            yield from pair_batches(merged, o.pair_key, o.batch_size)
+            yield from map(rows.restore, pair_batches(merged, o.pair_key, o.batch_size))
             del merged  # before the next pass is read back: one pass in memory at a time
 
     def _in_passes(
@@ -273,21 +276,28 @@ class ChangeFeed:
     ) -> Iterator[pa.Table]:
         """``plan``'s rows in :func:`net_passes` passes, each one table of the rows ``pass_of`` gives it.
 
-        One pass is the rows as read; with more, ``task_batches`` are read once and spilled by pass
-        (:class:`~tailer.read.spill.PassSpill`), and the passes read back in turn.
+        The rows are held slim (:meth:`_slim_rows`). One pass is the rows as read; with more,
+        ``task_batches`` are read once and spilled by pass (:class:`~tailer.read.spill.PassSpill`),
+        and the passes read back in turn.
         """
         earlier = self.earlier_order(plan.context.version)
         passes = net_passes(plan.tasks, None if earlier is None else PASS_BYTES_OF_ORDER[earlier[1]])
-        schema = change_schema(plan.context.schema())
-        rows = (b for batches in task_batches for b in batches)
+        slim = self._slim_rows(plan)
+        rows = (slim.slim(b) for batches in task_batches for b in batches)
         if passes == 1:
-            yield pa.Table.from_batches(list(rows), schema=schema)
+            yield pa.Table.from_batches(list(rows), schema=slim.slim_schema)
             return
-        with PassSpill(schema, passes, table=self.table, version=plan.context.version) as spill:
+        with PassSpill(slim.slim_schema, passes, table=self.table, version=plan.context.version) as spill:
             for batch in rows:
                 spill.add(batch, pass_of(batch, passes=passes))
             for which in range(passes):
                 yield spill.rows(which)
+
+    @staticmethod
+    def _slim_rows(plan: VersionPlan) -> SlimRows:
+        """How ``plan``'s rows are held in its passes and made whole as delivered (:mod:`tailer.read.pass_rows`)."""
+        context = plan.context
+        return SlimRows(change_schema(context.schema()), context.version, context.timestamp_ms)
 
     def _pairs(self, plan: VersionPlan) -> bool:
         """Whether ``plan``'s rows are read for a sink that pairs update images (a commit with cdc files)."""

@@ -340,10 +340,10 @@ def _batches(
             batch = _filter(batch, row_filter, start)
         start += length
         if batch.num_rows:
-            yield _change_types_as_strings(batch) if plan.change_type else batch
+            yield change_types_as_strings(batch) if plan.change_type else batch
 
 
-def _change_types_as_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
+def change_types_as_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
     """The batch with its last column, ``_change_type`` read as a dictionary, cast to strings.
 
     Done here, on the thread that decoded the batch (a worker thread for a large file), so that

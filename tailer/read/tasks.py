@@ -144,8 +144,8 @@ def finish_batch(ctx: ReadContext, task: FileTask, file_batch: FileBatch) -> pa.
     """
     columns = _row_columns(task, file_batch)
     n = len(columns[0])
-    columns.append(_constant_int64s(pa.int64(), ctx.version, n))
-    columns.append(_constant_int64s(COMMIT_TIMESTAMP_TYPE, ctx.timestamp_ms * 1000, n))
+    columns.append(constant_int64s(pa.int64(), ctx.version, n))
+    columns.append(constant_int64s(COMMIT_TIMESTAMP_TYPE, ctx.timestamp_ms * 1000, n))
     return pa.RecordBatch.from_arrays(columns, schema=change_schema(ctx.schema()))
 
 
@@ -206,7 +206,7 @@ def _int64s(dtype: pa.DataType, runs: list[tuple[int, int]]) -> pa.Array:
 
 
 @functools.lru_cache(maxsize=4)
-def _constant_int64s(dtype: pa.DataType, value: int, n: int) -> pa.Array:
+def constant_int64s(dtype: pa.DataType, value: int, n: int) -> pa.Array:
     """``n`` copies of ``value``, shared by the batches of one commit (a large file's batches have one length).
 
     Arrays are immutable, so sharing is safe, and it saves building (and faulting in) a new
