@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
@@ -96,6 +97,7 @@ class PassSpill:
         self._dir: Path | None = None
         self._pieces: list[list[pa.RecordBatch]] = [[] for _ in range(passes)]
         self._held = 0
+        self._reader: ThreadPoolExecutor | None = None
         self.spilled_bytes = 0  # bytes appended to the passes' files (for tests and benchmarks)
 
     def __enter__(self) -> PassSpill:
@@ -109,6 +111,9 @@ class PassSpill:
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
+        if self._reader is not None:
+            self._reader.shutdown()
+            self._reader = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -141,16 +146,32 @@ class PassSpill:
 
         Each column is one chunk (a pass is reordered by taking rows from it, which is slow across
         many chunks), combined a column at a time, so memory is the pass and one column's copy.
+        The pass is read back on a thread of the spill's own (:meth:`_read_back`), not the caller's.
 
         Raises:
             DeltaTailError: if the passes' files cannot be written or read back.
         """
         self._append()
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="deltatail-spill")
+        return self._reader.submit(self._read_back, which).result()
+
+    def _read_back(self, which: int) -> pa.Table:
+        """:meth:`rows`'s reading, on the spill's thread: there the pass's memory is returned when freed.
+
+        With jemalloc (``deltatail run`` and ``serve``, :func:`tailer.cli.process.return_memory_promptly`),
+        arenas made after the process started return the pages freed in them at once, while the
+        thread that started the process keeps jemalloc's one-second delay. Read back on that
+        thread, each pass's pages were still held, freed, while the next pass was read: a
+        1,000,000-row UPDATE read for Debezium's paired images peaked 11 MiB higher
+        (``docs/experiments.md``). A thread made for the spill is given an arena made after the
+        setting (while the process has fewer threads than jemalloc has arenas, see that function).
+        """
         path = self._path(which)
         batches: list[pa.RecordBatch] = []
         if path.exists():
             try:
-                with pa.memory_map(str(path)) as source:
+                with pa.OSFile(str(path)) as source:
                     while source.tell() < source.size():
                         batches += list(pa.ipc.open_stream(source))
             except (OSError, pa.ArrowException) as e:

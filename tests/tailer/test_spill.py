@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -163,3 +164,25 @@ def test_a_spill_removes_the_directories_killed_processes_left_and_keeps_running
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_passes_are_read_back_on_a_thread_of_the_spill_which_ends_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-back runs on the spill's own thread (where jemalloc returns a pass's pages when freed,
+    :meth:`PassSpill._read_back`), one thread for every pass, gone when the spill is left."""
+    readers: list[str] = []
+    read_back = PassSpill._read_back
+
+    def recorded(self: PassSpill, which: int) -> pa.Table:
+        readers.append(threading.current_thread().name)
+        return read_back(self, which)
+
+    monkeypatch.setattr(PassSpill, "_read_back", recorded)
+    data = batches(seed=8, count=3, rows=200)
+    with PassSpill(data[0].schema, 3, table="t", version=2) as spill:
+        for b in data:
+            spill.add(b, pass_ids(b, ("id",), 3))
+        rows = sum(spill.rows(which).num_rows for which in range(3))
+    assert rows == 600
+    assert len(readers) == 3 and len(set(readers)) == 1
+    assert readers[0].startswith("deltatail-spill") and readers[0] != threading.current_thread().name
+    assert not any(t.name.startswith("deltatail-spill") for t in threading.enumerate())
