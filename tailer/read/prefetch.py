@@ -23,9 +23,13 @@ READ_THREADS = 2
 READ_AHEAD_BATCHES = 16
 #: Decoded bytes one worker may hold ahead of the consumer, per file (plus the one batch that crossed it):
 #: what bounds the memory of reading ahead within a giant commit, whatever its rows' width. 16 batches of
-#: 65,536 narrow rows held ~45 MiB (``python -m benchmarks.giant_commit``); the worker still stays a few
-#: batches ahead of the consumer, which is all the overlap of decoding and converting needs.
-READ_AHEAD_BYTES = 8 << 20
+#: 65,536 narrow rows held ~45 MiB, 8 MiB's worth 2-11 MiB more than this (``python -m
+#: benchmarks.giant_commit``, ``docs/experiments.md``) at the same rows/s: the worker still has a batch
+#: ready when the consumer asks, which is all the overlap of decoding and converting needs.
+READ_AHEAD_BYTES = 2 << 20
+#: :data:`READ_AHEAD_BYTES` for a file in an object store, where the decoder fetches each row group's
+#: column chunks when it reaches them: a few batches in hand cover the consumer while it waits on one.
+REMOTE_READ_AHEAD_BYTES = 8 << 20
 
 
 class Prefetch:
@@ -35,8 +39,9 @@ class Prefetch:
     the consumer finishes each batch (:func:`~tailer.read.tasks.finish_batch`) while the worker decodes the next.
 
     The worker holds at most :data:`READ_AHEAD_BATCHES` batches, and puts no
-    further batch once those it holds reach :data:`READ_AHEAD_BYTES` (``nbytes``
-    of the decoded batches); one batch is always let through, however large.
+    further batch once those it holds reach ``held_bytes`` (``nbytes`` of the
+    decoded batches; :data:`READ_AHEAD_BYTES` if ``None``); one batch is always
+    let through, however large.
 
     The worker stops early when the consumer goes away (:meth:`cancel`). An
     exception in the worker is handed over in the queue and raised to the
@@ -54,8 +59,14 @@ class Prefetch:
     _DONE = object()
 
     def __init__(
-        self, pool: ThreadPoolExecutor, read: Callable[[], Generator[FileBatch, None, None]], *, started: bool = True
+        self,
+        pool: ThreadPoolExecutor,
+        read: Callable[[], Generator[FileBatch, None, None]],
+        *,
+        started: bool = True,
+        held_bytes: int | None = None,
     ) -> None:
+        self._held_bytes = held_bytes
         self._items: deque[tuple[object, int]] = deque()
         self._held = 0  # bytes of the batches in _items
         self._changed = threading.Condition()
@@ -75,8 +86,9 @@ class Prefetch:
 
     def _put(self, item: object) -> bool:
         size = item.batch.nbytes if isinstance(item, FileBatch) else 0
+        most = READ_AHEAD_BYTES if self._held_bytes is None else self._held_bytes
         with self._changed:
-            while self._items and (len(self._items) >= READ_AHEAD_BATCHES or self._held >= READ_AHEAD_BYTES):
+            while self._items and (len(self._items) >= READ_AHEAD_BATCHES or self._held >= most):
                 if self._cancelled.is_set():
                     return False
                 self._changed.wait(timeout=0.05)

@@ -40,7 +40,7 @@ import pyarrow as pa
 from deltatail.state.changes import FileTask
 from deltatail.state.errors import DeltaTailError, UnsafePathError
 from deltatail.state.planning import ReadContext, VersionPlan
-from deltatail.tailer.read.prefetch import READ_THREADS, Prefetch
+from deltatail.tailer.read.prefetch import READ_THREADS, REMOTE_READ_AHEAD_BYTES, Prefetch
 from deltatail.tailer.read.reader_pool import ReaderPool, RemoteRun
 from deltatail.tailer.read.readers import PlanRows
 from deltatail.tailer.read.tasks import decode_task, finish_batch, read_task
@@ -213,7 +213,8 @@ class ReadAheadReader:
         self, threads: ThreadPoolExecutor, plan: VersionPlan, task: FileTask, *, started: bool = False
     ) -> Prefetch:
         read = functools.partial(decode_task, self.storage, plan.context_of(task), task, self.batch_size)
-        return Prefetch(threads, read, started=started)
+        held = REMOTE_READ_AHEAD_BYTES if self.storage.remote else None
+        return Prefetch(threads, read, started=started, held_bytes=held)
 
     def _start_near(
         self, threads: ThreadPoolExecutor, plan: VersionPlan, fetches: list[_Fetch], at: int, started: list[Prefetch]

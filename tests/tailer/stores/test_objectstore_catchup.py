@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import obstore as obs
@@ -26,7 +27,11 @@ from deltalake import DeltaTable, write_deltalake
 from deltatail.state.errors import ConfigError, StateError, StorageError
 from deltatail.tailer.log.delta_log import DeltaLog
 from deltatail.tailer.log.follower import LogFollower
+from deltatail.tailer.read import prefetch
 from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
+from deltatail.tailer.read.read_ahead import ReadAheadReader
+from deltatail.tailer.storage import Storage
+from deltatail.tailer.storage.local import LocalStorage
 from deltatail.tailer.storage.objectstore import ObjectStoreStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/tailer: cdf_helpers (tests/ is not a package)
@@ -191,3 +196,40 @@ def test_a_rewritten_head_commit_refuses_the_table_checked_alongside_or_from_the
     else:
         with pytest.raises(StateError, match="commit 1 was rewritten"):
             follower.discover()
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_large_file_is_decoded_ahead_up_to_its_stores_bound(
+    where: str, s3: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of 131,072 int64 rows (1 MiB and a validity bitmap) of one 2,097,152-row file, no consumer:
+    a local file's worker stops once it holds ``READ_AHEAD_BYTES`` (2 MiB: two batches), an object
+    store's once it holds ``REMOTE_READ_AHEAD_BYTES`` (8 MiB: eight), where it fetches a row group's
+    chunks only when it reaches them. Every row still comes out, in order."""
+    monkeypatch.setattr(prefetch, "READ_AHEAD_BATCHES", 64)  # the byte bound, not the count, decides here
+    local = tmp_path / "t"
+    write_deltalake(local, pa.table({"id": pa.array(range(1 << 21), pa.int64())}))
+    storage: Storage
+    if where == "local":
+        uri, storage = str(local), LocalStorage()
+    else:
+        uri, storage = s3.upload_dir(local, "t"), ObjectStoreStorage(s3.options)
+    plan = next(ChangeFeed(uri, storage).plans(0, 0))
+    (task,) = plan.tasks
+    batch_bytes = (1 << 17) * 8
+    with ThreadPoolExecutor(max_workers=1) as threads:
+        fetch = ReadAheadReader(storage, batch_size=1 << 17)._prefetch(threads, plan, task, started=True)
+        try:
+            waited = 0.0
+            bound = prefetch.REMOTE_READ_AHEAD_BYTES if where == "s3" else prefetch.READ_AHEAD_BYTES
+            while fetch.most_held < bound and waited < 60:
+                time.sleep(0.05)
+                waited += 0.05
+            time.sleep(0.3)  # time to run further ahead, were it not held back
+            held = fetch.most_held
+            ids = [i for b in fetch.batches() for i in b.batch.column(0).to_pylist()]
+        finally:
+            fetch.cancel()
+    assert ids == list(range(1 << 21))
+    expected = 8 if where == "s3" else 2
+    assert expected * batch_bytes <= held < (expected + 1) * batch_bytes
