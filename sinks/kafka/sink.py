@@ -288,7 +288,7 @@ class KafkaSink(Sink):
 
         Raises:
             SinkError: if the sink is not open or has failed; if a row cannot be encoded (nothing of
-                the batch was sent if it is in the first slice of ``ENCODE_ROWS`` rows, else the slices
+                the batch was sent if it is in the first slice of ``pairing.ENCODE_ROWS`` rows, else the slices
                 before were queued, and the sink stops); or if a message is over ``max_message_bytes``
                 or refused by the producer (the rows before it were queued, and the sink stops). The
                 error names the row's position. With ``encoding=avro``: if the Schema Registry refuses
