@@ -111,11 +111,13 @@ def test_paired_order_follows_the_encoders_rule() -> None:
     assert firsts == {2, 5}
 
 
+@pytest.mark.parametrize("coded", [False, True], ids=["change-type-strings", "change-type-coded"])
 @pytest.mark.parametrize("key_type", ["string", "int", "uint64", "timestamp", "two columns"])
 @pytest.mark.parametrize("seed", range(6))
-def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int, key_type: str) -> None:
+def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int, key_type: str, coded: bool) -> None:
     """Random images of random keys (each key once a kind: matched by key codes; repeated images of a key: the
-    rule in Python): the rows come in :func:`paired_order` of the rule, and no batch ends between a pair's images."""
+    rule in Python): the rows come in :func:`paired_order` of the rule, and no batch ends between a pair's images.
+    ``_change_type`` as read, or dictionary-coded as a pass holds it (``tailer/read/pass_rows.py``)."""
     rng = random.Random(seed)
     if seed % 2:  # 400 images of 60 keys
         kinds = [rng.choice([PRE, POST, "insert", "delete"]) for _ in range(400)]
@@ -137,7 +139,10 @@ def test_batches_follow_the_rule_whether_keys_repeat_or_not(seed: int, key_type:
         columns = {"k": pa.array([i * 10**9 for i in numbers], pa.timestamp("us", "UTC"))}
     else:
         columns = {"k": [i % 7 for i in numbers], "j": [f"j{i // 7}" for i in numbers]}
-    rows = pa.table({**columns, "_change_type": kinds, "row": range(n)})
+    change_types = pa.array(kinds, pa.string())
+    rows = pa.table(
+        {**columns, "_change_type": change_types.dictionary_encode() if coded else change_types, "row": range(n)}
+    )
     columns = {c: rows.column(c).to_pylist() for c in columns}
     batches = list(pair_batches(rows, tuple(columns), 5))
     got = [r["row"] for b in batches for r in b.to_pylist()]
