@@ -33,7 +33,14 @@ from deltatail.tailer.log.delta_log import DeltaLog
 from deltatail.tailer.log.follower import PREFETCH_COMMITS, LogFollower
 from deltatail.tailer.log.starts import snapshot_before, snapshot_time, version_at_or_after
 from deltatail.tailer.read.conform import nulls
-from deltatail.tailer.read.net_changes import PASS_BYTES_OF_ORDER, ROW_ORDER, net_batches, net_passes, pass_ids
+from deltatail.tailer.read.net_changes import (
+    KEY_HASH_ORDERS,
+    PASS_BYTES_OF_ORDER,
+    ROW_ORDER,
+    net_batches,
+    net_passes,
+    pass_ids,
+)
 from deltatail.tailer.read.pass_rows import SlimRows
 from deltatail.tailer.read.pruning import prune
 from deltatail.tailer.read.read_ahead import ReadAheadReader
@@ -258,7 +265,8 @@ class ChangeFeed:
         """The net changes of ``plan``'s rows, in key-hash partitioned passes (:mod:`tailer.read.net_changes`)."""
         o = self.options
         rows = self._slim_rows(plan)
-        for merged in self._in_passes(plan, task_batches, functools.partial(pass_ids, key_columns=o.key_columns)):
+        pass_of = functools.partial(pass_ids, key_columns=o.key_columns)
+        for merged in self._in_passes(plan, task_batches, pass_of, paired=False):
             yield from map(rows.restore, net_batches(merged, o.key_columns, o.batch_size))
             del merged  # before the next pass is read back: one pass in memory at a time
 
@@ -267,21 +275,25 @@ class ChangeFeed:
         o = self.options
         check_key(change_schema(plan.context.schema()), o.pair_key, where=self.table, version=plan.context.version)
         rows = self._slim_rows(plan)
-        for merged in self._in_passes(plan, task_batches, functools.partial(pass_ids, key_columns=o.pair_key)):
+        pass_of = functools.partial(pass_ids, key_columns=o.pair_key)
+        for merged in self._in_passes(plan, task_batches, pass_of, paired=True):
             yield from map(rows.restore, pair_batches(merged, o.pair_key, o.batch_size))
             del merged  # before the next pass is read back: one pass in memory at a time
 
     def _in_passes(
-        self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]], pass_of: _PassIds
+        self, plan: VersionPlan, task_batches: Iterable[Iterable[pa.RecordBatch]], pass_of: _PassIds, *, paired: bool
     ) -> Iterator[pa.Table]:
         """``plan``'s rows in :func:`net_passes` passes, each one table of the rows ``pass_of`` gives it.
+
+        The passes are those of :func:`net_passes` for netted or ``paired`` rows, or those of the earlier
+        row order the commit is read in (:meth:`adopt_row_order`).
 
         The rows are held slim (:meth:`_slim_rows`). One pass is the rows as read; with more,
         ``task_batches`` are read once and spilled by pass (:class:`~tailer.read.spill.PassSpill`),
         and the passes read back in turn.
         """
         earlier = self.earlier_order(plan.context.version)
-        passes = net_passes(plan.tasks, None if earlier is None else PASS_BYTES_OF_ORDER[earlier[1]])
+        passes = net_passes(plan.tasks, None if earlier is None else PASS_BYTES_OF_ORDER[earlier[1]], paired=paired)
         slim = self._slim_rows(plan)
         rows = (slim.slim(b) for batches in task_batches for b in batches)
         if passes == 1:
@@ -339,7 +351,7 @@ class ChangeFeed:
         (:meth:`earlier_order`), which applies only to a position inside that version.
 
         Only the rows of a commit read in key-hash passes (:mod:`tailer.read.net_changes`) move
-        between row orders. A cursor of an earlier order that kept the pass hash (2) reads its commit
+        between row orders. A cursor of an earlier order that kept the pass hash (2, 3) reads its commit
         in that order's passes (:data:`~tailer.read.net_changes.PASS_BYTES_OF_ORDER`), and
         :meth:`earlier_order` reports it for that version, so a cursor saved there again keeps it.
         Order 1 hashed keys differently under net changes and in pairs of update images by a key
@@ -364,7 +376,7 @@ class ChangeFeed:
         keys = change_schema(plan.context.schema())
         hashed = [keys.field(k).type for k in self.options.pair_key if k in keys.names]
         arrow = all(pa.types.is_integer(t) or pa.types.is_temporal(t) for t in hashed)
-        same_hash = row_order == 2 or (row_order == 1 and self._pairs(plan) and arrow)
+        same_hash = row_order in KEY_HASH_ORDERS or (row_order == 1 and self._pairs(plan) and arrow)
         if pass_bytes is None or (passes > 1 and not same_hash):
             why = (
                 "a row order this deltatail does not know"
