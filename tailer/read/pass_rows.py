@@ -3,15 +3,16 @@
 Net changes and update pairs hold a pass of a commit's rows until they are reordered
 (:mod:`tailer.read.net_changes`, :mod:`tailer.read.update_pairs`), and spill the passes to disk
 in between (:mod:`tailer.read.spill`). Two of the three change columns are the same in every row
-of one commit: ``_commit_version`` and ``_commit_timestamp`` (the change data feed's rule: "the
-version of the commit" and "the timestamp of the commit" for each row; a removed row read in the
-schema before the commit carries the commit's own, :meth:`state.planning.VersionPlan.context_of`);
-and ``_change_type`` holds one of a few strings. Held as they are, they were half of a pass of a
-three-column table (16 bytes a row, and ~19 for the strings of ``update_preimage``). So the
-passes hold the rows *slim*: those two columns left out and ``_change_type`` dictionary-encoded
-(:func:`slim`, 4 bytes a row); each batch taken from a pass is made whole again as it is
-delivered (:meth:`SlimRows.restore`), with exactly the values and the schema the rows were read
-with. Nothing else changes: the same rows, in the same order, hash to the same passes.
+of one commit. The protocol's Change Data Files: ``_commit_version`` is "The table version
+containing the change", ``_commit_timestamp`` "The timestamp associated when the commit was
+created" (a removed row read in the schema before the commit carries the commit's own too,
+:meth:`state.planning.VersionPlan.context_of`); and ``_change_type`` holds one of a few strings.
+Held as they are, they were half of a pass of a three-column table (16 bytes a row, and ~19 for
+the text of ``update_preimage``). So the passes hold the rows *slim*: those two columns left out
+and ``_change_type`` dictionary-encoded (:meth:`SlimRows.slim`, 4 bytes a row); each batch taken
+from a pass is made whole again as it is delivered (:meth:`SlimRows.restore`), with exactly the
+values and the schema the rows were read with. Nothing else changes: the same rows, in the same
+order, hash to the same passes.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ import pyarrow as pa
 from deltatail.tailer.read.rows import change_types_as_strings
 from deltatail.tailer.read.tasks import constant_int64s
 
-#: The change columns a slim row leaves out, the last two of the change schema (``state.feed.change_schema``).
-LEFT_OUT = ("_commit_version", "_commit_timestamp")
 #: The type ``_change_type`` is held in.
 CODED = pa.dictionary(pa.int32(), pa.string())
 
