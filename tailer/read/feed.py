@@ -266,7 +266,7 @@ class ChangeFeed:
         o = self.options
         rows = self._slim_rows(plan)
         pass_of = functools.partial(pass_ids, key_columns=o.key_columns)
-        for merged in self._in_passes(plan, task_batches, pass_of, rows, paired=False):
+        for merged in self._in_passes(plan, task_batches, pass_of, rows):
             yield from map(rows.restore, net_batches(merged, o.key_columns, o.batch_size))
             del merged  # before the next pass is read back: one pass in memory at a time
 
@@ -276,7 +276,7 @@ class ChangeFeed:
         check_key(change_schema(plan.context.schema()), o.pair_key, where=self.table, version=plan.context.version)
         rows = self._slim_rows(plan)
         pass_of = functools.partial(pass_ids, key_columns=o.pair_key)
-        for merged in self._in_passes(plan, task_batches, pass_of, rows, paired=True):
+        for merged in self._in_passes(plan, task_batches, pass_of, rows):
             yield from map(rows.restore, pair_batches(merged, o.pair_key, o.batch_size))
             del merged  # before the next pass is read back: one pass in memory at a time
 
@@ -286,20 +286,18 @@ class ChangeFeed:
         task_batches: Iterable[Iterable[pa.RecordBatch]],
         pass_of: _PassIds,
         slim: SlimRows,
-        *,
-        paired: bool,
     ) -> Iterator[pa.Table]:
         """``plan``'s rows in :func:`net_passes` passes, each one table of the rows ``pass_of`` gives it.
 
-        The passes are those of :func:`net_passes` for netted or ``paired`` rows, or those of the earlier
-        row order the commit is read in (:meth:`adopt_row_order`).
+        The passes are those of :func:`net_passes`, or those of the earlier row order the commit is
+        read in (:meth:`adopt_row_order`).
 
         The rows are held as ``slim`` holds them (:meth:`_slim_rows`). One pass is the rows as read; with more,
         ``task_batches`` are read once and spilled by pass (:class:`~tailer.read.spill.PassSpill`),
         and the passes read back in turn.
         """
         earlier = self.earlier_order(plan.context.version)
-        passes = net_passes(plan.tasks, None if earlier is None else PASS_BYTES_OF_ORDER[earlier[1]], paired=paired)
+        passes = net_passes(plan.tasks, None if earlier is None else PASS_BYTES_OF_ORDER[earlier[1]])
         rows = (slim.slim(b) for batches in task_batches for b in batches)
         if passes == 1:
             yield pa.Table.from_batches(list(rows), schema=slim.slim_schema)

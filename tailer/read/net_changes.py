@@ -213,22 +213,18 @@ def _occurrence(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
 #: (part of a cursor saved inside such a commit, ``row_order`` in ``cursor.json``): 1, a CRC-32 of
 #: each row's JSON key picked its pass, one pass per 8 MiB of files (deltatail before 2026-11-28);
 #: 2, :func:`key_hash`, one pass per 8 MiB; 3, :func:`key_hash`, one pass per 4 MiB (before
-#: 2026-11-30); 4, :func:`key_hash`, one pass per :data:`NET_PASS_BYTES` netted and per
-#: :data:`PAIR_PASS_BYTES` paired. A cursor of order 2 or 3 inside a commit reads that commit in its
-#: order's passes; one of order 1 inside a commit whose rows its hash placed differently is refused
-#: (:meth:`tailer.read.feed.ChangeFeed.adopt_row_order`).
+#: 2026-11-30); 4, :func:`key_hash`, one pass per :data:`NET_PASS_BYTES`. A cursor of order 2 or 3
+#: inside a commit reads that commit in its order's passes; one of order 1 inside a commit whose rows
+#: its hash placed differently is refused (:meth:`tailer.read.feed.ChangeFeed.adopt_row_order`).
 ROW_ORDER = 4
 
-#: Bytes of a commit's files (as the log gives their sizes) netted in one pass (row order :data:`ROW_ORDER`).
-#: A pass holds its share of the commit decoded: this bounds a netted read's memory
-#: (benchmarks/README.md measures it against 8 MiB).
-NET_PASS_BYTES = 4 << 20
-#: Bytes of a commit's cdc files paired in one pass (:mod:`tailer.read.update_pairs`; row order
-#: :data:`ROW_ORDER`): half a netted pass, as only Kafka's Debezium formats pair, at the producer's
-#: rate: a 1,000,000-row UPDATE into Kafka peaks 14 MiB lower than in 4 MiB passes, at the same rows/s
-#: (``python -m benchmarks.giant_commit --sinks kafka``).
-PAIR_PASS_BYTES = 2 << 20
-#: The pass size of each earlier row order (:data:`ROW_ORDER`), netted and paired alike.
+#: Bytes of a commit's files (as the log gives their sizes) netted or paired in one pass (row order
+#: :data:`ROW_ORDER`). A pass holds its share of the commit decoded: this bounds a netted or paired
+#: read's memory. Against 4 MiB: the 1,000,000- to 20,000,000-row rewrites netted into Parquet peak
+#: 16-24 MiB lower at 2-9% more time, a 1,000,000-row UPDATE paired into Kafka 14 MiB lower at the
+#: same rows/s (``python -m benchmarks.giant_commit``, ``docs/experiments.md``).
+NET_PASS_BYTES = 2 << 20
+#: The pass size of each earlier row order (:data:`ROW_ORDER`).
 PASS_BYTES_OF_ORDER: dict[int, int] = {1: 8 << 20, 2: 8 << 20, 3: 4 << 20}
 #: The earlier row orders whose passes hash keys as :func:`key_hash` does.
 KEY_HASH_ORDERS = (2, 3)
@@ -236,13 +232,13 @@ KEY_HASH_ORDERS = (2, 3)
 MAX_NET_PASSES = 1024
 
 
-def net_passes(tasks: Sequence[FileTask], pass_bytes: int | None = None, *, paired: bool = False) -> int:
+def net_passes(tasks: Sequence[FileTask], pass_bytes: int | None = None) -> int:
     """How many key-hash partitioned passes net (or pair) a commit of ``tasks``: one per ``pass_bytes`` of files.
 
-    ``pass_bytes`` defaults to :data:`NET_PASS_BYTES`, or :data:`PAIR_PASS_BYTES` if ``paired``.
-    Files whose size the log omits count as nothing; the result is between 1 and :data:`MAX_NET_PASSES`.
+    ``pass_bytes`` defaults to :data:`NET_PASS_BYTES`. Files whose size the log omits count as
+    nothing; the result is between 1 and :data:`MAX_NET_PASSES`.
     """
-    size = (PAIR_PASS_BYTES if paired else NET_PASS_BYTES) if pass_bytes is None else pass_bytes
+    size = NET_PASS_BYTES if pass_bytes is None else pass_bytes
     total = sum(t.size for t in tasks if t.size is not None and t.size > 0)
     return max(1, min(math.ceil(total / size), MAX_NET_PASSES))
 

@@ -8,7 +8,7 @@ images of a row are N rows apart, and a sink carrying unpaired images over from 
 would hold half the commit, and a cursor saved between two images would point at a row whose
 partner was never sent. Instead a commit with cdc files is read for such a sink as
 ``--net-changes`` reads a rewrite (:mod:`tailer.read.net_changes`): in key-hash partitioned
-passes (one per :data:`~tailer.read.net_changes.PAIR_PASS_BYTES` of cdc files), each pass holding
+passes (one per :data:`~tailer.read.net_changes.NET_PASS_BYTES` of cdc files), each pass holding
 the rows whose key hashes to it (the files read once, the rows spilled by pass to disk,
 :mod:`tailer.read.spill`), so both images of a key are always in one pass; a pass's rows
 are reordered by :func:`paired_order` (a pair's pre-image, then its post-image, where the earlier

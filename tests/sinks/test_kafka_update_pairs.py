@@ -93,8 +93,8 @@ def _three_passes(root: Path, version: int, monkeypatch: pytest.MonkeyPatch) -> 
     """Make the commit three key-hash passes; returns the pass size in bytes."""
     plan = next(ChangeFeed(str(root)).plans(version, version))
     size = -(-sum(t.size or 0 for t in plan.tasks) // 3)
-    monkeypatch.setattr(net_changes_module, "PAIR_PASS_BYTES", size)
-    assert net_changes_module.net_passes(plan.tasks, paired=True) == 3
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", size)
+    assert net_changes_module.net_passes(plan.tasks) == 3
     return size
 
 
@@ -194,7 +194,7 @@ from deltatail.tailer.read import net_changes
 from deltatail.tailer.read.feed import ChangeFeed, ChangeOptions
 
 root, state, uri, version, pass_bytes, batch, flush = sys.argv[1:]
-net_changes.PAIR_PASS_BYTES = int(pass_bytes)
+net_changes.NET_PASS_BYTES = int(pass_bytes)
 feed = ChangeFeed(root, options=ChangeOptions(batch_size=int(batch), read_ahead=0))
 config = TailerConfig(root, state, starting_version=int(version), until_caught_up=True, flush_rows=int(flush))
 Tailer(config, KafkaSink(uri), feed=feed).run()

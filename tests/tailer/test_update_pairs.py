@@ -67,8 +67,8 @@ def test_both_images_of_every_key_are_side_by_side_in_one_batch(
     root, version = updated
     plan = next(ChangeFeed(str(root)).plans(version, version))
     total = sum(t.size or 0 for t in plan.tasks)
-    monkeypatch.setattr(net_changes_module, "PAIR_PASS_BYTES", -(-total // passes))
-    assert net_changes_module.net_passes(plan.tasks, paired=True) == passes
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", -(-total // passes))
+    assert net_changes_module.net_passes(plan.tasks) == passes
     batches = _read(root, version, batch_size=7, pair_key=("id",))
     rows = [r for b in batches for r in b.rows.to_pylist()]
     assert Counter((r["id"], r["p"], r["v"], r["_change_type"]) for r in rows) == _reference(root, version)
@@ -216,7 +216,7 @@ def test_pair_passes_split_rows_by_key(column: str) -> None:
 def test_a_cursor_of_row_order_3_inside_a_paired_commit_reads_it_in_that_orders_passes(
     updated: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Row order 3 paired a commit in passes of its own size (4 MiB, halved in order 4): a cursor saved in
+    """Row order 3 paired a commit in passes of 4 MiB (halved in order 4): a cursor saved in
     order 3 inside a paired commit reads the commit in order 3's passes, so the rows keep the positions the
     cursor counted. Order 3's read is the current reading with its pass size; the current passes (two
     here, three in order 3) order the rows differently."""
@@ -228,10 +228,10 @@ def test_a_cursor_of_row_order_3_inside_a_paired_commit_reads_it_in_that_orders_
     def read(feed: ChangeFeed) -> list[tuple[object, list[dict[str, Any]]]]:
         return [(b.start, b.rows.to_pylist()) for b in feed.batches(version, version)]
 
-    monkeypatch.setattr(net_changes_module, "PAIR_PASS_BYTES", -(-total // 3))
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", -(-total // 3))
     as_order_3 = read(ChangeFeed(str(root), options=options))
     monkeypatch.setitem(net_changes_module.PASS_BYTES_OF_ORDER, 3, -(-total // 3))
-    monkeypatch.setattr(net_changes_module, "PAIR_PASS_BYTES", -(-total // 2))
+    monkeypatch.setattr(net_changes_module, "NET_PASS_BYTES", -(-total // 2))
     current = read(ChangeFeed(str(root), options=options))
     assert [rows for _, rows in current] != [rows for _, rows in as_order_3]  # else the case proves nothing
 
