@@ -36,11 +36,11 @@ from deltatail.sinks.json_text import text_scalar as _scalar
 from deltatail.state.feed import ChangeBatch
 from deltatail.tailer.read.update_pairs import match_images, pair_cuts
 
-#: Rows of a batch encoded and sent at once by the Kafka sink (the text sinks encode
-#: :data:`~sinks.json_text.ENCODE_ROWS`). A slice's messages are Python objects (keys, values,
-#: headers, the producer's records) until the producer has taken them: 8,192 rows' held 11-15 MiB
-#: more than 2,048 rows' at the same rows/s, which the producer, not the encoding, sets
-#: (``python -m benchmarks.giant_commit --sinks kafka``, ``docs/experiments.md``).
+#: Rows of a batch encoded and sent at once by the Kafka sink, fewer than the text sinks'
+#: :data:`~sinks.json_text.ENCODE_ROWS`: a slice's messages are Python objects (keys, values,
+#: headers, the producer's records) until the producer has taken them, and the producer, not the
+#: encoding, sets the rate: a smaller slice holds less at no cost in time
+#: (``docs/experiments.md``).
 ENCODE_ROWS = 2048
 
 #: The formats whose events pair update images.

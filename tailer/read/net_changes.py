@@ -191,7 +191,7 @@ def _ints(column: _Column) -> npt.NDArray[np.int64]:
     return np.asarray(column.to_numpy(), dtype=np.int64)
 
 
-def _flags(column: _Column) -> npt.NDArray[np.bool_]:
+def flags(column: _Column) -> npt.NDArray[np.bool_]:
     """A boolean column without nulls as a numpy array."""
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.bool_)
 
@@ -220,9 +220,8 @@ ROW_ORDER = 4
 
 #: Bytes of a commit's files (as the log gives their sizes) netted or paired in one pass (row order
 #: :data:`ROW_ORDER`). A pass holds its share of the commit decoded: this bounds a netted or paired
-#: read's memory. Against 4 MiB: the 1,000,000- to 20,000,000-row rewrites netted into Parquet peak
-#: 16-24 MiB lower at 2-9% more time, a 1,000,000-row UPDATE paired into Kafka 14 MiB lower at the
-#: same rows/s (``python -m benchmarks.giant_commit``, ``docs/experiments.md``).
+#: read's memory; smaller passes cost time (more of them, spilled in smaller pieces). The trade
+#: against 4 MiB is measured in ``docs/experiments.md``.
 NET_PASS_BYTES = 2 << 20
 #: The pass size of each earlier row order (:data:`ROW_ORDER`).
 PASS_BYTES_OF_ORDER: dict[int, int] = {1: 8 << 20, 2: 8 << 20, 3: 4 << 20}
@@ -388,8 +387,8 @@ def _net_order(table: pa.Table, key_columns: tuple[str, ...]) -> tuple[npt.NDArr
     if table.num_rows == 0:
         return np.empty(0, dtype=np.int64), 0
     kinds = table.column("_change_type")
-    is_del = _flags(pc.fill_null(pc.equal(kinds, "delete"), False))
-    is_ins = _flags(pc.fill_null(pc.equal(kinds, "insert"), False))
+    is_del = flags(pc.fill_null(pc.equal(kinds, "delete"), False))
+    is_ins = flags(pc.fill_null(pc.equal(kinds, "insert"), False))
     groups = _ints(group_ids(table, [c for c in table.column_names if c not in _CHANGE]))
     keep = ~_cancelled(groups, is_del, is_ins)
     del groups

@@ -17,6 +17,7 @@ order, hash to the same passes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -28,7 +29,7 @@ from deltatail.tailer.read.tasks import constant_int64s
 CODED = pa.dictionary(pa.int32(), pa.string())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SlimRows:
     """The change rows of one commit, slim and made whole again (see the module docstring).
 
@@ -43,7 +44,7 @@ class SlimRows:
     version: int
     timestamp_ms: int
 
-    @property
+    @functools.cached_property
     def slim_schema(self) -> pa.Schema:
         """The schema of slim rows: the table's columns, then ``_change_type`` dictionary-encoded."""
         kept = self.schema.remove(len(self.schema) - 1).remove(len(self.schema) - 2)

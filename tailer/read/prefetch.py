@@ -22,10 +22,9 @@ READ_THREADS = 2
 #: Batches one worker may hold ahead of the consumer, per file.
 READ_AHEAD_BATCHES = 16
 #: Decoded bytes one worker may hold ahead of the consumer, per file (plus the one batch that crossed it):
-#: what bounds the memory of reading ahead within a giant commit, whatever its rows' width. 16 batches of
-#: 65,536 narrow rows held ~45 MiB, 8 MiB's worth 2-11 MiB more than this (``python -m
-#: benchmarks.giant_commit``, ``docs/experiments.md``) at the same rows/s: the worker still has a batch
-#: ready when the consumer asks, which is all the overlap of decoding and converting needs.
+#: what bounds the memory of reading ahead within a giant commit, whatever its rows' width. The worker
+#: still has a batch ready when the consumer asks, which is all the overlap of decoding and converting
+#: needs: more held ahead costs memory, not rows/s (``docs/experiments.md``).
 READ_AHEAD_BYTES = 2 << 20
 #: :data:`READ_AHEAD_BYTES` for a file in an object store, where the decoder fetches each row group's
 #: column chunks when it reaches them: a few batches in hand cover the consumer while it waits on one.

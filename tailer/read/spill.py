@@ -162,8 +162,7 @@ class PassSpill:
         With jemalloc (``deltatail run`` and ``serve``, :func:`tailer.cli.process.return_memory_promptly`),
         arenas made after the process started return the pages freed in them at once, while the
         thread that started the process keeps jemalloc's one-second delay. Read back on that
-        thread, each pass's pages were still held, freed, while the next pass was read: a
-        1,000,000-row UPDATE read for Debezium's paired images peaked 11 MiB higher
+        thread, each pass's pages were still held, freed, while the next pass was read
         (``docs/experiments.md``). A thread made for the spill is given an arena made after the
         setting (while the process has fewer threads than jemalloc has arenas, see that function).
         """

@@ -29,14 +29,13 @@ waiting for that key replaces it, which then stays unpaired.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from deltatail.state.errors import ConfigError
-from deltatail.tailer.read.net_changes import group_ids, row_keys, value_bits
+from deltatail.tailer.read.net_changes import flags, group_ids, row_keys, value_bits
 
 PREIMAGE = "update_preimage"
 POSTIMAGE = "update_postimage"
@@ -148,8 +147,7 @@ def _joined_order(
         return None, None  # a key with two images of one kind: the rule decides
     pre, post = pairs
     count = rows.num_rows
-    # 32-bit slots and rows where they fit: the arrays here, not the pass, were a pass's largest
-    # transient (12 MiB of 64-bit ones for a pass of 285,000 rows, 9 MiB of Arrow data)
+    # 32-bit slots and rows where they fit: these arrays, not the pass's rows, are its largest transient
     index = np.int32 if 2 * count <= np.iinfo(np.int32).max else np.int64
     slot = np.arange(0, 2 * count, 2, dtype=index)
     earlier = np.minimum(pre, post).astype(index)
@@ -183,10 +181,10 @@ def match_images(
     import pyarrow.compute as pc  # not at the top: ~0.1 s of start-up (tests/test_front_door.py)
 
     # 32-bit row numbers where they fit, and each array dropped once used: for a pass, these
-    # arrays, not its rows, were the largest transient (10 MiB for 285,000 rows held in 9 MiB)
+    # arrays, not its rows, are the largest transient
     index = np.int32 if len(codes) <= np.iinfo(np.int32).max else np.int64
-    pre = _rows_where(pc.equal(kinds, PREIMAGE), index)
-    post = _rows_where(pc.equal(kinds, POSTIMAGE), index)
+    pre = np.flatnonzero(flags(pc.fill_null(pc.equal(kinds, PREIMAGE), False))).astype(index)
+    post = np.flatnonzero(flags(pc.fill_null(pc.equal(kinds, POSTIMAGE), False))).astype(index)
     pre_keys = codes[pre]
     by_key = np.argsort(pre_keys, kind="stable").astype(index)
     pre_keys = pre_keys[by_key]
@@ -205,11 +203,6 @@ def match_images(
     if _repeats(post_keys):
         return None
     return partner, post[found].astype(np.int64)
-
-
-def _rows_where(flags: pa.Array | pa.ChunkedArray, index: type[np.signedinteger[Any]]) -> npt.NDArray[Any]:
-    """The rows where ``flags`` is true (a null is not), as ``index`` integers."""
-    return np.flatnonzero(np.asarray(flags.to_numpy(zero_copy_only=False), dtype=np.bool_)).astype(index)
 
 
 def pair_cuts(rows: pa.Table, key_columns: tuple[str, ...], size: int) -> list[int]:
