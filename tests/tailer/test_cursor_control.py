@@ -7,6 +7,7 @@ it (``damage.run_inline``: exit code, stdout and stderr captured).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -67,9 +68,13 @@ def test_seek_back_and_forward_then_run_delivers_from_there(tmp_path: Path) -> N
     write_deltalake(str(root), pa.table({"id": [4]}), mode="append")
     run(root, state, tmp_path / "latest.jsonl")
     assert ids(tmp_path / "latest.jsonl") == [4]
-    first_ms = DeltaTable(str(root)).history()[-1]["timestamp"]  # version 0's commit time
-    cursor = seek(state, str(root), None, to_timestamp_ms=first_ms + 1)
-    assert cursor.version >= 1
+    # A commit's time is its file's modification time (no in-commit timestamps here); set them
+    # ten seconds apart so the search does not hang on how fast the writer ran.
+    base_s = 1_700_000_000
+    for v in range(5):
+        os.utime(root / "_delta_log" / f"{v:020d}.json", (base_s + 10 * v, base_s + 10 * v))
+    assert seek(state, str(root), None, to_timestamp_ms=base_s * 1000 + 1) == Position.change(1, 0)
+    assert seek(state, str(root), None, to_timestamp_ms=(base_s + 30) * 1000) == Position.change(3, 0)
 
 
 def test_seek_refuses_while_followed_past_the_end_and_into_a_cleaned_up_log(tmp_path: Path) -> None:
