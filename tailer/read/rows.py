@@ -36,12 +36,10 @@ from deltatail.state.errors import DeletionVectorError, DeltaTailError, UnsafePa
 from deltatail.state.feed import CHANGE_TYPE_COLUMN
 from deltatail.state.paths import resolve_logged_path
 from deltatail.state.schema import StructType
-from deltatail.tailer.read.arrow_rs import arrow_rs_batches
 from deltatail.tailer.read.column_plan import ColumnPlan, bind, file_plan, selected_fields
 from deltatail.tailer.read.conform import cast, conform, nulls
 from deltatail.tailer.read.parquet_file import DEFAULT_OPENING, ParquetOpening, open_parquet
 from deltatail.tailer.storage import Storage
-from deltatail.tailer.storage.local import to_local_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,8 +292,7 @@ def read_file_batches(
         )
         if row_filter is not None:
             check_row_filter(row_filter, parquet.metadata.num_rows)
-        local_path = to_local_path(location) if storage.local_files else None
-        for batch in _batches(parquet, plan, row_filter, batch_size, local_path):
+        for batch in _batches(parquet, plan, row_filter, batch_size):
             yield FileBatch(batch, plan, table_name, version, location)
     except DeltaTailError as e:
         e.at(table=table_name, version=version, file=location)
@@ -325,29 +322,17 @@ def check_row_filter(row_filter: RowFilter, num_rows: int) -> None:
 
 
 def _batches(
-    parquet: pq.ParquetFile,
-    plan: ColumnPlan,
-    row_filter: RowFilter | None,
-    batch_size: int,
-    local_path: str | None = None,
+    parquet: pq.ParquetFile, plan: ColumnPlan, row_filter: RowFilter | None, batch_size: int
 ) -> Iterator[pa.RecordBatch]:
-    """Read and filter the file batch by batch, tracking each batch's first row index.
-
-    A file of more than :data:`SMALL_FILE_ROWS` rows at ``local_path`` (on this machine) is decoded by
-    arrow-rs where that gives pyarrow's batches (:mod:`~tailer.read.arrow_rs`).
-    """
+    """Read and filter the file batch by batch, tracking each batch's first row index."""
     start = 0
     columns = list(plan.file_columns)
     if plan.change_type:
         columns.append(CHANGE_TYPE_COLUMN)
-    num_rows = parquet.metadata.num_rows
-    batches: Iterable[pa.RecordBatch] | None = None
-    if num_rows <= min(batch_size, SMALL_FILE_ROWS):
+    if parquet.metadata.num_rows <= min(batch_size, SMALL_FILE_ROWS):
         # A small file in one read, on one thread: half the cost of a batch iterator's set-up.
-        batches = parquet.read(columns=columns, use_threads=False).to_batches()
-    elif local_path is not None and num_rows > SMALL_FILE_ROWS and parquet.schema_arrow.names == columns:
-        batches = arrow_rs_batches(local_path, _decoded_schema(parquet.schema_arrow), batch_size)
-    if batches is None:
+        batches: Iterable[pa.RecordBatch] = parquet.read(columns=columns, use_threads=False).to_batches()
+    else:
         batches = parquet.iter_batches(batch_size=batch_size, columns=columns)
     for batch in batches:
         length = batch.num_rows
@@ -356,14 +341,6 @@ def _batches(
         start += length
         if batch.num_rows:
             yield change_types_as_strings(batch) if plan.change_type else batch
-
-
-def _decoded_schema(schema: pa.Schema) -> pa.Schema:
-    """The schema pyarrow's batches of the file take once :func:`change_types_as_strings` has run."""
-    return pa.schema(
-        [f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema],
-        metadata=schema.metadata,
-    )
 
 
 def change_types_as_strings(batch: pa.RecordBatch) -> pa.RecordBatch:
