@@ -288,7 +288,9 @@ def hook() -> Iterator[Hook]:
 
 
 def webhook_config(path: Path, url: str) -> None:
-    path.write_text(RULES + f'\n[audit.webhook]\nurl = "{url}"\ntimeout = 1\nretries = 4\nbackoff = 0.05\n')
+    # A timeout well above an answer's time on a loaded machine: a timed-out POST that reached the server is
+    # retried, and the server would count its alert twice.
+    path.write_text(RULES + f'\n[audit.webhook]\nurl = "{url}"\ntimeout = 5\nretries = 4\nbackoff = 0.05\n')
 
 
 @pytest.mark.slow
