@@ -212,10 +212,10 @@ def _occurrence(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
 #: The order a commit's rows come in when it is netted, or its update images paired, in several passes
 #: (part of a cursor saved inside such a commit, ``row_order`` in ``cursor.json``): 1, a CRC-32 of
 #: each row's JSON key picked its pass, one pass per 8 MiB of files (deltatail before 2026-11-28);
-#: 2, :func:`key_hash`, one pass per 8 MiB; 3, :func:`key_hash`, one pass per 4 MiB (before
-#: 2026-11-30); 4, :func:`key_hash`, one pass per :data:`NET_PASS_BYTES`. A cursor of order 2 or 3
-#: inside a commit reads that commit in its order's passes; one of order 1 inside a commit whose rows
-#: its hash placed differently is refused (:meth:`tailer.read.feed.ChangeFeed.adopt_row_order`).
+#: 2, :func:`key_hash`, one pass per 8 MiB; 3, :func:`key_hash`, one pass per 4 MiB; 4,
+#: :func:`key_hash`, one pass per :data:`NET_PASS_BYTES`. A cursor of order 2 or 3 inside a commit
+#: reads that commit in its order's passes; one of order 1 inside a commit whose rows its hash placed
+#: differently is refused (:meth:`tailer.read.feed.ChangeFeed.adopt_row_order`).
 ROW_ORDER = 4
 
 #: Bytes of a commit's files (as the log gives their sizes) netted or paired in one pass (row order

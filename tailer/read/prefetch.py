@@ -65,7 +65,7 @@ class Prefetch:
         started: bool = True,
         held_bytes: int | None = None,
     ) -> None:
-        self._held_bytes = held_bytes
+        self._held_bytes = READ_AHEAD_BYTES if held_bytes is None else held_bytes
         self._items: deque[tuple[object, int]] = deque()
         self._held = 0  # bytes of the batches in _items
         self._changed = threading.Condition()
@@ -85,9 +85,8 @@ class Prefetch:
 
     def _put(self, item: object) -> bool:
         size = item.batch.nbytes if isinstance(item, FileBatch) else 0
-        most = READ_AHEAD_BYTES if self._held_bytes is None else self._held_bytes
         with self._changed:
-            while self._items and (len(self._items) >= READ_AHEAD_BATCHES or self._held >= most):
+            while self._items and (len(self._items) >= READ_AHEAD_BATCHES or self._held >= self._held_bytes):
                 if self._cancelled.is_set():
                     return False
                 self._changed.wait(timeout=0.05)
